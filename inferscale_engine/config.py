@@ -1,0 +1,136 @@
+"""EngineConfig (what the app sets) and ConnectorConfig (what the connector is told)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from inferscale_engine.errors import ConfigError
+
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful assistant. Facts you remember about the user are listed below; "
+    "use them to answer in a few words.\nMemory:\n"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """How to build an Engine. Every field has a safe default except the model."""
+
+    model: str
+    """Local model folder (a Hugging Face layout) or a name vLLM can resolve."""
+    tokenizer: str | None = None
+    """Tokenizer folder; defaults to `model`."""
+    dtype: str = "auto"
+    """Model and KV dtype: auto, float32, bfloat16 or float16."""
+    max_model_len: int = 4096
+    """Longest prompt + answer, in tokens."""
+    slab_capacity_bytes: int = 256 * 2**20
+    """Bytes of fact KV kept by each worker (all layers, keys + values)."""
+    slab_page_tokens: int = 16
+    """Tokens per slab page (allocation granularity)."""
+    context_window_tokens: int = 64
+    """W: tokens of preceding conversation each fact is encoded after (0 = encode alone)."""
+    max_fact_tokens: int = 256
+    """Longest fact accepted, in tokens."""
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    """System text that precedes the memory block; its KV is the preamble."""
+    kv_cache_memory_bytes: int | None = None
+    """vLLM paged KV cache size; None = 1 GiB on CPU, gpu_memory_utilization on GPU."""
+    gpu_memory_utilization: float = 0.85
+    """Fraction of GPU memory vLLM may use (GPU only)."""
+    block_size: int | None = None
+    """Paged KV block size; None = vLLM's default for the platform."""
+    max_num_batched_tokens: int | None = None
+    """Chunked-prefill budget per step; None = vLLM's default."""
+    max_num_seqs: int | None = None
+    """Concurrent sequences per step; None = vLLM's default."""
+    enforce_eager: bool | None = None
+    """Disable torch.compile / CUDA graphs; None = eager on CPU, compiled on GPU."""
+    multiprocessing: bool = False
+    """Run vLLM's EngineCore in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1)."""
+    enable_prefix_caching: bool = True
+    """vLLM prefix caching (text mode uses it; injected prompts carry a cache_salt)."""
+    tensor_parallel_size: int = 1
+    """Tensor parallel ranks; each holds its own KV heads in its slab."""
+    load_format: str = "auto"
+    """vLLM load format; 'dummy' for timing runs without weights."""
+    seed: int = 0
+    """Sampling seed of the engine."""
+    save_batch_size: int = 256
+    """Facts encoded per vLLM generate call on the write path."""
+    vllm_overrides: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for vllm.LLM (for settings not covered above)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ConfigError("EngineConfig.model must be a model folder or name, got "
+                              f"{self.model!r}")
+        if self.dtype not in _DTYPES:
+            raise ConfigError(f"dtype {self.dtype!r} is not supported; use one of {_DTYPES}")
+        _positive(self, "max_model_len", "slab_capacity_bytes", "slab_page_tokens",
+                  "max_fact_tokens", "save_batch_size", "tensor_parallel_size")
+        if self.context_window_tokens < 0:
+            raise ConfigError(f"context_window_tokens must be >= 0, got "
+                              f"{self.context_window_tokens}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got "
+                              f"{self.gpu_memory_utilization}")
+        if self.max_fact_tokens + self.context_window_tokens >= self.max_model_len:
+            raise ConfigError("max_fact_tokens + context_window_tokens must be below "
+                              f"max_model_len ({self.max_model_len})")
+        reserved = {"model", "tokenizer", "kv_transfer_config", "worker_extension_cls"}
+        if clash := reserved & set(self.vllm_overrides):
+            raise ConfigError(f"vllm_overrides may not set {sorted(clash)}: the engine owns them")
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorConfig:
+    """What the connector needs, sent through kv_connector_extra_config (JSON types only)."""
+
+    secret_hex: str
+    """HMAC key of plans (hex); generated per engine."""
+    slab_pages: int
+    """Slab capacity in pages."""
+    page_tokens: int
+    """Tokens per slab page."""
+    max_positions: int
+    """Size of the RoPE tables (max_model_len)."""
+
+    def __post_init__(self) -> None:
+        if len(self.secret_hex) < 32:
+            raise ConfigError("secret_hex must hold at least 16 bytes")
+        _positive(self, "slab_pages", "page_tokens", "max_positions")
+
+    @property
+    def secret(self) -> bytes:
+        """HMAC key."""
+        return bytes.fromhex(self.secret_hex)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As kv_connector_extra_config."""
+        return {"inferscale": asdict(self)}
+
+    @classmethod
+    def from_dict(cls, extra: dict[str, Any]) -> ConnectorConfig:
+        """Parse kv_connector_extra_config; unknown keys are an error."""
+        raw = extra.get("inferscale")
+        if not isinstance(raw, dict):
+            raise ConfigError("kv_connector_extra_config needs an 'inferscale' mapping; build "
+                              "the engine with inferscale_engine.Engine")
+        known = {f.name for f in fields(cls)}
+        if unknown := set(raw) - known:
+            raise ConfigError(f"unknown connector options {sorted(unknown)}; known: "
+                              f"{sorted(known)}")
+        try:
+            return cls(**raw)
+        except TypeError as exc:
+            raise ConfigError(f"connector options incomplete: {exc}") from None
+
+
+def _positive(obj: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"{type(obj).__name__}.{name} must be a positive int, got {value!r}")

@@ -1,0 +1,287 @@
+"""Where a token's K and V live inside vLLM's paged KV cache, per attention backend.
+
+Slots are linear: slot = block_id * block_size + offset, so the scheduler's block ids work for
+any kernel block size. Two layouts:
+
+* `CpuPackedPagedKV` (vLLM CPU_ATTN): each [block, head] holds K packed in an ISA-specific
+  order, then V. Writes go through vLLM's own `cpu_attn_reshape_and_cache`; reads use a gather
+  index learned once by writing probe values with that same op (so no packing is hard-coded).
+* `StridedPagedKV` (GPU backends): per layer K and V are strided [num_blocks, block_size, H, D]
+  views; the Chunked-RoPE kernels read and write them directly.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from inferscale_engine.kernels import reference
+from inferscale_engine.connector.slab import KVSlab
+
+
+class RopeTables(Protocol):
+    """fp32 cos/sin tables and the pairing style of the model's RoPE."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    style: str
+
+
+class PagedKV(Protocol):
+    """Moves KV between the slab and the paged cache for all layers at once."""
+
+    num_layers: int
+
+    def inject_(self, slab: KVSlab, src_rows: torch.Tensor, dst_slots: torch.Tensor,
+                from_positions: torch.Tensor, to_positions: torch.Tensor,
+                rope: RopeTables) -> None:
+        """Slab rows -> paged slots, keys rotated from canonical to serving positions."""
+        ...
+
+    def capture_(self, slab: KVSlab, src_slots: torch.Tensor, dst_rows: torch.Tensor,
+                 from_positions: torch.Tensor, to_positions: torch.Tensor,
+                 rope: RopeTables) -> None:
+        """Paged slots -> slab rows, keys rotated from serving to canonical positions."""
+        ...
+
+    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of `slots` in one layer: [T, H, D] each (tests and diagnostics)."""
+        ...
+
+
+class CpuPackedPagedKV:
+    """vLLM CPU_ATTN layout: per layer [num_blocks, H, block_size, 2 * D], K/V packed per ISA."""
+
+    def __init__(self, kv_caches: list[torch.Tensor], isa: str) -> None:
+        num_blocks, num_heads, block_size, two_d = kv_caches[0].shape
+        self.num_layers = len(kv_caches)
+        self._kv_caches = kv_caches
+        self._isa = isa
+        self._block_size = block_size
+        self._num_heads = num_heads
+        self._head_dim = two_d // 2
+        self._key_index, self._value_index = self._probe(kv_caches[0].dtype)
+
+    def _split(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # The same views CPUAttentionBackendImpl.do_kv_cache_update builds (vLLM 0.32).
+        num_blocks, num_heads, block_size, _ = kv.shape
+        key_cache, value_cache = kv.view(num_blocks, num_heads, block_size * 2, -1).chunk(2, dim=2)
+        return key_cache, value_cache
+
+    def _write(self, kv: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor,
+               values: torch.Tensor) -> None:
+        from vllm import _custom_ops as ops
+
+        key_cache, value_cache = self._split(kv)
+        ops.cpu_attn_reshape_and_cache(keys.contiguous(), values.contiguous(), key_cache,
+                                       value_cache, slots, self._isa)
+
+    def _probe(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Learn where (offset, dim) of K and V land inside one [block, head] slab.
+
+        Writes the (offset, dim) index of every element through vLLM's write op, one base-16
+        digit per pass (exact in every float dtype), into block 1 of a 2-block scratch cache,
+        and reads the digits back; a last pass marks which elements hold V.
+        Returns:
+            key_index, value_index: [block_size, D] int64 offsets into the block-head slab of
+            2 * block_size * D elements.
+        """
+        bs, heads, dim = self._block_size, self._num_heads, self._head_dim
+        scratch = torch.empty(2, heads, bs, 2 * dim, dtype=dtype)
+        index = torch.arange(bs * dim, dtype=torch.int64).view(bs, 1, dim).expand(bs, heads, dim)
+        slots = torch.arange(bs, 2 * bs, dtype=torch.int64)
+        recovered = torch.zeros(heads, 2 * bs * dim, dtype=torch.int64)
+        num_digits = -(-(bs * dim - 1).bit_length() // 4)
+        for digit in range(num_digits + 1):
+            scratch.fill_(-1)
+            if digit < num_digits:
+                keys = values = ((index >> (4 * digit)) & 15).to(dtype)
+            else:  # marker pass: K = 0, V = 1
+                keys, values = torch.zeros(bs, heads, dim, dtype=dtype), torch.ones(
+                    bs, heads, dim, dtype=dtype)
+            self._write(scratch, slots, keys, values)
+            untouched = torch.full_like(scratch[0], -1)
+            got = scratch[1].reshape(heads, -1).to(torch.int64)
+            if (got < 0).any() or not torch.equal(scratch[0], untouched):
+                raise RuntimeError("CPU KV layout probe: the write op did not fill exactly one "
+                                   "block; this vLLM version's CPU layout is not supported")
+            if digit < num_digits:
+                recovered |= got << (4 * digit)
+            else:
+                holds_value = got[0] == 1
+        if not all(torch.equal(recovered[h], recovered[0]) for h in range(heads)):
+            raise RuntimeError("CPU KV layout probe: heads are packed differently; unsupported")
+        positions = torch.arange(2 * bs * dim, dtype=torch.int64)
+        key_index = torch.full((bs * dim,), -1, dtype=torch.int64)
+        value_index = torch.full((bs * dim,), -1, dtype=torch.int64)
+        key_index[recovered[0][~holds_value]] = positions[~holds_value]
+        value_index[recovered[0][holds_value]] = positions[holds_value]
+        if (key_index < 0).any() or (value_index < 0).any():
+            raise RuntimeError("CPU KV layout probe: the layout is not a permutation; unsupported")
+        return key_index.view(bs, dim), value_index.view(bs, dim)
+
+    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of `slots` in one layer: [T, H, D] each (tests and diagnostics)."""
+        ...
+
+
+class CpuPackedPagedKV:
+    """vLLM CPU_ATTN layout: per layer [num_blocks, H, block_size, 2 * D], K/V packed per ISA."""
+
+    def __init__(self, kv_caches: list[torch.Tensor], isa: str) -> None:
+        num_blocks, num_heads, block_size, two_d = kv_caches[0].shape
+        self.num_layers = len(kv_caches)
+        self._kv_caches = kv_caches
+        self._isa = isa
+        self._block_size = block_size
+        self._num_heads = num_heads
+        self._head_dim = two_d // 2
+        self._key_index, self._value_index = self._probe(kv_caches[0].dtype)
+
+    def _split(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # The same views CPUAttentionBackendImpl.do_kv_cache_update builds (vLLM 0.32).
+        num_blocks, num_heads, block_size, _ = kv.shape
+        key_cache, value_cache = kv.view(num_blocks, num_heads, block_size * 2, -1).chunk(2, dim=2)
+        return key_cache, value_cache
+
+    def _write(self, kv: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor,
+               values: torch.Tensor) -> None:
+        from vllm import _custom_ops as ops
+
+        key_cache, value_cache = self._split(kv)
+        ops.cpu_attn_reshape_and_cache(keys.contiguous(), values.contiguous(), key_cache,
+                                       value_cache, slots, self._isa)
+
+    def _probe(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Learn where (offset, dim) of K and V land inside one [block, head] slab.
+
+        Writes every (offset, dim) index of two blocks and all heads, one base-16 digit per
+        pass (exact in every float dtype), through vLLM's write op, and reads the digits back.
+        Returns:
+            key_index, value_index: [block_size, D] int64 offsets into the block-head slab of
+            2 * block_size * D elements.
+        """
+        bs, heads, dim = self._block_size, self._num_heads, self._head_dim
+        scratch = torch.zeros(2, heads, bs, 2 * dim, dtype=dtype)
+        index = torch.arange(bs * dim, dtype=torch.int64).view(bs, 1, dim).expand(bs, heads, dim)
+        slots = torch.arange(bs, 2 * bs, dtype=torch.int64)  # block 1 of the scratch cache
+        recovered = torch.zeros(heads, 2 * bs * dim, dtype=torch.int64)
+        num_digits = max(1, (bs * dim - 1).bit_length() + 3) // 4
+        for digit in range(num_digits):
+            scratch.fill_(-1)
+            values = ((index >> (4 * digit)) & 15).to(dtype)
+            self._write(scratch, slots, values, values + 16)
+            got = scratch[1].reshape(heads, -1).to(torch.int64)
+            if (got < 0).any() or not torch.equal(scratch[0], torch.full_like(scratch[0], -1)):
+                raise RuntimeError("CPU KV layout probe: the write op did not fill exactly one "
+                                   "block; this vLLM version's CPU layout is not supported")
+            recovered |= (got % 16) << (4 * digit)
+        is_value = recovered[0] >= 0  # placeholder to keep shapes; real split below
+        del is_value
+        first_pass_value = self._value_flags(dtype)
+        key_pos = torch.full((bs * dim,), -1, dtype=torch.int64)
+        value_pos = torch.full((bs * dim,), -1, dtype=torch.int64)
+        positions = torch.arange(2 * bs * dim, dtype=torch.int64)
+        slab = recovered[0]
+        if not all(torch.equal(recovered[h], slab) for h in range(heads)):
+            raise RuntimeError("CPU KV layout probe: heads are packed differently; unsupported")
+        key_pos[slab[~first_pass_value]] = positions[~first_pass_value]
+        value_pos[slab[first_pass_value]] = positions[first_pass_value]
+        if (key_pos < 0).any() or (value_pos < 0).any():
+            raise RuntimeError("CPU KV layout probe: the layout is not a permutation; unsupported")
+        return key_pos.view(bs, dim), value_pos.view(bs, dim)
+
+    def _value_flags(self, dtype: torch.dtype) -> torch.Tensor:
+        """Which elements of a block-head slab hold V (written as 1) rather than K (0)."""
+        bs, heads, dim = self._block_size, self._num_heads, self._head_dim
+        scratch = torch.full((1, heads, bs, 2 * dim), -1, dtype=dtype)
+        zeros = torch.zeros(bs, heads, dim, dtype=dtype)
+        self._write(scratch, torch.arange(bs, dtype=torch.int64), zeros, zeros + 1)
+        return scratch[0, 0].reshape(-1) == 1
+
+    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of `slots` in one layer: [T, H, D] each."""
+        kv = self._kv_caches[layer]
+        flat = kv.view(kv.shape[0], self._num_heads, -1)
+        blocks = (slots // self._block_size)[:, None, None]
+        offsets = slots % self._block_size
+        heads = torch.arange(self._num_heads)[None, :, None]
+        keys = flat[blocks, heads, self._key_index[offsets][:, None, :]]
+        values = flat[blocks, heads, self._value_index[offsets][:, None, :]]
+        return keys, values
+
+    def inject_(self, slab: KVSlab, src_rows: torch.Tensor, dst_slots: torch.Tensor,
+                from_positions: torch.Tensor, to_positions: torch.Tensor,
+                rope: RopeTables) -> None:
+        """Slab rows -> paged slots through vLLM's own cache-write op, one call per layer."""
+        for layer, kv in enumerate(self._kv_caches):
+            keys = reference.rerotate_keys(slab.keys[layer, src_rows], from_positions,
+                                           to_positions, rope.cos, rope.sin, rope.style,
+                                           out_dtype=kv.dtype)
+            self._write(kv, dst_slots, keys, slab.values[layer, src_rows].to(kv.dtype))
+
+    def capture_(self, slab: KVSlab, src_slots: torch.Tensor, dst_rows: torch.Tensor,
+                 from_positions: torch.Tensor, to_positions: torch.Tensor,
+                 rope: RopeTables) -> None:
+        """Paged slots -> slab rows, gathered with the probed index."""
+        for layer in range(self.num_layers):
+            keys, values = self.read(layer, src_slots)
+            slab.keys[layer, dst_rows] = reference.rerotate_keys(
+                keys, from_positions, to_positions, rope.cos, rope.sin, rope.style,
+                out_dtype=slab.keys.dtype)
+            slab.values[layer, dst_rows] = values.to(slab.values.dtype)
+
+
+class StridedPagedKV:
+    """GPU layouts: per layer K and V are strided [num_blocks, block_size, H, D] views."""
+
+    def __init__(self, key_caches: list[torch.Tensor], value_caches: list[torch.Tensor]) -> None:
+        self.num_layers = len(key_caches)
+        self.key_caches = key_caches
+        self.value_caches = value_caches
+        self._block_size = key_caches[0].shape[1]
+
+    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of `slots` in one layer: [T, H, D] each."""
+        blocks, offsets = slots // self._block_size, slots % self._block_size
+        return self.key_caches[layer][blocks, offsets], self.value_caches[layer][blocks, offsets]
+
+    def inject_(self, slab: KVSlab, src_rows: torch.Tensor, dst_slots: torch.Tensor,
+                from_positions: torch.Tensor, to_positions: torch.Tensor,
+                rope: RopeTables) -> None:
+        """Slab rows -> paged slots of every layer."""
+        reference.inject_(self.key_caches, self.value_caches, slab.keys, slab.values, src_rows,
+                          dst_slots, from_positions, to_positions, rope.cos, rope.sin,
+                          rope.style)
+
+    def capture_(self, slab: KVSlab, src_slots: torch.Tensor, dst_rows: torch.Tensor,
+                 from_positions: torch.Tensor, to_positions: torch.Tensor,
+                 rope: RopeTables) -> None:
+        """Paged slots -> slab rows of every layer."""
+        reference.capture_(self.key_caches, self.value_caches, slab.keys, slab.values,
+                           src_slots, dst_rows, from_positions, to_positions, rope.cos,
+                           rope.sin, rope.style)
+
+
+def strided_views(kv: torch.Tensor, num_kv_heads: int, head_dim: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of one layer's GPU cache as [num_blocks, block_size, H, D] views (no copy).
+
+    Recognized by shape (checked against H and D):
+      * [2, num_blocks, block_size, H, D]: FlashAttention / Triton in vLLM 0.26 (K = kv[0]);
+      * [num_blocks, 2, block_size, H, D]: FlashInfer (K = kv[:, 0]);
+      * [num_blocks, H, block_size, 2 * D]: the per-layer logical view of vLLM 0.32.
+    Strides are kept as they are, so NHD and HND physical orders both work.
+    """
+    shape = tuple(kv.shape)
+    if kv.dim() == 5 and shape[3:] == (num_kv_heads, head_dim):
+        if shape[0] == 2:
+            return kv[0], kv[1]
+        if shape[1] == 2:
+            return kv[:, 0], kv[:, 1]
+    if kv.dim() == 4 and shape[1] == num_kv_heads and shape[3] == 2 * head_dim:
+        return kv[..., :head_dim].transpose(1, 2), kv[..., head_dim:].transpose(1, 2)
+    raise NotImplementedError(
+        f"unrecognized paged KV cache shape {shape} (H={num_kv_heads}, D={head_dim}); "
+        "supported attention backends: FlashAttention, FlashInfer, Triton, CPU_ATTN")

@@ -1,0 +1,184 @@
+"""Scheduler-side half of the connector: checks plans against prompts and claims tokens.
+
+Runs in vLLM's scheduler (EngineCore) process. It never trusts a plan: the plan must parse,
+carry a valid MAC, match the prompt's token ids exactly and ride on a prompt salted with the
+plan's cache_salt; otherwise it claims 0 tokens and vLLM prefills normally (counted, reported
+back in the request's output kv_transfer_params). It also tracks the block table of save
+requests until the fact span is computed, then asks the workers to capture it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from inferscale_engine.config import ConnectorConfig
+from inferscale_engine.connector.metadata import CaptureSpec, InferScaleMetadata, LoadSpec
+from inferscale_engine.errors import PlanError
+from inferscale_engine.plan import PARAMS_KEY, InjectionPlan, Plan, SavePlan, from_params, token_digest
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+
+@dataclass(slots=True)
+class _Checked:
+    """A request's plan after checking, and what to report when it finishes."""
+
+    plan: Plan | None
+    status: str
+    """none | inject | save | rejected | mismatch"""
+    reason: str = ""
+    digests: list[str] | None = None
+    claimed: int = 0
+
+
+@dataclass(slots=True)
+class _SaveState:
+    plan: SavePlan
+    block_ids: list[int]
+    captured: bool = False
+
+
+class InferScaleScheduler:
+    """Implements the scheduler-side hooks of InferScaleConnector."""
+
+    def __init__(self, vllm_config: VllmConfig, config: ConnectorConfig) -> None:
+        self._secret = config.secret
+        self._checked: dict[str, _Checked] = {}
+        self._pending_loads: dict[str, tuple[InjectionPlan, int]] = {}
+        self._saves: dict[str, _SaveState] = {}
+        self.counters: Counter[str] = Counter()
+
+    # ---- hooks -------------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int
+                                   ) -> tuple[int, bool]:
+        """Tokens of the plan not yet computed locally (side-effect free apart from a cache)."""
+        checked = self._check(request)
+        if checked.status != "inject":
+            return 0, False
+        assert isinstance(checked.plan, InjectionPlan)
+        return max(0, checked.plan.num_tokens - num_computed_tokens), False
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
+                                 num_external_tokens: int) -> None:
+        """Remember what the next step must load or capture for this request."""
+        checked = self._check(request)
+        rid = request.request_id
+        if checked.status == "save" and rid not in self._saves:
+            assert isinstance(checked.plan, SavePlan)
+            self._saves[rid] = _SaveState(checked.plan, [])
+        if num_external_tokens > 0 and checked.status == "inject":
+            assert isinstance(checked.plan, InjectionPlan)
+            self._pending_loads[rid] = (checked.plan, num_external_tokens)
+            checked.claimed = max(checked.claimed, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> InferScaleMetadata:
+        """Loads and captures for this step (cheap when nothing is pending)."""
+        meta = InferScaleMetadata()
+        if not self._pending_loads and not self._saves:
+            return meta
+        scheduled = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            self._on_scheduled(meta, new.req_id, list(new.block_ids[0]), True,
+                               new.num_computed_tokens, scheduled.get(new.req_id, 0))
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            if rid not in self._pending_loads and rid not in self._saves:
+                continue
+            new_ids = cached.new_block_ids[i]
+            self._on_scheduled(meta, rid, list(new_ids[0]) if new_ids else [],
+                               rid in cached.resumed_req_ids, cached.num_computed_tokens[i],
+                               scheduled.get(rid, 0))
+        if self._pending_loads:  # admitted but not scheduled: cannot happen in vLLM 0.26/0.32
+            self.counters["orphan_loads"] += len(self._pending_loads)
+            self._pending_loads.clear()
+        return meta
+
+    def request_finished(self, request: Request) -> dict[str, Any] | None:
+        """Forget the request; report what happened to its plan in the output params."""
+        rid = request.request_id
+        self._pending_loads.pop(rid, None)
+        self._saves.pop(rid, None)
+        checked = self._checked.pop(rid, None)
+        if checked is None or checked.status == "none":
+            return None
+        return {PARAMS_KEY + "_result": {"status": checked.status, "claimed": checked.claimed,
+                                         "reason": checked.reason}}
+
+    def num_tracked_requests(self) -> int:
+        """Requests with state in this object (0 when idle: nothing leaks)."""
+        return len(self._checked) + len(self._pending_loads) + len(self._saves)
+
+    # ---- helpers -----------------------------------------------------------------------
+    def _on_scheduled(self, meta: InferScaleMetadata, rid: str, block_ids: list[int],
+                      replaces_blocks: bool, num_computed: int, num_scheduled: int) -> None:
+        pending = self._pending_loads.pop(rid, None)
+        if pending is not None:
+            plan, num_external = pending
+            checked = self._checked[rid]
+            meta.loads.append(LoadSpec(
+                req_id=rid, user_id=plan.user_id,
+                slab_keys=[s.slab_key for s in plan.segments],
+                starts=[s.start for s in plan.segments],
+                lengths=[len(s.token_ids) for s in plan.segments],
+                digests=checked.digests or plan.digests(),
+                load_start=num_computed - num_external, load_end=num_computed,
+                block_ids=block_ids,
+            ))
+            self.counters["loads"] += 1
+            self.counters["loaded_tokens"] += num_external
+        save = self._saves.get(rid)
+        if save is None:
+            return
+        save.block_ids = block_ids if replaces_blocks else save.block_ids + block_ids
+        if not save.captured and num_computed + num_scheduled >= save.plan.end:
+            save.captured = True
+            plan = save.plan
+            meta.captures.append(CaptureSpec(
+                req_id=rid, user_id=plan.user_id, slab_key=plan.slab_key,
+                digest=token_digest(plan.token_ids), start=plan.start,
+                num_tokens=len(plan.token_ids), pages=list(plan.pages),
+                block_ids=list(save.block_ids),
+            ))
+            self.counters["captures"] += 1
+
+    def _check(self, request: Request) -> _Checked:
+        rid = request.request_id
+        checked = self._checked.get(rid)
+        if checked is None:
+            checked = self._checked[rid] = self._verify(request)
+            self.counters[f"plans_{checked.status}"] += 1
+        return checked
+
+    def _verify(self, request: Request) -> _Checked:
+        try:
+            plan = from_params(request.kv_transfer_params)
+        except PlanError as exc:
+            return _Checked(None, "rejected", str(exc))
+        if plan is None:
+            return _Checked(None, "none")
+        prompt = request.prompt_token_ids or []
+        if isinstance(plan, SavePlan):
+            if not plan.verify(self._secret):
+                return _Checked(None, "rejected", "save plan MAC does not verify")
+            if plan.end != len(prompt) or prompt[plan.start:] != list(plan.token_ids):
+                return _Checked(None, "mismatch", "save prompt does not end with the fact tokens")
+            return _Checked(plan, "save")
+        digests = plan.digests()
+        if not plan.verify(self._secret, digests):
+            return _Checked(None, "rejected", "inject plan MAC does not verify (forged or stale)")
+        if not plan.cache_salt or request.cache_salt != plan.cache_salt:
+            return _Checked(None, "mismatch", "prompt is not salted with the plan's cache_salt")
+        if plan.num_tokens > len(prompt) - 1:
+            return _Checked(None, "mismatch", "plan covers the whole prompt; vLLM must compute "
+                                              "at least one token")
+        for seg in plan.segments:
+            if prompt[seg.start:seg.end] != list(seg.token_ids):
+                return _Checked(None, "mismatch",
+                                f"prompt tokens at [{seg.start}, {seg.end}) differ from the plan")
+        return _Checked(plan, "inject", digests=digests)

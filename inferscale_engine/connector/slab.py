@@ -1,0 +1,107 @@
+"""The KV slab: fixed-capacity storage of fact KV inside each vLLM worker, and its allocator.
+
+The slab is paged (`page_tokens` rows per page) so facts of any length pack without
+fragmentation. Pages are allocated by the app (`SlabAllocator`, deterministic, so every tensor
+parallel rank agrees) and sent in the SavePlan; the worker only records who owns which rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inferscale_engine.errors import SlabFullError
+
+
+@dataclass(slots=True)
+class SlabEntry:
+    """Where one fact's KV lives and who may read it."""
+
+    owner: str
+    rows: torch.Tensor
+    """[num_tokens] int64 slab rows (on the slab's device), token i of the fact in rows[i]."""
+    num_tokens: int
+    digest: str
+    """token_digest of the fact's token ids."""
+
+
+class KVSlab:
+    """Per-worker storage: keys (canonical positions) and values of every attention layer."""
+
+    def __init__(self, num_layers: int, num_pages: int, page_tokens: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        num_rows = num_pages * page_tokens
+        self.page_tokens = page_tokens
+        self.num_pages = num_pages
+        self.keys = torch.zeros(num_layers, num_rows, num_kv_heads, head_dim, dtype=dtype,
+                                device=device)
+        """[L, num_rows, H, D]"""
+        self.values = torch.zeros_like(self.keys)
+        """[L, num_rows, H, D]"""
+        self.entries: dict[int, SlabEntry] = {}
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one token takes across layers, keys and values."""
+        k = self.keys
+        return 2 * k.shape[0] * k.shape[2] * k.shape[3] * k.element_size()
+
+    def rows_for(self, pages: list[int], num_tokens: int) -> torch.Tensor:
+        """Rows of tokens 0..num_tokens-1 stored in `pages` ([num_tokens] int64, slab device)."""
+        if len(pages) * self.page_tokens < num_tokens:
+            raise ValueError(f"{len(pages)} pages cannot hold {num_tokens} tokens")
+        if any(not 0 <= p < self.num_pages for p in pages):
+            raise ValueError(f"page ids {pages} out of range [0, {self.num_pages})")
+        page_ids = torch.tensor(pages, dtype=torch.int64)
+        offsets = torch.arange(self.page_tokens, dtype=torch.int64)
+        rows = (page_ids[:, None] * self.page_tokens + offsets[None, :]).flatten()[:num_tokens]
+        return rows.to(self.keys.device)
+
+    def stats(self) -> dict[str, int]:
+        """Entries, tokens and bytes stored."""
+        tokens = sum(e.num_tokens for e in self.entries.values())
+        return {
+            "num_entries": len(self.entries),
+            "num_tokens": tokens,
+            "capacity_tokens": self.num_pages * self.page_tokens,
+            "bytes_per_token": self.bytes_per_token,
+            "capacity_bytes": self.num_pages * self.page_tokens * self.bytes_per_token,
+        }
+
+
+class SlabAllocator:
+    """App-side page allocator of the slab; mirrors what every worker stores."""
+
+    def __init__(self, num_pages: int, page_tokens: int) -> None:
+        self.num_pages = num_pages
+        self.page_tokens = page_tokens
+        self._free = list(range(num_pages - 1, -1, -1))  # pop() hands out low pages first
+
+    @property
+    def num_free_pages(self) -> int:
+        """Pages not allocated."""
+        return len(self._free)
+
+    def pages_needed(self, num_tokens: int) -> int:
+        """Pages a run of `num_tokens` tokens takes."""
+        return -(-num_tokens // self.page_tokens)
+
+    def allocate(self, num_tokens: int) -> tuple[int, ...]:
+        """Pages for `num_tokens` tokens.
+
+        Raises:
+            SlabFullError: not enough free pages; nothing is allocated.
+        """
+        needed = self.pages_needed(num_tokens)
+        if needed > len(self._free):
+            raise SlabFullError(
+                f"the KV slab is full: {num_tokens} tokens need {needed} pages, "
+                f"{len(self._free)} of {self.num_pages} are free. Delete facts you no longer "
+                "need or raise EngineConfig.slab_capacity_bytes."
+            )
+        return tuple(self._free.pop() for _ in range(needed))
+
+    def free(self, pages: tuple[int, ...]) -> None:
+        """Return pages to the free list."""
+        self._free.extend(reversed(pages))

@@ -1,0 +1,200 @@
+"""Worker-side half of the connector: owns the KV slab, injects and captures KV.
+
+Runs in every vLLM worker (the process that owns the paged cache). Loads are synchronous and
+happen in `start_load_kv`, before the forward, for all layers at once (FULL CUDA-graph replay
+skips per-layer hooks, so nothing is done per layer). Captures happen in `wait_for_save`, after
+the forward has written this step's K/V into the paged blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from inferscale_engine.config import ConnectorConfig
+from inferscale_engine.connector.metadata import CaptureSpec, InferScaleMetadata, LoadSpec
+from inferscale_engine.connector.paged import (
+    CpuPackedPagedKV,
+    PagedKV,
+    StridedPagedKV,
+    strided_views,
+)
+from inferscale_engine.connector.slab import KVSlab, SlabEntry
+from inferscale_engine.plan import SYSTEM_OWNER
+from inferscale_engine.rope import RopeSpec
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Rope:
+    cos: torch.Tensor
+    sin: torch.Tensor
+    style: str
+
+
+class InferScaleWorker:
+    """Implements the worker-side hooks of InferScaleConnector."""
+
+    def __init__(self, vllm_config: VllmConfig, config: ConnectorConfig) -> None:
+        model_config = vllm_config.model_config
+        self._config = config
+        self._rope_spec = RopeSpec.from_hf_config(model_config.hf_config)
+        self._num_kv_heads = model_config.get_num_kv_heads(vllm_config.parallel_config)
+        self._head_dim = model_config.get_head_size()
+        self._block_size = vllm_config.cache_config.block_size
+        self._cache_dtype = vllm_config.cache_config.cache_dtype
+        self.slab: KVSlab | None = None
+        self.paged: PagedKV | None = None
+        self._rope: _Rope | None = None
+        self._failed_block_ids: set[int] = set()
+        self.counters: Counter[str] = Counter()
+        self.recent_loads: deque[tuple[str, torch.Tensor]] = deque(maxlen=8)
+        """(request id, paged slots written) of the last loads, for diagnostics and tests."""
+
+    # ---- set-up ------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Detect the paged layout, allocate the slab and the RoPE tables."""
+        if self._cache_dtype not in ("auto", None):
+            raise NotImplementedError(
+                f"kv_cache_dtype {self._cache_dtype!r}: InferScale stores and injects KV in the "
+                "model dtype; quantized (fp8) KV caches are not supported. Use the default "
+                "kv_cache_dtype='auto'.")
+        layers = list(kv_caches.values())
+        first = layers[0]
+        self.paged = _detect_layout(layers, self._num_kv_heads, self._head_dim, self._block_size)
+        self.slab = KVSlab(len(layers), self._config.slab_pages, self._config.page_tokens,
+                           self._num_kv_heads, self._head_dim, first.dtype, first.device)
+        cos, sin = self._rope_spec.cos_sin(self._config.max_positions, first.device)
+        self._rope = _Rope(cos, sin, self._rope_spec.style.value)
+        logger.info("InferScale slab: %d layers, %d pages x %d tokens, %.1f MiB on %s",
+                    len(layers), self._config.slab_pages, self._config.page_tokens,
+                    self.slab.stats()["capacity_bytes"] / 2**20, first.device)
+
+    # ---- hooks -------------------------------------------------------------------------
+    def start_load(self, meta: InferScaleMetadata) -> None:
+        """Inject every load of this step (one op call per layer, or one kernel)."""
+        if not meta.loads:
+            return
+        assert self.slab is not None and self.paged is not None and self._rope is not None
+        parts = {load.req_id: p for load in meta.loads if (p := self._load_indices(load))}
+        if not parts:
+            return
+        rows, slots, canonical, serving = (torch.cat(t) for t in zip(*parts.values()))
+        device = self.slab.keys.device
+        self.paged.inject_(self.slab, rows, slots.to(device), canonical.to(device),
+                           serving.to(device), self._rope)
+        for req_id, part in parts.items():
+            self.recent_loads.append((req_id, part[1]))
+        self.counters["injected_requests"] += len(parts)
+        self.counters["injected_tokens"] += int(rows.numel())
+
+    def finish_step(self, meta: InferScaleMetadata) -> None:
+        """Capture every fact span completed in this step into the slab."""
+        for capture in meta.captures:
+            self._capture(capture)
+
+    def take_failed_block_ids(self) -> set[int]:
+        """Blocks whose load failed in this step (vLLM recomputes them)."""
+        failed, self._failed_block_ids = self._failed_block_ids, set()
+        return failed
+
+    # ---- control (worker extension) -----------------------------------------------------
+    def free(self, slab_keys: list[int]) -> int:
+        """Drop entries; returns how many existed. Their pages are reused by later saves."""
+        assert self.slab is not None
+        return sum(self.slab.entries.pop(k, None) is not None for k in slab_keys)
+
+    def stats(self) -> dict[str, int]:
+        """Slab occupancy and counters."""
+        assert self.slab is not None
+        return {**self.slab.stats(), **self.counters}
+
+    # ---- helpers -----------------------------------------------------------------------
+    def _slots(self, block_ids: list[int], positions: torch.Tensor) -> torch.Tensor:
+        blocks = torch.tensor(block_ids, dtype=torch.int64)[positions // self._block_size]
+        return blocks * self._block_size + positions % self._block_size
+
+    def _load_indices(self, load: LoadSpec
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Slab rows, paged slots, canonical and serving positions of one load (or None)."""
+        assert self.slab is not None
+        rows, canonical, serving = [], [], []
+        for key, start, length, digest in zip(load.slab_keys, load.starts, load.lengths,
+                                              load.digests):
+            lo, hi = max(start, load.load_start), min(start + length, load.load_end)
+            if lo >= hi:
+                continue
+            entry = self.slab.entries.get(key)
+            problem = _entry_problem(entry, load.user_id, length, digest)
+            if problem:
+                self._fail(load, problem, key)
+                return None
+            assert entry is not None
+            rows.append(entry.rows[lo - start:hi - start])
+            canonical.append(torch.arange(lo - start, hi - start, dtype=torch.int64))
+            serving.append(torch.arange(lo, hi, dtype=torch.int64))
+        if not rows:
+            return None
+        serving_positions = torch.cat(serving)
+        return (torch.cat(rows), self._slots(load.block_ids, serving_positions),
+                torch.cat(canonical), serving_positions)
+
+    def _fail(self, load: LoadSpec, problem: str, key: int) -> None:
+        """Report every block of the load as failed: vLLM recomputes them (never wrong KV)."""
+        first, last = load.load_start // self._block_size, (load.load_end - 1) // self._block_size
+        self._failed_block_ids.update(load.block_ids[first:last + 1])
+        self.counters["load_errors"] += 1
+        logger.warning("InferScale: cannot inject request %s (slab key %d: %s); vLLM recomputes "
+                       "those tokens", load.req_id, key, problem)
+
+    def _capture(self, capture: CaptureSpec) -> None:
+        assert self.slab is not None and self.paged is not None and self._rope is not None
+        try:
+            rows = self.slab.rows_for(capture.pages, capture.num_tokens)
+        except ValueError as exc:
+            self.counters["capture_errors"] += 1
+            logger.warning("InferScale: capture of slab key %d refused: %s", capture.slab_key, exc)
+            return
+        serving = torch.arange(capture.start, capture.start + capture.num_tokens,
+                               dtype=torch.int64)
+        canonical = torch.arange(capture.num_tokens, dtype=torch.int64)
+        device = rows.device
+        self.paged.capture_(self.slab, self._slots(capture.block_ids, serving).to(device), rows,
+                            serving.to(device), canonical.to(device), self._rope)
+        self.slab.entries[capture.slab_key] = SlabEntry(capture.user_id, rows, capture.num_tokens,
+                                                        capture.digest)
+        self.counters["captured_tokens"] += capture.num_tokens
+        self.counters["captures"] += 1
+
+
+def _entry_problem(entry: SlabEntry | None, user_id: str, length: int, digest: str) -> str:
+    if entry is None:
+        return "not resident"
+    if entry.owner not in (user_id, SYSTEM_OWNER):
+        return "owned by another user"
+    if entry.num_tokens != length or entry.digest != digest:
+        return "stored tokens differ from the plan"
+    return ""
+
+
+def _detect_layout(layers: list[torch.Tensor], num_kv_heads: int, head_dim: int,
+                   block_size: int) -> PagedKV:
+    """Pick the paged layout of the running attention backend."""
+    first = layers[0]
+    if first.device.type == "cpu":
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa  # vLLM 0.32 (CPU build)
+
+        if first.dim() != 4 or first.shape[1] != num_kv_heads or first.shape[3] != 2 * head_dim:
+            raise NotImplementedError(f"unexpected CPU KV cache shape {tuple(first.shape)}")
+        isa = _get_attn_isa(first.dtype, first.shape[2], head_dim, "auto")
+        return CpuPackedPagedKV(layers, isa)
+    keys, values = zip(*(strided_views(t, num_kv_heads, head_dim) for t in layers))
+    return StridedPagedKV(list(keys), list(values))

@@ -1,0 +1,54 @@
+"""Worker extension: control calls the app makes on every worker via LLM.collective_rpc.
+
+vLLM mixes this class into its worker (`worker_extension_cls`), so the methods run in the
+process that owns the slab, with MP=0 and MP=1 alike. Arguments and results are plain types.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def _worker_half() -> Any:
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    worker = get_kv_transfer_group().worker
+    if worker is None or worker.slab is None:
+        raise RuntimeError("InferScale connector is not initialized in this worker")
+    return worker
+
+
+class SlabControl:
+    """Methods vLLM adds to its worker class; called as llm.collective_rpc("inferscale_*")."""
+
+    def inferscale_stats(self) -> dict[str, int]:
+        """Slab occupancy and worker counters."""
+        return dict(_worker_half().stats())
+
+    def inferscale_free(self, slab_keys: list[int]) -> int:
+        """Drop slab entries; returns how many were resident."""
+        return int(_worker_half().free(list(slab_keys)))
+
+    def inferscale_resident(self, slab_keys: list[int]) -> list[bool]:
+        """Whether each slab key has a captured entry."""
+        entries = _worker_half().slab.entries
+        return [k in entries for k in slab_keys]
+
+    def inferscale_read_entry(self, slab_key: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stored K (canonical positions) and V of one entry: [L, n, H, D] each, on the CPU."""
+        worker = _worker_half()
+        entry = worker.slab.entries[slab_key]
+        return (worker.slab.keys[:, entry.rows].cpu(), worker.slab.values[:, entry.rows].cpu())
+
+    def inferscale_read_slots(self, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V currently in paged `slots` of every layer: [L, T, H, D] each, on the CPU."""
+        paged = _worker_half().paged
+        index = torch.tensor(slots, dtype=torch.int64)
+        pairs = [paged.read(layer, index) for layer in range(paged.num_layers)]
+        return (torch.stack([k for k, _ in pairs]).cpu(), torch.stack([v for _, v in pairs]).cpu())
+
+    def inferscale_recent_loads(self) -> list[tuple[str, list[int]]]:
+        """(request id, paged slots written) of the worker's last few injections."""
+        return [(rid, slots.tolist()) for rid, slots in _worker_half().recent_loads]

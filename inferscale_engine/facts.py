@@ -1,0 +1,52 @@
+"""Fact, FactId and MemoryHandle: what the app holds."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NewType
+
+from inferscale_engine.errors import HandleError
+
+FactId = NewType("FactId", int)
+
+
+@dataclass(frozen=True, slots=True)
+class Fact:
+    """One stored memory fact."""
+
+    fact_id: FactId
+    user_id: str
+    text: str
+    token_ids: tuple[int, ...]
+    """Token ids of the fact as it appears in prompts (formatted, no special tokens)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryHandle:
+    """Opaque reference to some of one user's facts; resolved and checked by the engine."""
+
+    user_id: str
+    fact_ids: tuple[FactId, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-compatible form (for message additional_kwargs)."""
+        return {"user_id": self.user_id, "fact_ids": [int(f) for f in self.fact_ids]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MemoryHandle:
+        """Inverse of to_dict.
+
+        Raises:
+            HandleError: `data` is not a handle.
+        """
+        try:
+            user_id, fact_ids = data["user_id"], data["fact_ids"]
+        except (KeyError, TypeError):
+            raise HandleError(f"not a memory handle: {data!r}; expected keys user_id, fact_ids"
+                              ) from None
+        if not isinstance(user_id, str) or not isinstance(fact_ids, list | tuple) or not all(
+                isinstance(f, int) and not isinstance(f, bool) for f in fact_ids):
+            raise HandleError(f"malformed memory handle {data!r}: user_id must be a string and "
+                              "fact_ids a list of ints")
+        return cls(user_id, tuple(FactId(f) for f in fact_ids))

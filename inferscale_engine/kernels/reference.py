@@ -1,0 +1,118 @@
+"""Chunked RoPE in plain torch: the test oracle for the Triton kernels and the CPU path.
+
+Keys are moved between positions by a pure rotation. The angle difference is composed from
+the same fp32 tables vLLM uses for absolute positions (cos(a-b) = cos a cos b + sin a sin b),
+so a key captured at position p and injected back at p reproduces vLLM's own rotation to fp32
+rounding, whatever the absolute position. Math in fp32, one cast to the output dtype.
+
+Shapes: T tokens, H kv heads, D head_dim, R rotary_dim (<= D), P table positions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ROTATE_HALF = "rotate_half"
+INTERLEAVED = "interleaved"
+
+
+def rerotate_keys(
+    keys: torch.Tensor,
+    from_positions: torch.Tensor,
+    to_positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    style: str,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Rotate keys that sit at `from_positions` so they sit at `to_positions`.
+
+    Args:
+        keys: [T, H, D], any float dtype.
+        from_positions: [T] int64 positions the keys are rotated for now.
+        to_positions: [T] int64 target positions.
+        cos, sin: [P, R // 2] fp32 tables of the model's RoPE (RopeSpec.cos_sin).
+        style: "rotate_half" (pairs i, i + R/2) or "interleaved" (pairs 2i, 2i + 1).
+        out_dtype: dtype of the result (default: keys.dtype). One rounding, at the end.
+    Returns:
+        [T, H, D] rotated keys; dims >= R pass through unchanged; tokens with from == to are
+        copied bit-exactly.
+    """
+    out_dtype = out_dtype or keys.dtype
+    half = cos.shape[1]
+    rotary_dim = 2 * half
+    cos_a, sin_a = cos[to_positions], sin[to_positions]  # [T, R/2]
+    cos_b, sin_b = cos[from_positions], sin[from_positions]
+    cos_d = (cos_a * cos_b + sin_a * sin_b)[:, None, :]  # [T, 1, R/2]
+    sin_d = (sin_a * cos_b - cos_a * sin_b)[:, None, :]
+    x = keys.float()
+    rot = x[..., :rotary_dim]
+    if style == ROTATE_HALF:
+        x1, x2 = rot[..., :half], rot[..., half:]
+        rotated = torch.cat((x1 * cos_d - x2 * sin_d, x2 * cos_d + x1 * sin_d), dim=-1)
+    elif style == INTERLEAVED:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        rotated = torch.stack((x1 * cos_d - x2 * sin_d, x2 * cos_d + x1 * sin_d), dim=-1)
+        rotated = rotated.flatten(-2)
+    else:
+        raise ValueError(f"unknown rope style {style!r}; use 'rotate_half' or 'interleaved'")
+    out = torch.cat((rotated, x[..., rotary_dim:]), dim=-1).to(out_dtype)
+    same = (from_positions == to_positions)[:, None, None]
+    return torch.where(same, keys.to(out_dtype), out)
+
+
+def inject_(
+    key_caches: list[torch.Tensor],
+    value_caches: list[torch.Tensor],
+    slab_keys: torch.Tensor,
+    slab_values: torch.Tensor,
+    src_rows: torch.Tensor,
+    dst_slots: torch.Tensor,
+    from_positions: torch.Tensor,
+    to_positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    style: str,
+) -> None:
+    """Write slab rows into paged KV slots of every layer, keys rotated to serving positions.
+
+    Args:
+        key_caches, value_caches: per layer [num_blocks, block_size, H, D] views (any strides).
+        slab_keys, slab_values: [L, num_rows, H, D] stored KV (keys at canonical positions).
+        src_rows: [T] int64 slab rows.  dst_slots: [T] int64 paged slots (block * bs + offset).
+        from_positions: [T] canonical positions.  to_positions: [T] serving positions.
+    """
+    block_size = key_caches[0].shape[1]
+    blocks, offsets = dst_slots // block_size, dst_slots % block_size
+    for layer, (k_cache, v_cache) in enumerate(zip(key_caches, value_caches)):
+        keys = rerotate_keys(slab_keys[layer, src_rows], from_positions, to_positions, cos, sin,
+                             style, out_dtype=k_cache.dtype)
+        k_cache[blocks, offsets] = keys
+        v_cache[blocks, offsets] = slab_values[layer, src_rows].to(v_cache.dtype)
+
+
+def capture_(
+    key_caches: list[torch.Tensor],
+    value_caches: list[torch.Tensor],
+    slab_keys: torch.Tensor,
+    slab_values: torch.Tensor,
+    src_slots: torch.Tensor,
+    dst_rows: torch.Tensor,
+    from_positions: torch.Tensor,
+    to_positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    style: str,
+) -> None:
+    """Copy paged KV slots of every layer into slab rows, keys rotated to canonical positions.
+
+    Same shapes as `inject_`, with src_slots/dst_rows in place of src_rows/dst_slots and
+    from_positions = serving positions, to_positions = canonical positions.
+    """
+    block_size = key_caches[0].shape[1]
+    blocks, offsets = src_slots // block_size, src_slots % block_size
+    for layer, (k_cache, v_cache) in enumerate(zip(key_caches, value_caches)):
+        slab_keys[layer, dst_rows] = rerotate_keys(
+            k_cache[blocks, offsets], from_positions, to_positions, cos, sin, style,
+            out_dtype=slab_keys.dtype)
+        slab_values[layer, dst_rows] = v_cache[blocks, offsets].to(slab_values.dtype)

@@ -1,0 +1,208 @@
+"""InjectionPlan and SavePlan: the kv_transfer_params format, spelled in this module only.
+
+A plan crosses process boundaries (app -> vLLM EngineCore -> workers) and may arrive from an
+untrusted client through vLLM's OpenAI server, so it is versioned, parsed strictly and
+authenticated with an HMAC keyed by a per-engine secret that only the engine and its connector
+know. The scheduler-side connector re-checks the prompt's token ids against the plan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from inferscale_engine.errors import PlanError
+
+PLAN_VERSION = 1
+PARAMS_KEY = "inferscale"
+SYSTEM_OWNER = ""
+"""Owner of shared entries (the preamble): readable by every user, writable by the engine only."""
+
+_MAX_TOKEN_ID = 2**31 - 1
+
+
+def token_digest(token_ids: Sequence[int]) -> str:
+    """Stable 16-hex-digit digest of a token id sequence."""
+    return hashlib.blake2b(array("q", token_ids).tobytes(), digest_size=8).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One run of injected prompt tokens: a stored fact, or the preamble."""
+
+    slab_key: int
+    """Slab entry that holds this run's KV (keys at canonical positions 0..n-1)."""
+    start: int
+    """Serving position of the first token (its index in the prompt)."""
+    token_ids: tuple[int, ...]
+
+    @property
+    def end(self) -> int:
+        """One past the serving position of the last token."""
+        return self.start + len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class InjectionPlan:
+    """Read path: segments that tile prompt[0:end) and where their KV lives."""
+
+    user_id: str
+    segments: tuple[Segment, ...]
+    cache_salt: str
+    mac: str = ""
+
+    @property
+    def num_tokens(self) -> int:
+        """Number of prompt tokens the plan covers (all of them at the start of the prompt)."""
+        return self.segments[-1].end if self.segments else 0
+
+    def digests(self) -> list[str]:
+        """token_digest of every segment, in order."""
+        return [token_digest(s.token_ids) for s in self.segments]
+
+    def _payload(self, digests: list[str]) -> bytes:
+        parts = [f"inject|{PLAN_VERSION}|{self.user_id}|{self.cache_salt}"]
+        parts += [f"{s.slab_key},{s.start},{d}" for s, d in zip(self.segments, digests)]
+        return "|".join(parts).encode()
+
+    def signed(self, secret: bytes) -> InjectionPlan:
+        """Copy with the MAC set."""
+        return replace(self, mac=_mac(secret, self._payload(self.digests())))
+
+    def verify(self, secret: bytes, digests: list[str] | None = None) -> bool:
+        """True if the MAC is valid for this content (`digests`: precomputed `digests()`)."""
+        payload = self._payload(self.digests() if digests is None else digests)
+        return hmac.compare_digest(self.mac, _mac(secret, payload))
+
+    def to_params(self) -> dict[str, Any]:
+        """kv_transfer_params for SamplingParams(extra_args=...) or the OpenAI server."""
+        return {PARAMS_KEY: {
+            "v": PLAN_VERSION, "kind": "inject", "user": self.user_id, "salt": self.cache_salt,
+            "keys": [s.slab_key for s in self.segments],
+            "starts": [s.start for s in self.segments],
+            "tokens": [list(s.token_ids) for s in self.segments],
+            "mac": self.mac,
+        }}
+
+
+@dataclass(frozen=True, slots=True)
+class SavePlan:
+    """Write path: capture prompt[start:] (the fact) into slab pages under `slab_key`."""
+
+    user_id: str
+    slab_key: int
+    start: int
+    token_ids: tuple[int, ...]
+    pages: tuple[int, ...]
+    mac: str = ""
+
+    @property
+    def end(self) -> int:
+        """One past the last fact token: the save prompt's length."""
+        return self.start + len(self.token_ids)
+
+    def _payload(self) -> bytes:
+        return (f"save|{PLAN_VERSION}|{self.user_id}|{self.slab_key}|{self.start}|"
+                f"{token_digest(self.token_ids)}|{','.join(map(str, self.pages))}").encode()
+
+    def signed(self, secret: bytes) -> SavePlan:
+        """Copy with the MAC set."""
+        return replace(self, mac=_mac(secret, self._payload()))
+
+    def verify(self, secret: bytes) -> bool:
+        """True if the MAC is valid for this content."""
+        return hmac.compare_digest(self.mac, _mac(secret, self._payload()))
+
+    def to_params(self) -> dict[str, Any]:
+        """kv_transfer_params of the save request."""
+        return {PARAMS_KEY: {
+            "v": PLAN_VERSION, "kind": "save", "user": self.user_id, "key": self.slab_key,
+            "start": self.start, "tokens": list(self.token_ids), "pages": list(self.pages),
+            "mac": self.mac,
+        }}
+
+
+Plan = InjectionPlan | SavePlan
+
+
+def from_params(params: Mapping[str, Any] | None) -> Plan | None:
+    """Parse kv_transfer_params. None if they carry no InferScale plan.
+
+    Raises:
+        PlanError: the InferScale entry is malformed or of another version. The MAC is not
+            checked here (see `verify`).
+    """
+    if not params or PARAMS_KEY not in params:
+        return None
+    raw = params[PARAMS_KEY]
+    if not isinstance(raw, Mapping):
+        raise PlanError(f"kv_transfer_params[{PARAMS_KEY!r}] must be a mapping, got "
+                        f"{type(raw).__name__}; build plans with Engine, not by hand")
+    if raw.get("v") != PLAN_VERSION:
+        raise PlanError(f"plan version {raw.get('v')!r} is not supported (this build speaks "
+                        f"{PLAN_VERSION}); app and engine must run the same InferScale release")
+    kind = raw.get("kind")
+    user = _str(raw, "user")
+    mac = _str(raw, "mac")
+    if kind == "inject":
+        keys, starts = _ints(raw, "keys"), _ints(raw, "starts")
+        tokens = raw.get("tokens")
+        if not isinstance(tokens, list) or not (len(keys) == len(starts) == len(tokens)):
+            raise PlanError("inject plan needs equally long 'keys', 'starts' and 'tokens' lists")
+        segments = tuple(
+            Segment(k, s, tuple(_token_list(t, "tokens[]"))) for k, s, t in zip(keys, starts, tokens)
+        )
+        _check_tiling(segments)
+        return InjectionPlan(user, segments, _str(raw, "salt"), mac)
+    if kind == "save":
+        token_ids = tuple(_token_list(raw.get("tokens"), "tokens"))
+        pages = tuple(_ints(raw, "pages"))
+        key, start = _int(raw, "key"), _int(raw, "start")
+        if not token_ids:
+            raise PlanError("save plan has no tokens")
+        return SavePlan(user, key, start, token_ids, pages, mac)
+    raise PlanError(f"plan kind {kind!r} is unknown; expected 'inject' or 'save'")
+
+
+def _mac(secret: bytes, payload: bytes) -> str:
+    return hmac.new(secret, payload, hashlib.sha256).hexdigest()[:32]
+
+
+def _check_tiling(segments: tuple[Segment, ...]) -> None:
+    position = 0
+    for seg in segments:
+        if seg.start != position or not seg.token_ids:
+            raise PlanError(f"segments must be non-empty and tile the prompt from position 0; "
+                            f"segment at {seg.start} expected at {position}")
+        position = seg.end
+
+
+def _str(raw: Mapping[str, Any], name: str) -> str:
+    value = raw.get(name)
+    if not isinstance(value, str):
+        raise PlanError(f"plan field {name!r} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _int(raw: Mapping[str, Any], name: str) -> int:
+    value = raw.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise PlanError(f"plan field {name!r} must be a non-negative int, got {value!r}")
+    return value
+
+
+def _ints(raw: Mapping[str, Any], name: str) -> list[int]:
+    return _token_list(raw.get(name), name)
+
+
+def _token_list(value: Any, name: str) -> list[int]:
+    if not isinstance(value, list | tuple):
+        raise PlanError(f"plan field {name!r} must be a list of ints, got {type(value).__name__}")
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _MAX_TOKEN_ID:
+            raise PlanError(f"plan field {name!r} holds {v!r}; expected ints in [0, 2**31)")
+    return list(value)

@@ -1,0 +1,90 @@
+"""Prompts assembled from token ids: [preamble][fact_1]..[fact_k][rest of the chat].
+
+The chat template is rendered once per request with a marker at the end of the system message
+(where the memory block goes); the text before the marker is the preamble, the text after it
+is the rest. Each piece is tokenized on its own and never re-tokenized as a whole, so the token
+ids of a stored fact are exactly the ids in the prompt, in KV mode and in text mode alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from inferscale_engine.errors import InvalidRequestError, UnsupportedModelError
+
+FACT_FORMAT = "- {text}\n"
+_MARK = "<<INFERSCALE-MEMORY-BLOCK>>"
+_ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPrompt:
+    """A prompt split into its injectable prefix pieces and the rest."""
+
+    preamble: tuple[int, ...]
+    facts: tuple[tuple[int, ...], ...]
+    rest: tuple[int, ...]
+
+    def token_ids(self) -> list[int]:
+        """The whole prompt."""
+        ids = list(self.preamble)
+        for fact in self.facts:
+            ids.extend(fact)
+        ids.extend(self.rest)
+        return ids
+
+    def fact_starts(self) -> list[int]:
+        """Serving position of each fact's first token."""
+        starts, position = [], len(self.preamble)
+        for fact in self.facts:
+            starts.append(position)
+            position += len(fact)
+        return starts
+
+
+class PromptBuilder:
+    """Renders chats with the tokenizer's template around a memory block."""
+
+    def __init__(self, tokenizer: Any, system_prompt: str) -> None:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise UnsupportedModelError("the tokenizer has no chat template; InferScale needs one "
+                                   "to place the memory block")
+        self._tokenizer = tokenizer
+        self._system_prompt = system_prompt
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        """Token ids of `text` without special tokens added."""
+        return tuple(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def fact_ids(self, text: str) -> tuple[int, ...]:
+        """Token ids of one fact as it appears in the memory block."""
+        return self.encode(FACT_FORMAT.format(text=text))
+
+    def build(self, messages: Sequence[dict[str, str]], facts: Sequence[Sequence[int]]
+              ) -> MemoryPrompt:
+        """Prompt for `messages` (role/content dicts) with `facts` in the system message."""
+        head, tail = self._render(messages)
+        return MemoryPrompt(self.encode(head), tuple(tuple(f) for f in facts), self.encode(tail))
+
+    def preamble(self, messages: Sequence[dict[str, str]] = ()) -> tuple[int, ...]:
+        """Preamble token ids for these messages (depends only on their system message)."""
+        return self.encode(self._render(messages)[0])
+
+    def _render(self, messages: Sequence[dict[str, str]]) -> tuple[str, str]:
+        chat = [dict(m) for m in messages]
+        for m in chat:
+            if m.get("role") not in _ROLES or not isinstance(m.get("content"), str):
+                raise InvalidRequestError(f"message {m!r} needs role in {_ROLES} and text content")
+        system = self._system_prompt
+        if chat and chat[0]["role"] == "system":
+            system = chat.pop(0)["content"].rstrip() + "\n\n" + system
+        rendered = self._tokenizer.apply_chat_template(
+            [{"role": "system", "content": system + _MARK}, *chat],
+            tokenize=False, add_generation_prompt=True)
+        head, mark, tail = rendered.partition(_MARK)
+        if not mark or _MARK in tail:
+            raise UnsupportedModelError("the chat template altered the memory marker; this "
+                                   "tokenizer's template is not supported")
+        return head, tail

@@ -1,0 +1,176 @@
+"""Tiny random-init Llama / Qwen2 models with a locally trained tokenizer (no network).
+
+Tests, the demo and CPU benchmarks need a model that vLLM loads in seconds and that exercises
+the real architecture code (RoPE variants, GQA, qkv bias). Weights are random but scaled up
+(std ~0.08) so attention is far from uniform and numerical tests keep their power.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+_NAMES = ["Alice", "Bob", "Caroline", "Melanie", "John", "Maria", "Wei", "Priya", "Omar", "Lena"]
+_PLACES = ["Paris", "Boston", "Kyoto", "Lagos", "Lima", "Oslo", "Austin", "Seoul", "Rome", "Cairo"]
+_THINGS = ["pottery", "hiking", "chess", "painting", "running", "jazz", "cooking", "camping",
+           "reading", "swimming", "violin", "gardening", "photography", "yoga", "soccer"]
+_VERBS = ["likes", "loves", "plays", "studies", "teaches", "started", "enjoys", "practices"]
+_PETS = ["a dog", "two cats", "a parrot", "a rabbit", "no pets", "a turtle"]
+
+
+@dataclass(frozen=True, slots=True)
+class TinyModelSpec:
+    """Shape of a tiny test model; the folder name is derived from it."""
+
+    architecture: str = "llama"
+    """'llama' (LlamaForCausalLM, llama3 rope scaling) or 'qwen2' (Qwen2ForCausalLM, qkv bias)."""
+    num_layers: int = 4
+    hidden_size: int = 256
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 64
+    intermediate_size: int = 512
+    vocab_size: int = 512
+    max_position_embeddings: int = 4096
+    weight_std: float = 0.08
+    seed: int = 0
+
+    def digest(self) -> str:
+        """Short hash of the spec, used in the cache folder name."""
+        blob = json.dumps(asdict(self), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def corpus_sentences(num_sentences: int = 3000, seed: int = 0) -> list[str]:
+    """Synthetic English sentences about people, used to train the tiny tokenizer."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(num_sentences):
+        name, place = rng.choice(_NAMES), rng.choice(_PLACES)
+        thing, verb, pet = rng.choice(_THINGS), rng.choice(_VERBS), rng.choice(_PETS)
+        out.append(rng.choice([
+            f"{name} {verb} {thing} and lives in {place}.",
+            f"{name} has {pet} and went to {place} last year.",
+            f"What does {name} like? {name} {verb} {thing}.",
+            f"Where does {name} live? In {place}, near the river.",
+            f"User: I {verb.rstrip('s')} {thing}. Assistant: That sounds fun, {name}!",
+        ]))
+    return out
+
+
+def build_tokenizer(out_dir: Path, vocab_size: int) -> None:
+    """Train a byte-level BPE tokenizer on the synthetic corpus and save it as a HF tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus_sentences(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    fast.save_pretrained(str(out_dir))
+
+
+def _hf_config(spec: TinyModelSpec, vocab_size: int, eos_id: int, pad_id: int):
+    from transformers import LlamaConfig, Qwen2Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-6,
+        torch_dtype="float32",
+    )
+    if spec.architecture == "llama":
+        return LlamaConfig(
+            head_dim=spec.head_dim,
+            rope_theta=10000.0,
+            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 256},
+            **common,
+        )
+    if spec.architecture == "qwen2":
+        if spec.hidden_size // spec.num_heads != spec.head_dim:
+            raise ValueError("qwen2 derives head_dim from hidden_size // num_heads")
+        return Qwen2Config(rope_theta=1_000_000.0, use_sliding_window=False, **common)
+    raise ValueError(f"unknown tiny architecture {spec.architecture!r}; use 'llama' or 'qwen2'")
+
+
+def build_tiny_model(out_dir: str | os.PathLike, spec: TinyModelSpec = TinyModelSpec()) -> Path:
+    """Write a random-init model + tokenizer folder that vLLM and transformers can load.
+
+    Args:
+        out_dir: destination folder (created; an existing complete build is reused).
+        spec: model shape and seed.
+    Returns:
+        The folder path.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = Path(out_dir)
+    marker = out / "inferscale-tiny.json"
+    if marker.exists() and json.loads(marker.read_text()) == asdict(spec):
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(out, spec.vocab_size)
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    config = _hf_config(spec, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
+    torch.manual_seed(spec.seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                continue
+            if name.endswith("bias"):
+                param.normal_(0.0, 0.02)
+            else:
+                param.normal_(0.0, spec.weight_std)
+    model.save_pretrained(str(out), safe_serialization=True)
+    (out / "generation_config.json").unlink(missing_ok=True)
+    marker.write_text(json.dumps(asdict(spec)))
+    return out
+
+
+def default_cache_dir() -> Path:
+    """Where built models are cached: $INFERSCALE_CACHE or ~/.cache/inferscale."""
+    return Path(os.environ.get("INFERSCALE_CACHE", Path.home() / ".cache" / "inferscale"))
+
+
+def tiny_model_path(spec: TinyModelSpec = TinyModelSpec()) -> Path:
+    """Build (once) and return the cached folder of a tiny model."""
+    return build_tiny_model(default_cache_dir() / f"tiny-{spec.architecture}-{spec.digest()}", spec)
