@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -85,12 +87,15 @@ class EngineConfig:
             raise ConfigError(f"vllm_overrides may not set {sorted(clash)}: the engine owns them")
 
 
+SECRET_ENV = "INFERSCALE_PLAN_SECRET"
+"""Environment variable holding the plans' HMAC key (hex). Kept out of vLLM's config, which is
+logged; inherited by vLLM's worker processes."""
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectorConfig:
     """What the connector needs, sent through kv_connector_extra_config (JSON types only)."""
 
-    secret_hex: str
-    """HMAC key of plans (hex); generated per engine."""
     slab_pages: int
     """Slab capacity in pages."""
     page_tokens: int
@@ -99,14 +104,21 @@ class ConnectorConfig:
     """Size of the RoPE tables (max_model_len)."""
 
     def __post_init__(self) -> None:
-        if len(self.secret_hex) < 32:
-            raise ConfigError("secret_hex must hold at least 16 bytes")
         _positive(self, "slab_pages", "page_tokens", "max_positions")
 
     @property
     def secret(self) -> bytes:
-        """HMAC key."""
-        return bytes.fromhex(self.secret_hex)
+        """HMAC key of plans, from the environment (see SECRET_ENV)."""
+        value = os.environ.get(SECRET_ENV, "")
+        try:
+            secret = bytes.fromhex(value)
+        except ValueError:
+            secret = b""
+        if len(secret) < 16:
+            raise ConfigError(f"{SECRET_ENV} must hold a hex key of at least 16 bytes; start "
+                              "vLLM through inferscale_engine.Engine, or set it to the same "
+                              "value in the app and in vLLM's environment")
+        return secret
 
     def to_dict(self) -> dict[str, Any]:
         """As kv_connector_extra_config."""
@@ -134,3 +146,10 @@ def _positive(obj: Any, *names: str) -> None:
         value = getattr(obj, name)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ConfigError(f"{type(obj).__name__}.{name} must be a positive int, got {value!r}")
+
+
+def plan_secret() -> bytes:
+    """The process's plan HMAC key: taken from SECRET_ENV, or generated and put there."""
+    if not os.environ.get(SECRET_ENV):
+        os.environ[SECRET_ENV] = secrets.token_hex(32)
+    return bytes.fromhex(os.environ[SECRET_ENV])

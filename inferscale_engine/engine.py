@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import secrets
 import threading
 import time
 from collections import Counter
@@ -19,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferscale_engine.config import ConnectorConfig, EngineConfig
+from inferscale_engine.config import ConnectorConfig, EngineConfig, plan_secret
 from inferscale_engine.connector.slab import SlabAllocator
 from inferscale_engine.errors import (
     EngineClosedError,
@@ -60,6 +59,8 @@ class Generation:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     """Log-probability of each sampled token (empty unless SamplingParams.logprobs is set)."""
+    first_token_logprobs: dict[int, float]
+    """Top-N log-probabilities of the first answer token (N = SamplingParams.logprobs)."""
     mode: str
     """'kv' (facts injected) or 'text' (facts prefilled as text)."""
     num_prompt_tokens: int
@@ -92,7 +93,7 @@ class Engine:
         hf_config, self.rope = _check_model(config)
         self.tokenizer = _load_tokenizer(config)
         self.prompts = PromptBuilder(self.tokenizer, config.system_prompt)
-        self._secret = secrets.token_bytes(32)
+        self._secret = plan_secret()
         bytes_per_token = _kv_bytes_per_token(hf_config, config)
         num_pages = config.slab_capacity_bytes // (config.slab_page_tokens * bytes_per_token)
         if num_pages < 1:
@@ -101,7 +102,7 @@ class Engine:
                 f"{config.slab_page_tokens} tokens ({bytes_per_token} bytes each); raise it")
         self._allocator = SlabAllocator(num_pages, config.slab_page_tokens)
         self._llm = _build_llm(config, ConnectorConfig(
-            self._secret.hex(), num_pages, config.slab_page_tokens, config.max_model_len))
+            num_pages, config.slab_page_tokens, config.max_model_len))
         self._facts: dict[FactId, _Stored] = {}
         self._preambles: dict[str, int] = {}
         self._next_fact_id = 1
@@ -184,8 +185,8 @@ class Engine:
             chunk = slice(lo, lo + batch)
             params = [SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": p.to_params()})
                       for p in plans[chunk]]
-            outputs = self._llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts[chunk]],
-                                         params, use_tqdm=len(plans) > batch)
+            outputs = self._run([TokensPrompt(prompt_token_ids=p) for p in prompts[chunk]],
+                                params, use_tqdm=len(plans) > batch)
             for out in outputs:
                 result = (out.kv_transfer_params or {}).get(_RESULT_KEY, {})
                 if result.get("status") != "save":
@@ -238,7 +239,7 @@ class Engine:
             raise InvalidRequestError("sampling must be a vllm.SamplingParams, got "
                                       f"{type(sampling).__name__}")
         prompts, params, token_lists = [], [], []
-        with self._lock:
+        with self._lock:  # held through the run: vllm.LLM is not thread-safe
             self._check_open()
             for handle, messages in requests:
                 prompt, plan = self._prepare(handle, _as_messages(messages))
@@ -256,9 +257,9 @@ class Engine:
                     prompts.append(TokensPrompt(prompt_token_ids=ids))
                 params.append(request_params)
                 token_lists.append(ids)
-        start = time.perf_counter()
-        outputs = self._llm.generate(prompts, params, use_tqdm=False)
-        latency_ms = (time.perf_counter() - start) * 1e3
+            start = time.perf_counter()
+            outputs = self._run(prompts, params, use_tqdm=False)
+            latency_ms = (time.perf_counter() - start) * 1e3
         results = [_generation(out, mode, len(ids), latency_ms)
                    for out, ids in zip(outputs, token_lists)]
         for g in results:
@@ -266,6 +267,19 @@ class Engine:
             if g.mode == "kv" and g.plan_status not in ("inject", "none"):
                 self.counters[f"fallback_{g.plan_status}"] += 1
         return results
+
+    def _run(self, prompts: list[Any], params: list[Any], use_tqdm: bool) -> list[Any]:
+        """llm.generate; if it fails, abort what it left in the engine so it keeps serving."""
+        try:
+            return self._llm.generate(prompts, params, use_tqdm=use_tqdm)
+        except BaseException:
+            engine = self._llm.llm_engine
+            states = getattr(getattr(engine, "output_processor", None), "request_states", {})
+            if states:
+                engine.abort_request(list(states))
+            while engine.has_unfinished_requests():
+                engine.step()
+            raise
 
     def _prepare(self, handle: MemoryHandle | None, messages: Messages
                  ) -> tuple[MemoryPrompt, InjectionPlan | None]:
@@ -378,13 +392,15 @@ def _check_user(user_id: object) -> None:
 def _generation(out: Any, mode: str, num_prompt_tokens: int, latency_ms: float) -> Generation:
     completion = out.outputs[0]
     logprobs: tuple[float, ...] = ()
+    first: dict[int, float] = {}
     if completion.logprobs:
         logprobs = tuple(step[tok].logprob for step, tok in zip(completion.logprobs,
                                                                  completion.token_ids))
+        first = {tok: lp.logprob for tok, lp in completion.logprobs[0].items()}
     result = (out.kv_transfer_params or {}).get(_RESULT_KEY, {})
     status = result.get("status", "none")
     injected = int(result.get("claimed", 0)) if status == "inject" else 0
-    return Generation(completion.text, tuple(completion.token_ids), logprobs, mode,
+    return Generation(completion.text, tuple(completion.token_ids), logprobs, first, mode,
                       num_prompt_tokens, injected, int(out.num_cached_tokens or 0), status,
                       latency_ms)
 

@@ -44,3 +44,23 @@ class EngineClosedError(InferScaleError, RuntimeError):
 
 class InvalidRequestError(InferScaleError, ValueError):
     """A generate() call's messages, handle or sampling settings are invalid."""
+
+
+class InvalidUserIdError(InferScaleError, ValueError):
+    """A user_id is not a non-empty string of valid Unicode."""
+
+
+class InvalidTurnError(InferScaleError, ValueError):
+    """A conversation turn's session id, role or content is invalid."""
+
+
+class StoreError(InferScaleError, RuntimeError):
+    """The fact database cannot be opened, migrated or written, or the store is closed."""
+
+
+class EmbedderError(InferScaleError, RuntimeError):
+    """The sentence-transformers model cannot be imported or loaded."""
+
+
+class RetrievalError(InferScaleError, ValueError):
+    """Texts, embeddings, fact ids or k given to the embedder or a retrieval index are invalid."""

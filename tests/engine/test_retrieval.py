@@ -1,0 +1,305 @@
+"""Embedder (real offline MiniLM), UserIndex and RetrievalIndex (cosine top-k per user)."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inferscale_engine.errors import (
+    ConfigError,
+    EmbedderError,
+    FactNotFoundError,
+    InvalidUserIdError,
+    RetrievalError,
+)
+from inferscale_engine.retrieval import (
+    DEFAULT_EMBEDDING_MODEL,
+    Embedder,
+    RetrievalIndex,
+    UserIndex,
+)
+
+DIM = 4
+
+
+# ---- Embedder ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def embedder():
+    return Embedder(device="cpu", batch_size=8)
+
+
+def test_embedder_constructs_without_loading():
+    lazy = Embedder(device="cpu")
+    assert lazy._model is None
+    assert lazy.name == DEFAULT_EMBEDDING_MODEL and lazy.device == torch.device("cpu")
+
+
+def test_embedder_dim_and_normalized_float32_rows(embedder):
+    assert embedder.dim == 384
+    vectors = embedder.encode(["Alice likes chess", "", "emoji 🧠 and 中文", "x " * 1000])
+    assert vectors.shape == (4, 384) and vectors.dtype == torch.float32
+    assert vectors.device == torch.device("cpu")
+    torch.testing.assert_close(vectors.norm(dim=1), torch.ones(4))
+    assert embedder.encode([]).shape == (0, 384)
+
+
+def test_embedder_similarity_is_semantic(embedder):
+    fact, question, other = embedder.encode(
+        ["Alice likes chess", "Which game does Alice play?", "Bob owns a parrot"])
+    assert float(fact @ question) > float(other @ question) + 0.2
+
+
+def test_embedder_is_deterministic_across_batching(embedder):
+    texts = [f"fact number {i} about topic {i % 3}" for i in range(11)]
+    together = embedder.encode(texts)
+    one_by_one = torch.cat([embedder.encode([t]) for t in texts])
+    torch.testing.assert_close(together, one_by_one, atol=1e-5, rtol=1e-5)
+
+
+def test_embedder_rejects_bad_input(embedder):
+    with pytest.raises(RetrievalError, match="wrap a single text"):
+        embedder.encode("Alice likes chess")
+    with pytest.raises(RetrievalError, match=r"texts\[1\] is int"):
+        embedder.encode(["ok", 3])
+    with pytest.raises(RetrievalError, match="lone surrogate"):
+        embedder.encode(["bad \ud800"])
+
+
+def test_embedder_config_errors_and_unloadable_model(tmp_path):
+    with pytest.raises(ConfigError, match="batch_size"):
+        Embedder(batch_size=0)
+    with pytest.raises(ConfigError, match="device"):
+        Embedder(device="not-a-device")
+    with pytest.raises(ConfigError, match="model"):
+        Embedder(model="")
+    before = os.environ.get("HF_HUB_OFFLINE")
+    missing = Embedder(str(tmp_path / "no-such-model"), device="cpu")
+    with pytest.raises(EmbedderError, match="cannot load embedding model"):
+        missing.encode(["x"])
+    assert os.environ.get("HF_HUB_OFFLINE") == before
+
+
+# ---- UserIndex --------------------------------------------------------------------------------
+def basis(*indices: int, scale: float = 1.0) -> torch.Tensor:
+    """Rows scale * e_i: cosine scores against them are exact, so ties are exact too."""
+    return torch.eye(DIM)[list(indices)] * scale
+
+
+def test_search_ranks_by_cosine_and_returns_scores():
+    index = UserIndex(DIM)
+    index.add([10, 11, 12], basis(0, 1, 2, scale=3.0))  # scale is normalized away
+    query = torch.tensor([0.8, 0.6, -0.1, 0.0])
+    hits = index.search(query, 2)
+    assert [h[0] for h in hits] == [10, 11]
+    normalized = F.normalize(query, dim=0)
+    assert hits[0][1] == pytest.approx(float(normalized[0]))
+    assert index.search(query.unsqueeze(0), 2) == hits  # [1, dim] accepted too
+    assert [h[0] for h in index.search(query, 99)] == [10, 11, 12]
+    assert index.search(query, 0) == []
+    assert index.nearest(query)[0] == 10
+    assert UserIndex(DIM).nearest(query) is None and UserIndex(DIM).search(query, 3) == []
+
+
+def test_ties_break_by_fact_id_including_at_the_cut():
+    index = UserIndex(DIM)
+    index.add([40, 7, 25, 3, 99], basis(0, 0, 1, 0, 1))
+    query = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    assert [h[0] for h in index.search(query, 5)] == [3, 7, 25, 40, 99]
+    assert [h[0] for h in index.search(torch.tensor([1.0, 0.0, 0.0, 0.0]), 2)] == [3, 7]
+
+
+def test_add_replaces_existing_ids_and_rejects_bad_input():
+    index = UserIndex(DIM)
+    index.add([1, 2], basis(0, 1))
+    index.add(np.array([2, 3]), np.eye(DIM)[[0, 2]])  # 2 moves to e_0, 3 is new
+    assert len(index) == 3 and index.fact_ids() == [1, 2, 3]
+    assert [h[0] for h in index.search(basis(0)[0], 2)] == [1, 2]
+    for fact_ids, embeddings, message in [
+        ([5, 5], basis(0, 1), "repeat an id"),
+        ([5], basis(0, 1), r"shape \(2, 4\), expected \(1, 4\)"),
+        ([5], torch.ones(1, DIM + 1), "expected"),
+        ([5], torch.zeros(1, DIM), "all-zero"),
+        ([5], torch.full((1, DIM), math.nan), "NaN"),
+        ([5], [["a"] * DIM], "not a float matrix"),
+        (["5"], basis(0), "not an int"),
+        ([True], basis(0), "not an int"),
+    ]:
+        with pytest.raises(RetrievalError, match=message):
+            index.add(fact_ids, embeddings)
+    assert index.fact_ids() == [1, 2, 3]
+    with pytest.raises(RetrievalError, match="k=-1"):
+        index.search(basis(0)[0], -1)
+    with pytest.raises(RetrievalError, match="query_embedding"):
+        index.search(torch.ones(DIM + 1), 1)
+
+
+def test_capacity_doubles_and_removal_fills_holes():
+    index = UserIndex(DIM, initial_capacity=4)
+    capacities = []
+    for fact_id in range(1, 20):
+        index.add([fact_id], basis(fact_id % DIM))
+        capacities.append(index.capacity)
+    assert sorted(set(capacities)) == [4, 8, 16, 32]
+    index.add(range(100, 200), torch.randn(100, DIM))
+    assert index.capacity == 119
+    with pytest.raises(FactNotFoundError, match="555"):
+        index.remove([1, 555])
+    assert len(index) == 119
+    removed = set(range(1, 20, 2)) | set(range(150, 200))
+    index.remove(sorted(removed, reverse=True))
+    assert index.fact_ids() == sorted((set(range(1, 20)) | set(range(100, 200))) - removed)
+    query = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    assert [h[0] for h in index.search(query, 3)] == [4, 8, 12]
+    index.remove(index.fact_ids())
+    assert len(index) == 0 and index.search(query, 5) == []
+
+
+# ---- RetrievalIndex ---------------------------------------------------------------------------
+def test_users_are_isolated_and_unknown_users_get_nothing():
+    index = RetrievalIndex(device="cpu")
+    index.add(user_id="alice", fact_ids=[1, 2], embeddings=basis(0, 1))
+    index.add(user_id="bob", fact_ids=[3], embeddings=basis(0))
+    query = basis(0)[0]
+    assert index.search(user_id="bob", query_embedding=query, k=10) == [(3, 1.0)]
+    assert [h[0] for h in index.search(user_id="alice", query_embedding=query, k=10)] == [1, 2]
+    assert index.search(user_id="carol", query_embedding=query, k=10) == []
+    assert index.nearest(user_id="carol", embedding=query) is None
+    assert index.nearest(user_id="alice", embedding=basis(1)[0]) == (2, 1.0)
+    assert index.users() == ["alice", "bob"] and index.count() == 3
+    with pytest.raises(FactNotFoundError):
+        index.remove(user_id="alice", fact_ids=[3])  # bob's id
+    with pytest.raises(FactNotFoundError):
+        index.remove(user_id="carol", fact_ids=[1])
+    index.remove(user_id="bob", fact_ids=[3])
+    assert index.users() == ["alice"]  # emptied users are dropped
+    index.drop_user(user_id="alice")
+    index.drop_user(user_id="never-there")
+    assert index.users() == [] and index.count() == 0
+
+
+def test_dimension_is_fixed_by_the_first_add():
+    index = RetrievalIndex(device="cpu")
+    with pytest.raises(RetrievalError, match="pass \\[num_facts, dim\\]"):
+        index.add(user_id="u", fact_ids=[1], embeddings=[1.0, 0.0])
+    index.add(user_id="u", fact_ids=[1], embeddings=[[1.0, 0.0]])
+    with pytest.raises(RetrievalError, match="expected"):
+        index.add(user_id="v", fact_ids=[2], embeddings=[[1.0, 0.0, 0.0]])
+    with pytest.raises(InvalidUserIdError):
+        index.search(user_id="", query_embedding=[1.0, 0.0], k=1)
+    index.add(user_id="u", fact_ids=[], embeddings=[])
+    assert index.users() == ["u"] and index.count(user_id="u") == 1
+
+
+def test_concurrent_adds_and_searches():
+    index = RetrievalIndex(dim=DIM, device="cpu")
+    errors = []
+
+    def work(n: int) -> None:
+        try:
+            for i in range(30):
+                index.add(user_id=f"u{n}", fact_ids=[n * 1000 + i], embeddings=torch.randn(1, DIM))
+                index.search(user_id=f"u{n}", query_embedding=torch.randn(DIM), k=5)
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and index.count() == 180
+    for n in range(6):
+        hits = index.search(user_id=f"u{n}", query_embedding=torch.randn(DIM), k=100)
+        assert sorted(h[0] for h in hits) == [n * 1000 + i for i in range(30)]
+
+
+def test_embedder_and_index_together(embedder):
+    index = RetrievalIndex(device="cpu")
+    facts = ["Alice likes chess", "Alice lives in Paris", "Alice has a sister"]
+    index.add(user_id="alice", fact_ids=[1, 2, 3], embeddings=embedder.encode(facts))
+    index.add(user_id="bob", fact_ids=[4], embeddings=embedder.encode(["Bob plays chess daily"]))
+    query = embedder.encode(["Which game does Alice play?"])[0]
+    hits = index.search(user_id="alice", query_embedding=query, k=2)
+    assert hits[0][0] == 1 and all(h[0] != 4 for h in hits)
+    duplicate = index.nearest(user_id="alice", embedding=embedder.encode(["Alice likes chess"]))
+    assert duplicate[0] == 1 and duplicate[1] > 0.99
+
+
+# ---- model-based: random add / remove / search sequences ---------------------------------------
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.sampled_from("ab"),
+              st.lists(st.tuples(st.integers(1, 16), st.integers(0, DIM - 1),
+                                 st.sampled_from([1.0, -1.0, 0.5, 4.0])),
+                       min_size=1, max_size=6, unique_by=lambda t: t[0])),
+    st.tuples(st.just("remove"), st.sampled_from("ab"),
+              st.tuples(st.lists(st.integers(0, 99), max_size=4), st.booleans())),
+    st.tuples(st.just("search"), st.sampled_from("abc"),
+              st.tuples(st.lists(st.integers(-3, 3), min_size=DIM, max_size=DIM)
+                        .filter(any), st.integers(0, 12))),
+), max_size=30)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=OPS)
+def test_random_sequences_match_a_brute_force_model(ops):
+    """Stored rows are +-scale * e_j, so every cosine is exactly +-q_j/|q| and ties are exact:
+    the index must equal a sort by (-score, fact id)."""
+    index = RetrievalIndex(dim=DIM, device="cpu")
+    model: dict[str, dict[int, torch.Tensor]] = {"a": {}, "b": {}}
+    for op, user_id, arg in ops:
+        owned_elsewhere = {f for u, facts in model.items() if u != user_id for f in facts}
+        if op == "add":
+            items = [(f, j, s) for f, j, s in arg if f not in owned_elsewhere]  # ids are global
+            if items:
+                index.add(user_id=user_id, fact_ids=[f for f, _, _ in items],
+                          embeddings=torch.stack([basis(j, scale=s)[0] for _, j, s in items]))
+                model[user_id].update({f: F.normalize(basis(j, scale=s)[0], dim=0)
+                                       for f, j, s in items})
+        elif op == "remove":  # picks index the user's ids; `unknown` adds an id they lack
+            picks, unknown = arg
+            owned = sorted(model[user_id])
+            fact_ids = [owned[p % len(owned)] for p in picks] if owned else []
+            if unknown:
+                with pytest.raises(FactNotFoundError):
+                    index.remove(user_id=user_id, fact_ids=[*fact_ids, 999])
+            elif fact_ids:
+                index.remove(user_id=user_id, fact_ids=fact_ids)
+                for fact_id in set(fact_ids):
+                    del model[user_id][fact_id]
+        else:
+            components, k = arg
+            query = torch.tensor(components, dtype=torch.float32)
+            normalized = F.normalize(query, dim=0)
+            expected = sorted(((f, float(v @ normalized)) for f, v in
+                               model.get(user_id, {}).items()), key=lambda h: (-h[1], h[0]))[:k]
+            assert index.search(user_id=user_id, query_embedding=query, k=k) == expected
+        for name, facts in model.items():
+            assert index.count(user_id=name) == len(facts)
+    assert index.users() == sorted(u for u, facts in model.items() if facts)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**16), num_facts=st.integers(1, 300), k=st.integers(1, 20))
+def test_random_vectors_agree_with_numpy(seed, num_facts, k):
+    generator = np.random.default_rng(seed)
+    vectors = generator.standard_normal((num_facts, 16)).astype(np.float32)
+    query = generator.standard_normal(16).astype(np.float32)
+    fact_ids = generator.permutation(10 * num_facts)[:num_facts] + 1
+    index = UserIndex(16)
+    index.add(fact_ids.tolist(), vectors)
+    normed = vectors.astype(np.float64) / np.linalg.norm(vectors, axis=1, keepdims=True)
+    scores = normed @ (query / np.linalg.norm(query))
+    hits = index.search(torch.from_numpy(query), k)
+    assert len(hits) == min(k, num_facts)
+    expected = np.sort(scores)[::-1][:len(hits)]
+    np.testing.assert_allclose([h[1] for h in hits], expected, atol=1e-5)
+    by_id = dict(zip(fact_ids.tolist(), scores, strict=True))
+    np.testing.assert_allclose([by_id[f] for f, _ in hits], expected, atol=1e-5)

@@ -1,0 +1,516 @@
+"""FactStore: round trips, validation, user isolation, transactions, migrations, durability."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from inferscale_engine import store as store_module
+from inferscale_engine.errors import (
+    ConfigError,
+    FactNotFoundError,
+    InferScaleError,
+    InvalidFactError,
+    InvalidTurnError,
+    InvalidUserIdError,
+    StoreError,
+)
+from inferscale_engine.facts import Fact
+from inferscale_engine.store import FactStore, StoredFact, Turn
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def store():
+    with FactStore(":memory:") as fact_store:
+        yield fact_store
+
+
+def add(fact_store: FactStore, user_id: str, texts: list[str], **kwargs) -> list[int]:
+    """add_facts with made-up token ids and 3-d embeddings."""
+    return fact_store.add_facts(
+        user_id=user_id, texts=texts, token_ids=[[len(t), 7] for t in texts],
+        embeddings=[[1.0, float(i), -0.5] for i in range(len(texts))], **kwargs)
+
+
+# ---- round trips -----------------------------------------------------------------------------
+def test_add_and_get_round_trip(store):
+    ids = store.add_facts(
+        user_id="alice", session_id="s1", texts=["Alice likes chess", "Alice lives in Paris"],
+        token_ids=[np.array([5, 6, 7]), torch.tensor([2**31 - 1, 0])],
+        embeddings=torch.tensor([[0.6, 0.8], [1.0, 0.0]]),
+        metadata=[{"source": "chat", "tags": ["game"]}, None])
+    assert ids == sorted(ids) and len(set(ids)) == 2
+    first, second = store.get(user_id="alice", fact_ids=[ids[1], ids[0]])[::-1]
+    assert isinstance(first, StoredFact)
+    assert (first.fact_id, first.user_id, first.session_id) == (ids[0], "alice", "s1")
+    assert first.text == "Alice likes chess" and first.token_ids == (5, 6, 7)
+    assert second.token_ids == (2**31 - 1, 0)
+    np.testing.assert_array_equal(first.embedding_array(), np.array([0.6, 0.8], np.float32))
+    assert first.embedding == np.array([0.6, 0.8], "<f4").tobytes()
+    assert first.metadata == {"source": "chat", "tags": ["game"]} and second.metadata == {}
+    assert first.created_at == first.updated_at > 0
+    assert first.to_fact() == Fact(ids[0], "alice", "Alice likes chess", (5, 6, 7))
+    assert store.get_all(user_id="alice") == [first, second]
+
+
+def test_embedding_inputs_bytes_numpy_list_are_equivalent(store):
+    vector = np.array([0.25, -1.5, 3.0], np.float32)
+    ids = store.add_facts(user_id="u", texts=["a", "b", "c"], token_ids=[[1], [2], [3]],
+                          embeddings=[vector.tobytes(), vector.astype(np.float64),
+                                      vector.tolist()])
+    embeddings = {f.embedding for f in store.get(user_id="u", fact_ids=ids)}
+    assert embeddings == {vector.tobytes()}
+
+
+def test_metadata_dict_applies_to_every_fact(store):
+    ids = add(store, "u", ["a", "b"], metadata={"source": "import"})
+    assert [f.metadata for f in store.get(user_id="u", fact_ids=ids)] == [{"source": "import"}] * 2
+
+
+def test_unusual_text_round_trips(store):
+    texts = ["nul\x00inside", "emoji 🧠 and 中文", "  padded  ", "line\nbreak", "é" * 10_000]
+    ids = add(store, "ü-user", texts)
+    assert [f.text for f in store.get(user_id="ü-user", fact_ids=ids)] == texts
+
+
+def test_empty_add_returns_nothing(store):
+    assert store.add_facts(user_id="u", texts=[], token_ids=[], embeddings=[]) == []
+    assert store.count() == 0
+
+
+# ---- validation ------------------------------------------------------------------------------
+GOOD = dict(user_id="u", texts=["a fact"], token_ids=[[1, 2]], embeddings=[[0.1, 0.2]])
+BAD_CALLS = [
+    (dict(user_id=5), InvalidUserIdError, "user_id must be a string"),
+    (dict(user_id="  "), InvalidUserIdError, "user_id is empty"),
+    (dict(user_id="u\udcff"), InvalidUserIdError, "lone surrogate"),
+    (dict(texts="a fact"), InvalidFactError, "wrap a single item"),
+    (dict(texts=[""]), InvalidFactError, "texts[0] is empty"),
+    (dict(texts=[b"bytes"]), InvalidFactError, "texts[0] must be a string, got bytes"),
+    (dict(texts=["bad \ud800 text"]), InvalidFactError, "at index 4 is a lone surrogate"),
+    (dict(token_ids=[[1], [2]]), InvalidFactError, "2 token_ids for 1 texts"),
+    (dict(token_ids=[[]]), InvalidFactError, "token_ids[0] is empty"),
+    (dict(token_ids=[[1, -3]]), InvalidFactError, "token_ids[0] holds -3"),
+    (dict(token_ids=[[1.5]]), InvalidFactError, "token_ids[0] holds 1.5"),
+    (dict(token_ids=[[True]]), InvalidFactError, "token_ids[0] holds True"),
+    (dict(token_ids=[[2**31]]), InvalidFactError, "token ids are ints in"),
+    (dict(token_ids=["abc"]), InvalidFactError, "token_ids[0] must be a list of ints"),
+    (dict(embeddings=[]), InvalidFactError, "0 embeddings for 1 texts"),
+    (dict(embeddings=[[0.1, math.nan]]), InvalidFactError, "NaN or inf"),
+    (dict(embeddings=[[[0.1, 0.2]]]), InvalidFactError, "has shape (1, 2)"),
+    (dict(embeddings=[["x", "y"]]), InvalidFactError, "not a vector of floats"),
+    (dict(embeddings=[b"abc"]), InvalidFactError, "not a whole number of float32"),
+    (dict(texts=["a", "b"], token_ids=[[1], [2]], embeddings=[[0.1], [0.1, 0.2]]),
+     InvalidFactError, "different dimensions [1, 2]"),
+    (dict(metadata={"when": object()}), InvalidFactError, "not JSON-serializable"),
+    (dict(metadata={"x": math.inf}), InvalidFactError, "not JSON-serializable"),
+    (dict(metadata={1: "a"}), InvalidFactError, "string keys"),
+    (dict(metadata=[{}, {}]), InvalidFactError, "2 metadata for 1 texts"),
+    (dict(session_id=3), InvalidFactError, "session_id must be a string"),
+]
+
+
+@pytest.mark.parametrize(("override", "error", "message"), BAD_CALLS)
+def test_invalid_add_raises_specific_error_and_stores_nothing(store, override, error, message):
+    with pytest.raises(error, match=None) as info:
+        store.add_facts(**{**GOOD, **override})
+    assert message in str(info.value)
+    assert isinstance(info.value, InferScaleError | ValueError)
+    assert store.count() == 0
+
+
+def test_bad_fact_ids_are_rejected(store):
+    with pytest.raises(InvalidFactError, match="wrap a single id"):
+        store.get(user_id="u", fact_ids=3)
+    with pytest.raises(InvalidFactError, match="not an int"):
+        store.delete(user_id="u", fact_ids=["1"])
+    with pytest.raises(InvalidFactError, match="not an int"):
+        store.get(user_id="u", fact_ids=[True])
+
+
+def test_bad_config_is_rejected(tmp_path):
+    with pytest.raises(ConfigError, match="synchronous='SOMETIMES'"):
+        FactStore(":memory:", synchronous="SOMETIMES")
+    with pytest.raises(ConfigError, match="busy_timeout_ms"):
+        FactStore(":memory:", busy_timeout_ms=-1)
+    with pytest.raises(StoreError, match="cannot open fact database"):
+        FactStore(tmp_path / "missing-folder" / "facts.db")
+    not_a_db = tmp_path / "notes.txt"
+    not_a_db.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StoreError, match="not an InferScale database|cannot open"):
+        FactStore(not_a_db)
+
+
+# ---- user isolation and deletes --------------------------------------------------------------
+def test_other_users_ids_count_as_not_found(store):
+    alice = add(store, "alice", ["a1", "a2"])
+    bob = add(store, "bob", ["b1"])
+    with pytest.raises(FactNotFoundError, match=rf"\[{bob[0]}\]") as info:
+        store.get(user_id="alice", fact_ids=[alice[0], bob[0]])
+    assert isinstance(info.value, KeyError) and "'alice'" in str(info.value)
+    with pytest.raises(FactNotFoundError):
+        store.delete(user_id="alice", fact_ids=[bob[0]])
+    with pytest.raises(FactNotFoundError):
+        store.update(user_id="alice", fact_id=bob[0], text="stolen", token_ids=[1],
+                     embedding=[1.0, 0.0, 0.0])
+    assert [f.text for f in store.get_all(user_id="bob")] == ["b1"]
+    assert [f.fact_id for f in store.get_all(user_id="alice")] == alice
+
+
+def test_delete_is_all_or_nothing(store):
+    ids = add(store, "u", ["a", "b", "c"])
+    with pytest.raises(FactNotFoundError, match="999"):
+        store.delete(user_id="u", fact_ids=[ids[0], 999])
+    assert store.count(user_id="u") == 3
+    store.delete(user_id="u", fact_ids=(ids[0], ids[2], ids[0]))
+    assert [f.text for f in store.get_all(user_id="u")] == ["b"]
+    with pytest.raises(FactNotFoundError):
+        store.get(user_id="u", fact_ids=[ids[0]])
+
+
+def test_ids_are_never_reused(store):
+    ids = add(store, "u", ["a", "b"])
+    store.delete(user_id="u", fact_ids=ids)
+    store.reset(user_id="u")
+    assert add(store, "u", ["c"])[0] > max(ids)
+
+
+def test_update_replaces_content_and_keeps_or_replaces_metadata(store):
+    (fact_id,) = add(store, "u", ["old"], metadata={"v": 1}, session_id="s")
+    updated = store.update(user_id="u", fact_id=fact_id, text="new", token_ids=[9, 9],
+                           embedding=np.array([0.0, 1.0, 0.0]))
+    assert (updated.text, updated.token_ids, updated.metadata) == ("new", (9, 9), {"v": 1})
+    assert updated.session_id == "s" and updated.updated_at >= updated.created_at
+    assert updated.embedding_array().tolist() == [0.0, 1.0, 0.0]
+    again = store.update(user_id="u", fact_id=fact_id, text="newer", token_ids=[1],
+                         embedding=updated.embedding, metadata={"v": 2})
+    assert again.metadata == {"v": 2}
+    assert store.get(user_id="u", fact_ids=[fact_id]) == [again]
+    with pytest.raises(InvalidFactError):
+        store.update(user_id="u", fact_id=fact_id, text="", token_ids=[1], embedding=[1.0])
+    assert store.get(user_id="u", fact_ids=[fact_id]) == [again]
+
+
+def test_reset_deletes_only_that_users_facts_and_turns(store):
+    alice = add(store, "alice", ["a1", "a2"])
+    add(store, "bob", ["b1"])
+    store.add_turns(user_id="alice", session_id="s", turns=[("user", "hi")])
+    store.add_turns(user_id="bob", session_id="s", turns=[("user", "yo")])
+    assert store.reset(user_id="alice") == alice
+    assert store.count(user_id="alice") == 0 and store.count() == 1
+    assert store.recent_turns(user_id="alice", session_id="s") == []
+    assert [t.content for t in store.recent_turns(user_id="bob", session_id="s")] == ["yo"]
+    assert store.users() == ["bob"]
+    assert store.reset(user_id="nobody") == []
+
+
+# ---- turns, users, iteration, meta -----------------------------------------------------------
+def test_turns_per_session_in_chronological_order(store):
+    store.add_turns(user_id="u", session_id="s1", turns=[("user", "q1"), ("assistant", "a1")])
+    store.add_turns(user_id="u", session_id="s2", turns=[("user", "other session")])
+    ids = store.add_turns(user_id="u", session_id="s1", turns=[("user", "q2"), ("assistant", "")])
+    store.add_turns(user_id="u", session_id=None, turns=[("user", "no session")])
+    recent = store.recent_turns(user_id="u", session_id="s1", limit=3)
+    assert all(isinstance(t, Turn) for t in recent)
+    assert [(t.role, t.content) for t in recent] == [("assistant", "a1"), ("user", "q2"),
+                                                     ("assistant", "")]
+    assert recent[-1].turn_id == ids[-1] and recent[0].session_id == "s1"
+    assert [t.content for t in store.recent_turns(user_id="u", session_id=None)] == ["no session"]
+    assert store.recent_turns(user_id="someone", session_id="s1") == []
+    assert store.recent_turns(user_id="u", session_id="s1", limit=0) == []
+
+
+@pytest.mark.parametrize(("turns", "message"), [
+    ("hello", "wrap a single item"),
+    ([("user",)], "pass (role, content) pairs"),
+    ([("", "x")], "role is empty"),
+    ([("user", 5)], "content must be a string"),
+    ([("user", "\udc80")], "lone surrogate"),
+])
+def test_invalid_turns_are_rejected(store, turns, message):
+    with pytest.raises(InvalidTurnError, match=None) as info:
+        store.add_turns(user_id="u", session_id="s", turns=turns)
+    assert message in str(info.value)
+    with pytest.raises(InvalidTurnError, match="limit"):
+        store.recent_turns(user_id="u", session_id="s", limit=-1)
+    assert store.recent_turns(user_id="u", session_id="s") == []
+
+
+def test_users_count_and_iter_all(store):
+    ids = add(store, "b", ["b1", "b2"]) + add(store, "a", ["a1"]) + add(store, "c", ["c1", "c2"])
+    store.add_turns(user_id="d", session_id="s", turns=[("user", "only turns")])
+    assert store.users() == ["a", "b", "c", "d"]
+    assert (store.count(), store.count(user_id="c"), store.count(user_id="d")) == (5, 2, 0)
+    batches = list(store.iter_all(batch_size=2))
+    assert [len(b) for b in batches] == [2, 2, 1]
+    assert [f.fact_id for b in batches for f in b] == ids
+    assert list(FactStore(":memory:").iter_all()) == []
+    with pytest.raises(ConfigError):
+        next(store.iter_all(batch_size=0))
+
+
+def test_fingerprint_persists(tmp_path):
+    path = tmp_path / "facts.db"
+    with FactStore(path) as first:
+        assert first.fingerprint() is None
+        first.set_fingerprint("model=llama-3|tokenizer=abc")
+        first.set_fingerprint("model=qwen2|tokenizer=def")
+    with FactStore(path) as second:
+        assert second.fingerprint() == "model=qwen2|tokenizer=def"
+        with pytest.raises(ConfigError):
+            second.set_fingerprint("")
+
+
+# ---- database level --------------------------------------------------------------------------
+def test_pragmas_and_schema(tmp_path):
+    path = tmp_path / "facts.db"
+    with FactStore(path) as fact_store:
+        conn = fact_store._conn
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
+        assert fact_store.schema_version == 1
+    with FactStore(path, synchronous="normal", busy_timeout_ms=250) as fact_store:
+        assert fact_store._conn.execute("PRAGMA synchronous").fetchone()[0] == 1
+    raw = sqlite3.connect(path)
+    tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"facts", "turns", "meta"} <= tables
+    indexes = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    assert {"facts_user_id", "turns_session"} <= indexes
+    raw.close()
+
+
+def test_data_survives_reopen_and_content_hash_is_set(tmp_path):
+    path = tmp_path / "facts.db"
+    with FactStore(path) as fact_store:
+        ids = add(fact_store, "u", ["persisted"])
+    with FactStore(path) as fact_store:
+        assert [f.text for f in fact_store.get(user_id="u", fact_ids=ids)] == ["persisted"]
+    raw = sqlite3.connect(path)
+    (content_hash,) = raw.execute("SELECT content_hash FROM facts").fetchone()
+    raw.close()
+    assert len(content_hash) == 64
+
+
+def test_migration_hook_upgrades_once_and_newer_schema_is_refused(tmp_path, monkeypatch):
+    path = tmp_path / "facts.db"
+    with FactStore(path) as fact_store:
+        add(fact_store, "u", ["before upgrade"])
+    calls = []
+
+    def add_pinned(conn: sqlite3.Connection) -> None:
+        calls.append(1)
+        conn.execute("ALTER TABLE facts ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0")
+
+    monkeypatch.setattr(store_module, "_MIGRATIONS", [*store_module._MIGRATIONS, add_pinned])
+    with FactStore(path) as fact_store:
+        assert fact_store.schema_version == 2
+        assert [f.text for f in fact_store.get_all(user_id="u")] == ["before upgrade"]
+    with FactStore(path) as fact_store:
+        assert fact_store.schema_version == 2
+    assert calls == [1]
+    monkeypatch.undo()
+    with pytest.raises(StoreError, match="schema version 2, newer than"):
+        FactStore(path)
+
+
+def test_failure_inside_the_transaction_rolls_back_the_whole_call(tmp_path):
+    path = tmp_path / "facts.db"
+    fact_store = FactStore(path)
+    raw = sqlite3.connect(path)
+    raw.execute("CREATE TRIGGER boom BEFORE INSERT ON facts WHEN NEW.text = 'boom' "
+                "BEGIN SELECT RAISE(ABORT, 'boom trigger'); END")
+    raw.commit()
+    with pytest.raises(StoreError, match="nothing was written: boom trigger"):
+        add(fact_store, "u", ["first", "boom", "third"])
+    assert fact_store.count() == 0
+    assert len(add(fact_store, "u", ["first", "third"])) == 2
+    raw.close()
+    fact_store.close()
+
+
+def test_closed_store_raises(tmp_path):
+    fact_store = FactStore(tmp_path / "facts.db")
+    fact_store.close()
+    fact_store.close()
+    with pytest.raises(StoreError, match="is closed"):
+        fact_store.count()
+    with pytest.raises(StoreError, match="is closed"):
+        add(fact_store, "u", ["x"])
+
+
+def test_concurrent_writers_and_readers(tmp_path):
+    fact_store = FactStore(tmp_path / "facts.db", synchronous="NORMAL")
+    errors: list[BaseException] = []
+    results: dict[str, list[int]] = {}
+
+    def work(user_id: str) -> None:
+        try:
+            ids = []
+            for i in range(15):
+                ids += add(fact_store, user_id, [f"{user_id}-{i}"])
+                fact_store.get_all(user_id=user_id)
+                fact_store.count()
+            results[user_id] = ids
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(f"user{n}",)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    all_ids = [i for ids in results.values() for i in ids]
+    assert len(set(all_ids)) == 90 == fact_store.count()
+    for user_id, ids in results.items():
+        assert [f.text for f in fact_store.get(user_id=user_id, fact_ids=ids)] == [
+            f"{user_id}-{i}" for i in range(15)]
+    fact_store.close()
+
+
+# ---- durability under SIGKILL ------------------------------------------------------------------
+CHILD = """
+import sys
+from inferscale_engine.store import FactStore
+
+store = FactStore(sys.argv[1])
+batch = int(sys.argv[2])
+n = 0
+while True:
+    texts = [f"fact number {n + j}" for j in range(batch)]
+    ids = store.add_facts(user_id="crash", texts=texts,
+                          token_ids=[[n + j + 1] for j in range(batch)],
+                          embeddings=[[1.0, float(n + j)] for j in range(batch)])
+    for fact_id, text in zip(ids, texts):
+        print(fact_id, text, flush=True)
+    n += batch
+"""
+
+
+@pytest.mark.parametrize("batch", [1, 25])
+def test_acknowledged_facts_survive_sigkill(tmp_path, batch):
+    """Every id printed after add_facts() returned is on disk after a SIGKILL; no call is half
+    applied (count is a multiple of the batch size)."""
+    path = tmp_path / "facts.db"
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(batch)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=REPO_ROOT)
+    try:
+        lines = []
+        while len(lines) < 3 * batch + 10:
+            line = proc.stdout.readline()
+            assert line, f"child died early: {proc.stderr.read()}"
+            lines.append(line)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        lines += proc.stdout.read().split("\n")[:-1]  # drop a partial last line
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+    acknowledged = {int(fact_id): text for fact_id, text in
+                    (line.rstrip("\n").split(" ", 1) for line in lines)}
+    with FactStore(path) as reopened:
+        stored = reopened.get(user_id="crash", fact_ids=list(acknowledged))
+        assert {f.fact_id: f.text for f in stored} == acknowledged
+        assert reopened.count() % batch == 0
+        assert reopened.count() >= len(acknowledged)
+        every = reopened.get_all(user_id="crash")
+        assert [f.text for f in every] == [f"fact number {i}" for i in range(len(every))]
+
+
+# ---- model-based: random operation sequences ---------------------------------------------------
+USERS = st.sampled_from(["alice", "bob", "carol"])
+TEXTS = st.text(min_size=1, max_size=12).filter(str.strip)
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """Random add / update / delete / reset sequences against a dict model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store = FactStore(":memory:")
+        self.model: dict[int, tuple[str, str, tuple[int, ...]]] = {}  # id -> user, text, tokens
+
+    def ids_of(self, user_id: str) -> list[int]:
+        return sorted(i for i, (u, _, _) in self.model.items() if u == user_id)
+
+    @rule(user_id=USERS, texts=st.lists(TEXTS, min_size=1, max_size=3),
+          token=st.integers(0, 2**31 - 1))
+    def add_facts(self, user_id, texts, token):
+        ids = self.store.add_facts(user_id=user_id, texts=texts,
+                                   token_ids=[[token, len(t)] for t in texts],
+                                   embeddings=[[1.0, float(len(t))] for t in texts])
+        assert not set(ids) & set(self.model) and ids == sorted(ids)
+        for fact_id, text in zip(ids, texts, strict=True):
+            self.model[fact_id] = (user_id, text, (token, len(text)))
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data(), text=TEXTS)
+    def update(self, data, text):
+        fact_id = data.draw(st.sampled_from(sorted(self.model)))
+        user_id = data.draw(USERS)
+        if self.model[fact_id][0] != user_id:
+            with pytest.raises(FactNotFoundError):
+                self.store.update(user_id=user_id, fact_id=fact_id, text=text, token_ids=[1],
+                                  embedding=[0.0, 1.0])
+            return
+        self.store.update(user_id=user_id, fact_id=fact_id, text=text, token_ids=[1],
+                          embedding=[0.0, 1.0])
+        self.model[fact_id] = (user_id, text, (1,))
+
+    @rule(data=st.data(), user_id=USERS)
+    def delete(self, data, user_id):
+        candidates = sorted(self.model) + [10_000]
+        fact_ids = data.draw(st.lists(st.sampled_from(candidates), max_size=3))
+        if all(self.model.get(i, ("",))[0] == user_id for i in fact_ids):
+            self.store.delete(user_id=user_id, fact_ids=fact_ids)
+            for fact_id in fact_ids:
+                self.model.pop(fact_id, None)
+        else:
+            with pytest.raises(FactNotFoundError):
+                self.store.delete(user_id=user_id, fact_ids=fact_ids)
+
+    @rule(user_id=USERS)
+    def reset(self, user_id):
+        assert self.store.reset(user_id=user_id) == self.ids_of(user_id)
+        self.model = {i: v for i, v in self.model.items() if v[0] != user_id}
+
+    @invariant()
+    def matches_model(self):
+        for user_id in ("alice", "bob", "carol"):
+            facts = self.store.get_all(user_id=user_id)
+            assert [f.fact_id for f in facts] == self.ids_of(user_id)
+            assert [(f.user_id, f.text, f.token_ids) for f in facts] == [
+                self.model[i] for i in self.ids_of(user_id)]
+        assert self.store.count() == len(self.model)
+        assert self.store.users() == sorted({u for u, _, _ in self.model.values()})
+
+    def teardown(self) -> None:
+        self.store.close()
+
+
+StoreMachine.TestCase.settings = settings(
+    max_examples=40, stateful_step_count=15, deadline=None,
+    suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+test_store_matches_model = StoreMachine.TestCase

@@ -1,0 +1,49 @@
+"""Invariant 4: injected KV never reaches a text request through vLLM's prefix cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferscale_engine.facts import MemoryHandle
+from tests.conftest import ARCHS, FACTS, QUESTIONS, greedy, max_abs_diff, plain_prefill, running_engine
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def engine(request, tiny_models):
+    # Block size 32 so that the shared prefix spans full blocks the prefix cache can hold.
+    with running_engine(tiny_models[request.param], block_size=32) as eng:
+        yield eng
+
+
+def test_text_request_after_injected_request_gets_a_true_prefill(engine):
+    ids = engine.add_facts("u1", FACTS[:4])  # encoded separately: injected KV is approximate
+    handle = MemoryHandle("u1", tuple(ids))
+    injected = engine.generate(handle, QUESTIONS[0], greedy(6), mode="kv")
+    assert injected.plan_status == "inject"
+    text = engine.generate(handle, QUESTIONS[0], greedy(6), mode="text")
+    # Only true-prefill blocks may be reused: those of the save request [preamble][fact 1].
+    save_prefix = len(engine.prompts.preamble()) + len(engine.prompts.fact_ids(FACTS[0]))
+    assert text.num_cached_tokens <= save_prefix, "text request reused injected blocks"
+    # A never-seen salt makes a guaranteed plain prefill (no prefix-cache hit possible).
+    prompt, _ = engine._prepare(handle, [{"role": "user", "content": QUESTIONS[0]}])
+    reference = plain_prefill(engine, prompt.token_ids(), greedy(6))
+    assert reference.num_cached_tokens == 0
+    assert text.token_ids == reference.token_ids
+    assert max_abs_diff(text.logprobs, reference.logprobs) <= 1e-5
+    assert max_abs_diff(text.logprobs, injected.logprobs) > 1e-3  # contamination would show
+    again = engine.generate(handle, QUESTIONS[0], greedy(6), mode="text")
+    assert again.num_cached_tokens > save_prefix  # text requests do share their own blocks
+    assert again.token_ids == text.token_ids
+
+
+def test_salts_differ_between_users_and_plans(engine):
+    a = engine.add_facts("ua", [FACTS[0]])
+    b = engine.add_facts("ub", [FACTS[0]])
+    salt = {
+        name: engine._prepare(handle, [{"role": "user", "content": "hi"}])[1].cache_salt
+        for name, handle in [("a", MemoryHandle("ua", tuple(a))), ("b", MemoryHandle("ub", tuple(b))),
+                             ("a0", MemoryHandle("ua", ()))]
+    }
+    assert len(set(salt.values())) == 3

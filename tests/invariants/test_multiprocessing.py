@@ -1,0 +1,25 @@
+"""MP=1: capture and injection work when vLLM's EngineCore runs in its own process."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferscale_engine.facts import MemoryHandle
+from tests.conftest import FACTS, QUESTIONS, greedy, max_abs_diff, running_engine
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.mark.parametrize("arch", ["llama"])
+def test_capture_and_injection_across_processes(tiny_models, arch):
+    with running_engine(tiny_models[arch], multiprocessing=True) as engine:
+        (fact_id,) = engine.add_facts("u1", [FACTS[0]])
+        handle = MemoryHandle("u1", (fact_id,))
+        kv = engine.generate(handle, QUESTIONS[0], greedy(8), mode="kv")
+        text = engine.generate(handle, QUESTIONS[0], greedy(8), mode="text")
+        stats = engine.stats().workers[0]
+        diff = max_abs_diff(kv.logprobs, text.logprobs)
+        print(f"\nMP=1: same-position max |dlogprob| {diff:.2e}, worker stats {stats}")
+        assert kv.plan_status == "inject" and kv.token_ids == text.token_ids
+        assert diff <= 1e-5
+        assert stats["captures"] == 2 and stats["injected_requests"] == 1
