@@ -317,7 +317,7 @@ class RetrievalIndex:
         with self._lock:
             return sorted(self._users)
 
-    def count(self, user_id: str | None = None) -> int:
+    def count(self, *, user_id: str | None = None) -> int:
         """Indexed facts of one user, or of all users when user_id is None."""
         with self._lock:
             if user_id is None:
@@ -347,7 +347,7 @@ def _hub_offline(enabled: bool) -> Iterator[None]:
     finally:
         if enabled and previous is None:
             del os.environ["HF_HUB_OFFLINE"]
-        elif enabled:
+        elif enabled and previous is not None:
             os.environ["HF_HUB_OFFLINE"] = previous
 
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -181,11 +181,11 @@ class FactStore:
             session_id = _check_str(session_id, "session_id", InvalidFactError)
         now = time.time()
         with self._transaction("add_facts") as conn:
-            return [FactId(conn.execute(
+            return [FactId(cast(int, conn.execute(
                 "INSERT INTO facts (user_id, session_id, text, token_ids, embedding, metadata, "
                 "created_at, updated_at, content_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (user_id, session_id, text, tokens, embedding, meta, now, now, _hash(text)),
-            ).lastrowid) for text, tokens, embedding, meta in
+            ).lastrowid)) for text, tokens, embedding, meta in
                 zip(texts, token_blobs, embedding_blobs, metadata_json, strict=True)]
 
     def get(self, *, user_id: str, fact_ids: Sequence[int]) -> list[StoredFact]:
@@ -274,10 +274,10 @@ class FactStore:
                                     allow_empty=True)))
         now = time.time()
         with self._transaction("add_turns") as conn:
-            return [conn.execute("INSERT INTO turns (user_id, session_id, role, content, "
-                                 "created_at) VALUES (?, ?, ?, ?, ?)",
-                                 (user_id, session_id, role, content, now)).lastrowid
-                    for role, content in rows]
+            return [cast(int, conn.execute(
+                "INSERT INTO turns (user_id, session_id, role, content, created_at) VALUES "
+                "(?, ?, ?, ?, ?)", (user_id, session_id, role, content, now)).lastrowid)
+                for role, content in rows]
 
     def recent_turns(self, *, user_id: str, session_id: str | None,
                      limit: int = 20) -> list[Turn]:
@@ -297,7 +297,7 @@ class FactStore:
             return [r[0] for r in conn.execute(
                 "SELECT user_id FROM facts UNION SELECT user_id FROM turns ORDER BY 1")]
 
-    def count(self, user_id: str | None = None) -> int:
+    def count(self, *, user_id: str | None = None) -> int:
         """Number of facts of one user, or of all users when user_id is None."""
         with self._reading("count") as conn:
             if user_id is None:

@@ -356,15 +356,18 @@ def test_closed_store_raises(tmp_path):
 
 
 def test_concurrent_writers_and_readers(tmp_path):
+    """Threads share one store; a second store on the same file waits on SQLite's lock."""
     fact_store = FactStore(tmp_path / "facts.db", synchronous="NORMAL")
+    other_store = FactStore(tmp_path / "facts.db", synchronous="NORMAL")
     errors: list[BaseException] = []
     results: dict[str, list[int]] = {}
 
     def work(user_id: str) -> None:
+        writer = other_store if user_id in ("user0", "user1") else fact_store
         try:
             ids = []
             for i in range(15):
-                ids += add(fact_store, user_id, [f"{user_id}-{i}"])
+                ids += add(writer, user_id, [f"{user_id}-{i}"])
                 fact_store.get_all(user_id=user_id)
                 fact_store.count()
             results[user_id] = ids
@@ -383,6 +386,7 @@ def test_concurrent_writers_and_readers(tmp_path):
         assert [f.text for f in fact_store.get(user_id=user_id, fact_ids=ids)] == [
             f"{user_id}-{i}" for i in range(15)]
     fact_store.close()
+    other_store.close()
 
 
 # ---- durability under SIGKILL ------------------------------------------------------------------

@@ -209,7 +209,7 @@ GEOMETRIES: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("style", [ROTATE_HALF, INTERLEAVED])
 def test_geometries(style: str, geometry: str, direction: str) -> None:
     case = Case(style=style, rope_type="yarn", dtype=torch.bfloat16, layout="HND",
-                **GEOMETRIES[geometry])
+                lengths=(5, 1, 12, 9), **GEOMETRIES[geometry])
     (check_inject if direction == "inject" else check_capture)(case, seed=1)
 
 

@@ -1,0 +1,87 @@
+"""The kv_transfer_params format: round trip, authentication, strict parsing."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inferscale_engine.errors import PlanError
+from inferscale_engine.plan import InjectionPlan, SavePlan, Segment, from_params
+
+SECRET = b"k" * 32
+
+
+def make_plan() -> InjectionPlan:
+    segments = (Segment(1, 0, (5, 6, 7)), Segment(9, 3, (8, 9)), Segment(4, 5, (1,)))
+    return InjectionPlan("alice", segments, "salt").signed(SECRET)
+
+
+def test_round_trip_and_mac():
+    plan = make_plan()
+    parsed = from_params(plan.to_params())
+    assert parsed == plan and parsed.verify(SECRET) and parsed.num_tokens == 6
+    save = SavePlan("bob", 3, 10, (1, 2, 3), (0, 1)).signed(SECRET)
+    assert from_params(save.to_params()) == save and save.verify(SECRET)
+
+
+@pytest.mark.parametrize("field,value", [("user", "mallory"), ("keys", [1, 9, 5]),
+                                         ("salt", "other"), ("tokens", [[5, 6, 7], [8, 9], [2]])])
+def test_tampering_breaks_the_mac(field, value):
+    params = make_plan().to_params()
+    params["inferscale"][field] = value
+    assert not from_params(params).verify(SECRET)
+    assert not make_plan().verify(b"x" * 32)
+
+
+def test_not_ours():
+    assert from_params(None) is None and from_params({"other_connector": 1}) is None
+
+
+@pytest.mark.parametrize("raw", [
+    "str", {"v": 2}, {"v": 1, "kind": "inject"},
+    {"v": 1, "kind": "inject", "user": "u", "salt": "s", "keys": [1], "starts": [1],
+     "tokens": [[1]], "mac": ""},  # does not start at position 0
+    {"v": 1, "kind": "inject", "user": "u", "salt": "s", "keys": [1, 2], "starts": [0],
+     "tokens": [[1]], "mac": ""},
+    {"v": 1, "kind": "save", "user": "u", "key": -1, "start": 0, "tokens": [1], "pages": [0],
+     "mac": ""},
+    {"v": 1, "kind": "save", "user": "u", "key": 1, "start": 0, "tokens": [], "pages": [0],
+     "mac": ""},
+    {"v": 1, "kind": "save", "user": "u", "key": True, "start": 0, "tokens": [1], "pages": [],
+     "mac": ""},
+])
+def test_malformed_params_raise_plan_error(raw):
+    with pytest.raises(PlanError):
+        from_params({"inferscale": raw})
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.text(max_size=5)
+    | st.floats(allow_nan=False),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6),
+                                                                       children, max_size=4),
+    max_leaves=20,
+)
+plan_like = st.fixed_dictionaries({}, optional={
+    "v": st.sampled_from([1, 1, 1, 2, "1", None]),
+    "kind": st.sampled_from(["inject", "save", "x", 3]),
+    "user": st.text(max_size=4) | json_values, "salt": st.text(max_size=4) | json_values,
+    "keys": st.lists(st.integers(-3, 50), max_size=4) | json_values,
+    "starts": st.lists(st.integers(-3, 50), max_size=4) | json_values,
+    "tokens": st.lists(st.lists(st.integers(-3, 600), max_size=4), max_size=4) | json_values,
+    "key": st.integers(-3, 50) | json_values, "start": st.integers(-3, 50) | json_values,
+    "pages": st.lists(st.integers(-3, 50), max_size=4) | json_values,
+    "mac": st.text(max_size=4) | json_values,
+})
+
+
+@settings(max_examples=4000, deadline=None)
+@given(st.one_of(json_values, plan_like))
+def test_parser_raises_only_plan_error(raw):
+    try:
+        plan = from_params({"inferscale": raw})
+    except PlanError:
+        return
+    assert isinstance(plan, InjectionPlan | SavePlan)
+    assert not plan.verify(SECRET)  # nothing random is ever authentic
