@@ -62,6 +62,9 @@ class EngineConfig:
     """Sampling seed of the engine."""
     save_batch_size: int = 256
     """Facts encoded per vLLM generate call on the write path."""
+    key_origin: str = "encoded"
+    """Stored keys keep the rotation of their encoding positions ('encoded', default) or are
+    rotated to canonical positions 0..n-1 at capture ('zero': one more rounding per token)."""
     vllm_overrides: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for vllm.LLM (for settings not covered above)."""
 
@@ -102,9 +105,14 @@ class ConnectorConfig:
     """Tokens per slab page."""
     max_positions: int
     """Size of the RoPE tables (max_model_len)."""
+    key_origin: str = "encoded"
+    """Rotation stored keys keep: 'encoded' (the positions they were encoded at: one rounding
+    when moved, bit-exact when not) or 'zero' (rotated to 0..n-1 at capture)."""
 
     def __post_init__(self) -> None:
         _positive(self, "slab_pages", "page_tokens", "max_positions")
+        if self.key_origin not in ("encoded", "zero"):
+            raise ConfigError(f"key_origin must be 'encoded' or 'zero', got {self.key_origin!r}")
 
     @property
     def secret(self) -> bytes:

@@ -36,11 +36,13 @@ class SlabControl:
         entries = _worker_half().slab.entries
         return [k in entries for k in slab_keys]
 
-    def inferscale_read_entry(self, slab_key: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stored K (canonical positions) and V of one entry: [L, n, H, D] each, on the CPU."""
+    def inferscale_read_entry(self, slab_key: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Stored K and V of one entry ([L, n, H, D] each, on the CPU) and the position token
+        0's key is rotated for (its origin)."""
         worker = _worker_half()
         entry = worker.slab.entries[slab_key]
-        return (worker.slab.keys[:, entry.rows].cpu(), worker.slab.values[:, entry.rows].cpu())
+        return (worker.slab.keys[:, entry.rows].cpu(), worker.slab.values[:, entry.rows].cpu(),
+                entry.origin)
 
     def inferscale_read_slots(self, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V currently in paged `slots` of every layer: [L, T, H, D] each, on the CPU."""

@@ -102,7 +102,7 @@ class Engine:
                 f"{config.slab_page_tokens} tokens ({bytes_per_token} bytes each); raise it")
         self._allocator = SlabAllocator(num_pages, config.slab_page_tokens)
         self._llm = _build_llm(config, ConnectorConfig(
-            num_pages, config.slab_page_tokens, config.max_model_len))
+            num_pages, config.slab_page_tokens, config.max_model_len, config.key_origin))
         self._facts: dict[FactId, _Stored] = {}
         self._preambles: dict[str, int] = {}
         self._next_fact_id = 1

@@ -122,85 +122,6 @@ class CpuPackedPagedKV:
         return key_index.view(bs, dim), value_index.view(bs, dim)
 
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V of `slots` in one layer: [T, H, D] each (tests and diagnostics)."""
-        ...
-
-
-class CpuPackedPagedKV:
-    """vLLM CPU_ATTN layout: per layer [num_blocks, H, block_size, 2 * D], K/V packed per ISA."""
-
-    def __init__(self, kv_caches: list[torch.Tensor], isa: str) -> None:
-        num_blocks, num_heads, block_size, two_d = kv_caches[0].shape
-        self.num_layers = len(kv_caches)
-        self._kv_caches = kv_caches
-        self._isa = isa
-        self._block_size = block_size
-        self._num_heads = num_heads
-        self._head_dim = two_d // 2
-        self._key_index, self._value_index = self._probe(kv_caches[0].dtype)
-
-    def _split(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # The same views CPUAttentionBackendImpl.do_kv_cache_update builds (vLLM 0.32).
-        num_blocks, num_heads, block_size, _ = kv.shape
-        key_cache, value_cache = kv.view(num_blocks, num_heads, block_size * 2, -1).chunk(2, dim=2)
-        return key_cache, value_cache
-
-    def _write(self, kv: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor,
-               values: torch.Tensor) -> None:
-        from vllm import _custom_ops as ops
-
-        key_cache, value_cache = self._split(kv)
-        ops.cpu_attn_reshape_and_cache(keys.contiguous(), values.contiguous(), key_cache,
-                                       value_cache, slots, self._isa)
-
-    def _probe(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Learn where (offset, dim) of K and V land inside one [block, head] slab.
-
-        Writes every (offset, dim) index of two blocks and all heads, one base-16 digit per
-        pass (exact in every float dtype), through vLLM's write op, and reads the digits back.
-        Returns:
-            key_index, value_index: [block_size, D] int64 offsets into the block-head slab of
-            2 * block_size * D elements.
-        """
-        bs, heads, dim = self._block_size, self._num_heads, self._head_dim
-        scratch = torch.zeros(2, heads, bs, 2 * dim, dtype=dtype)
-        index = torch.arange(bs * dim, dtype=torch.int64).view(bs, 1, dim).expand(bs, heads, dim)
-        slots = torch.arange(bs, 2 * bs, dtype=torch.int64)  # block 1 of the scratch cache
-        recovered = torch.zeros(heads, 2 * bs * dim, dtype=torch.int64)
-        num_digits = max(1, (bs * dim - 1).bit_length() + 3) // 4
-        for digit in range(num_digits):
-            scratch.fill_(-1)
-            values = ((index >> (4 * digit)) & 15).to(dtype)
-            self._write(scratch, slots, values, values + 16)
-            got = scratch[1].reshape(heads, -1).to(torch.int64)
-            if (got < 0).any() or not torch.equal(scratch[0], torch.full_like(scratch[0], -1)):
-                raise RuntimeError("CPU KV layout probe: the write op did not fill exactly one "
-                                   "block; this vLLM version's CPU layout is not supported")
-            recovered |= (got % 16) << (4 * digit)
-        is_value = recovered[0] >= 0  # placeholder to keep shapes; real split below
-        del is_value
-        first_pass_value = self._value_flags(dtype)
-        key_pos = torch.full((bs * dim,), -1, dtype=torch.int64)
-        value_pos = torch.full((bs * dim,), -1, dtype=torch.int64)
-        positions = torch.arange(2 * bs * dim, dtype=torch.int64)
-        slab = recovered[0]
-        if not all(torch.equal(recovered[h], slab) for h in range(heads)):
-            raise RuntimeError("CPU KV layout probe: heads are packed differently; unsupported")
-        key_pos[slab[~first_pass_value]] = positions[~first_pass_value]
-        value_pos[slab[first_pass_value]] = positions[first_pass_value]
-        if (key_pos < 0).any() or (value_pos < 0).any():
-            raise RuntimeError("CPU KV layout probe: the layout is not a permutation; unsupported")
-        return key_pos.view(bs, dim), value_pos.view(bs, dim)
-
-    def _value_flags(self, dtype: torch.dtype) -> torch.Tensor:
-        """Which elements of a block-head slab hold V (written as 1) rather than K (0)."""
-        bs, heads, dim = self._block_size, self._num_heads, self._head_dim
-        scratch = torch.full((1, heads, bs, 2 * dim), -1, dtype=dtype)
-        zeros = torch.zeros(bs, heads, dim, dtype=dtype)
-        self._write(scratch, torch.arange(bs, dtype=torch.int64), zeros, zeros + 1)
-        return scratch[0, 0].reshape(-1) == 1
-
-    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of `slots` in one layer: [T, H, D] each."""
         kv = self._kv_caches[layer]
         flat = kv.view(kv.shape[0], self._num_heads, -1)
@@ -234,16 +155,29 @@ class CpuPackedPagedKV:
 
 
 class StridedPagedKV:
-    """GPU layouts: per layer K and V are strided [num_blocks, block_size, H, D] views."""
+    """GPU layouts: per layer K and V are strided [num_blocks, block_size, H, D] views.
 
-    def __init__(self, key_caches: list[torch.Tensor], value_caches: list[torch.Tensor]) -> None:
+    On CUDA the Triton kernels move all layers in one launch; elsewhere (or with
+    use_triton=False) the plain-torch reference does, one layer at a time.
+    """
+
+    def __init__(self, key_caches: list[torch.Tensor], value_caches: list[torch.Tensor],
+                 use_triton: bool | None = None) -> None:
         self.num_layers = len(key_caches)
         self.key_caches = key_caches
         self.value_caches = value_caches
         self._block_size = key_caches[0].shape[1]
+        if use_triton is None:
+            use_triton = key_caches[0].device.type == "cuda"
+        self._pointers = None
+        if use_triton:
+            from inferscale_engine.kernels import chunked_rope
+
+            self._pointers = chunked_rope.PagedKVPointers(key_caches, value_caches)
 
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of `slots` in one layer: [T, H, D] each."""
+        slots = slots.to(self.key_caches[layer].device)
         blocks, offsets = slots // self._block_size, slots % self._block_size
         return self.key_caches[layer][blocks, offsets], self.value_caches[layer][blocks, offsets]
 
@@ -251,6 +185,12 @@ class StridedPagedKV:
                 from_positions: torch.Tensor, to_positions: torch.Tensor,
                 rope: RopeTables) -> None:
         """Slab rows -> paged slots of every layer."""
+        if self._pointers is not None:
+            from inferscale_engine.kernels import chunked_rope
+
+            chunked_rope.inject_(self._pointers, slab.keys, slab.values, src_rows, dst_slots,
+                                 from_positions, to_positions, rope.cos, rope.sin, rope.style)
+            return
         reference.inject_(self.key_caches, self.value_caches, slab.keys, slab.values, src_rows,
                           dst_slots, from_positions, to_positions, rope.cos, rope.sin,
                           rope.style)
@@ -259,6 +199,12 @@ class StridedPagedKV:
                  from_positions: torch.Tensor, to_positions: torch.Tensor,
                  rope: RopeTables) -> None:
         """Paged slots -> slab rows of every layer."""
+        if self._pointers is not None:
+            from inferscale_engine.kernels import chunked_rope
+
+            chunked_rope.capture_(self._pointers, slab.keys, slab.values, src_slots, dst_rows,
+                                  from_positions, to_positions, rope.cos, rope.sin, rope.style)
+            return
         reference.capture_(self.key_caches, self.value_caches, slab.keys, slab.values,
                            src_slots, dst_rows, from_positions, to_positions, rope.cos,
                            rope.sin, rope.style)

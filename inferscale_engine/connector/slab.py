@@ -24,6 +24,8 @@ class SlabEntry:
     num_tokens: int
     digest: str
     """token_digest of the fact's token ids."""
+    origin: int
+    """Position whose rotation token 0's stored key carries (token i: origin + i)."""
 
 
 class KVSlab:

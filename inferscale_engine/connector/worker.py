@@ -139,7 +139,8 @@ class InferScaleWorker:
                 return None
             assert entry is not None
             rows.append(entry.rows[lo - start:hi - start])
-            canonical.append(torch.arange(lo - start, hi - start, dtype=torch.int64))
+            canonical.append(torch.arange(entry.origin + lo - start, entry.origin + hi - start,
+                                          dtype=torch.int64))
             serving.append(torch.arange(lo, hi, dtype=torch.int64))
         if not rows:
             return None
@@ -163,14 +164,15 @@ class InferScaleWorker:
             self.counters["capture_errors"] += 1
             logger.warning("InferScale: capture of slab key %d refused: %s", capture.slab_key, exc)
             return
+        origin = capture.start if self._config.key_origin == "encoded" else 0
         serving = torch.arange(capture.start, capture.start + capture.num_tokens,
                                dtype=torch.int64)
-        canonical = torch.arange(capture.num_tokens, dtype=torch.int64)
+        canonical = serving - capture.start + origin
         device = rows.device
         self.paged.capture_(self.slab, self._slots(capture.block_ids, serving).to(device), rows,
                             serving.to(device), canonical.to(device), self._rope)
         self.slab.entries[capture.slab_key] = SlabEntry(capture.user_id, rows, capture.num_tokens,
-                                                        capture.digest)
+                                                        capture.digest, origin)
         self.counters["captured_tokens"] += capture.num_tokens
         self.counters["captures"] += 1
 

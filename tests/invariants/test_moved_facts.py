@@ -24,9 +24,11 @@ pytestmark = pytest.mark.vllm
 TOLERANCE = 1e-5
 
 
-@pytest.fixture(scope="module", params=ARCHS)
+@pytest.fixture(scope="module", params=[(a, o) for a in ARCHS for o in ("encoded", "zero")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def engine(request, tiny_models):
-    with running_engine(tiny_models[request.param]) as eng:
+    arch, key_origin = request.param
+    with running_engine(tiny_models[arch], key_origin=key_origin) as eng:
         yield eng
 
 
@@ -49,10 +51,11 @@ def test_keys_at_canonical_and_at_moved_positions_equal_a_fresh_prefill(engine):
     fact_ids = list(engine.prompts.fact_ids(FACTS[1]))
     num_pre, num_fact = len(preamble), len(fact_ids)
 
-    # Stored (canonical) keys: the fact as if it started at position 0.
-    stored_keys, _ = engine.llm.collective_rpc("inferscale_read_entry", args=(
+    # Stored keys: rotated for their origin (encoding position P, or 0 with key_origin='zero').
+    stored_keys, _, origin = engine.llm.collective_rpc("inferscale_read_entry", args=(
         engine._facts[second].slab_key,))[0]
-    reference = hf_keys(engine.config.model, preamble + fact_ids, -num_pre)[:, num_pre:]
+    assert origin == (num_pre if engine.config.key_origin == "encoded" else 0)
+    reference = hf_keys(engine.config.model, preamble + fact_ids, origin - num_pre)[:, num_pre:]
     canonical = (stored_keys - reference).abs().amax(dim=(1, 2, 3))
 
     # Injected after the first fact: moved by len(first fact) positions.
@@ -66,7 +69,8 @@ def test_keys_at_canonical_and_at_moved_positions_equal_a_fresh_prefill(engine):
     reference = hf_keys(engine.config.model, preamble + fact_ids, shift)[:, num_pre:]
     moved = (paged_keys - reference).abs().amax(dim=(1, 2, 3))
     scale = max(1.0, reference.abs().max().item())
-    print(f"\n[{engine.config.model}] max |K - fresh prefill K| per layer (max |K| {scale:.2f}):"
+    print(f"\n[{engine.config.model} key_origin={engine.config.key_origin}] max |K - fresh "
+          f"prefill K| per layer (max |K| {scale:.2f}):"
           f"\n  canonical: {[f'{d:.2e}' for d in canonical.tolist()]}"
           f"\n  moved +{shift}: {[f'{d:.2e}' for d in moved.tolist()]}")
     assert canonical[0] <= TOLERANCE and moved[0] <= TOLERANCE

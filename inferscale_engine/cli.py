@@ -1,0 +1,108 @@
+"""Command line: `inferscale demo` (and `inferscale build-model`)."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+DEMO_FACTS = [
+    "Caroline moved to Lisbon in 2021 and works as a pottery teacher.",
+    "Caroline's dog is a beagle named Pepper.",
+    "Caroline is allergic to peanuts.",
+    "Caroline's sister Melanie lives in Boston and runs marathons.",
+    "Caroline started learning the cello last spring.",
+    "Caroline's favourite food is grilled sardines.",
+    "Caroline volunteers at an animal shelter on Saturdays.",
+    "Caroline's birthday is on the 14th of March.",
+]
+DEMO_QUESTION = "What is the name of Caroline's dog?"
+
+
+def resolve_model(name: str) -> tuple[Path, str]:
+    """Model folder and dtype for 'auto' | 'small' | 'tiny' | a path."""
+    from inferscale_engine.small_model import small_model_available, small_model_path
+    from inferscale_engine.tiny_model import TinyModelSpec, tiny_model_path
+
+    if name == "auto":
+        name = "small" if small_model_available() else "tiny"
+    if name == "small":
+        return small_model_path(), "bfloat16"
+    if name == "tiny":
+        return tiny_model_path(TinyModelSpec("qwen2")), "float32"
+    return Path(name), "auto"
+
+
+def _ttft_ms(engine, handle, question: str, mode: str, repeats: int) -> float:
+    from vllm import SamplingParams
+
+    one_token = SamplingParams(max_tokens=1, temperature=0.0)
+    engine.generate(handle, question, one_token, mode=mode)  # warm-up
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        engine.generate(handle, question, one_token, mode=mode)
+        samples.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(samples)
+
+
+def demo(args: argparse.Namespace) -> int:
+    """Add facts, answer one question in KV mode and in text mode, print answers and TTFTs."""
+    from vllm import SamplingParams
+
+    from inferscale_engine import Engine, EngineConfig, MemoryHandle
+
+    model, dtype = resolve_model(args.model)
+    print(f"model: {model} ({dtype})", flush=True)
+    config = EngineConfig(model=str(model), dtype=dtype, max_model_len=2048,
+                          context_window_tokens=args.window)
+    with Engine(config) as engine:
+        start = time.perf_counter()
+        fact_ids = engine.add_facts("caroline", DEMO_FACTS)
+        print(f"encoded {len(fact_ids)} facts once in {time.perf_counter() - start:.2f} s")
+        handle = MemoryHandle("caroline", tuple(fact_ids))
+        answer = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+        rows = []
+        for mode in ("kv", "text"):
+            out = engine.generate(handle, args.question, answer, mode=mode)
+            ttft = _ttft_ms(engine, handle, args.question, mode, args.repeats)
+            rows.append((mode, ttft, out))
+        print(f"\nquestion: {args.question}")
+        for mode, ttft, out in rows:
+            print(f"[{mode:4s}] TTFT {ttft:7.1f} ms | injected {out.num_injected_tokens:4d} of "
+                  f"{out.num_prompt_tokens} prompt tokens | answer: {out.text.strip()!r}")
+        stats = engine.stats()
+        print(f"\nslab: {stats.workers[0]['num_tokens']} tokens stored, "
+              f"{stats.workers[0]['injected_tokens']} injected so far")
+    return 0
+
+
+def build_model(args: argparse.Namespace) -> int:
+    """Build the tiny fixture or the real small model into the cache and print its path."""
+    print(resolve_model(args.model)[0])
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `inferscale` console script."""
+    parser = argparse.ArgumentParser(prog="inferscale", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("demo", help="answer a question from memory in KV mode and text mode")
+    run.add_argument("--model", default="auto",
+                     help="auto (small if installed, else tiny) | small | tiny | a model folder")
+    run.add_argument("--question", default=DEMO_QUESTION)
+    run.add_argument("--window", type=int, default=64, help="context window W (tokens)")
+    run.add_argument("--max-tokens", type=int, default=24)
+    run.add_argument("--repeats", type=int, default=5, help="TTFT samples per mode")
+    run.set_defaults(func=demo)
+    build = sub.add_parser("build-model", help="build a model into the cache, print its path")
+    build.add_argument("--model", default="auto", help="auto | small | tiny")
+    build.set_defaults(func=build_model)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""The public surface is pinned: changing it is a decision, not an accident."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import inferscale_engine
+
+
+def test_engine_exports():
+    assert inferscale_engine.__all__ == sorted([
+        "ConfigError", "Engine", "EngineClosedError", "EngineConfig", "EngineStats", "Fact",
+        "FactId", "FactNotFoundError", "Generation", "HandleError", "InferScaleError",
+        "InvalidFactError", "InvalidRequestError", "MemoryHandle", "PlanError", "SlabFullError",
+        "UnsupportedModelError",
+    ])
+    for name in inferscale_engine.__all__:
+        assert getattr(inferscale_engine, name) is not None
+
+
+def test_connector_imports_stay_light():
+    """Every vLLM process imports the connector: no engine, store, embedder or framework."""
+    code = (
+        "import sys, inferscale_engine.connector as c; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('sqlite3', 'sentence_transformers',"
+        " 'langchain_core', 'langchain_classic', 'llama_index', 'transformers_stream')"
+        " or m in ('inferscale_engine.engine', 'inferscale_engine.store',"
+        " 'inferscale_engine.retrieval', 'inferscale_engine.prompt')]; "
+        "print(','.join(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
