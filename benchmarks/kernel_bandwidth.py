@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -39,24 +40,24 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--spare-blocks", type=int, default=2048, help="extra cache blocks")
     p.add_argument("--warmup-ms", type=int, default=25)
     p.add_argument("--rep-ms", type=int, default=200)
-    p.add_argument("--output-dir", type=Path, default=Path(__file__).parent / "results")
+    p.add_argument("--output-dir", type=Path, default=Path(
+        os.environ.get("INFERSCALE_RESULTS", Path(__file__).parent / "results")))
     return p.parse_args()
 
 
 def make_cache(args: argparse.Namespace, num_blocks: int, dtype: torch.dtype
                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Per-layer allocations as vLLM lays them: NHD [2, nb, bs, H, D], HND [nb, H, bs, 2D]."""
+    """Per-layer allocations as vLLM 0.26/0.32 lay them: logical [nb, H, bs, 2D] (K and V packed
+    in the last dim), physically NHD [nb, bs, H, 2D] or HND [nb, H, bs, 2D]."""
     keys, values = [], []
     h, d, bs = args.num_kv_heads, args.head_dim, args.block_size
     for _ in range(args.num_layers):
         if args.layout == "NHD":
-            kv = torch.zeros(2, num_blocks, bs, h, d, dtype=dtype, device="cuda")
-            keys.append(kv[0])
-            values.append(kv[1])
+            kv = torch.zeros(num_blocks, bs, h, 2 * d, dtype=dtype, device="cuda").transpose(1, 2)
         else:
             kv = torch.zeros(num_blocks, h, bs, 2 * d, dtype=dtype, device="cuda")
-            keys.append(kv[..., :d].transpose(1, 2))
-            values.append(kv[..., d:].transpose(1, 2))
+        keys.append(kv[..., :d].transpose(1, 2))
+        values.append(kv[..., d:].transpose(1, 2))
     return keys, values
 
 

@@ -174,3 +174,41 @@ def default_cache_dir() -> Path:
 def tiny_model_path(spec: TinyModelSpec = TinyModelSpec()) -> Path:
     """Build (once) and return the cached folder of a tiny model."""
     return build_tiny_model(default_cache_dir() / f"tiny-{spec.architecture}-{spec.digest()}", spec)
+
+
+REFERENCE_CONFIGS: dict[str, dict[str, object]] = {
+    # Public architecture numbers; used with load_format="dummy" (timing does not depend on
+    # weight values) and the tiny ChatML tokenizer (its ids are valid in any larger vocab).
+    "llama-3.1-8b": dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096,
+        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072,
+        rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        hidden_act="silu", torch_dtype="bfloat16",
+    ),
+    "qwen3-8b": dict(
+        architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=4096,
+        intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
+        hidden_act="silu", torch_dtype="bfloat16", attention_bias=False,
+    ),
+}
+
+
+def dummy_model_path(name: str) -> Path:
+    """A folder with a reference architecture's config.json and the tiny tokenizer, no weights.
+
+    Load it with load_format="dummy". Args:
+        name: a key of REFERENCE_CONFIGS.
+    """
+    if name not in REFERENCE_CONFIGS:
+        raise ValueError(f"unknown reference config {name!r}; known: {sorted(REFERENCE_CONFIGS)}")
+    folder = default_cache_dir() / f"dummy-{name}"
+    if not (folder / "config.json").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        build_tokenizer(folder, TinyModelSpec().vocab_size)
+        (folder / "config.json").write_text(json.dumps(REFERENCE_CONFIGS[name], indent=1))
+    return folder

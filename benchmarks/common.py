@@ -1,0 +1,117 @@
+"""Shared pieces of the benchmarks: model choice, synthetic facts, environment record, output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def resolve_model(name: str) -> tuple[str, str, str]:
+    """(model folder, dtype, load_format) for tiny | small | llama-3.1-8b | qwen3-8b | a path."""
+    from inferscale_engine.tiny_model import REFERENCE_CONFIGS, TinyModelSpec, dummy_model_path
+    from inferscale_engine.tiny_model import tiny_model_path
+
+    if name in ("tiny", "tiny-qwen2"):
+        return str(tiny_model_path(TinyModelSpec("qwen2"))), "float32", "auto"
+    if name == "tiny-llama":
+        return str(tiny_model_path(TinyModelSpec("llama"))), "float32", "auto"
+    if name == "small":
+        from inferscale_engine.small_model import small_model_path
+
+        return str(small_model_path()), "bfloat16", "auto"
+    if name in REFERENCE_CONFIGS:
+        return str(dummy_model_path(name)), "bfloat16", "dummy"
+    return name, "auto", "auto"
+
+
+def synthetic_texts(tokenizer: Any, count: int, num_tokens: int, seed: int,
+                    fmt: str = "- {text}\n") -> list[str]:
+    """`count` distinct texts of about `num_tokens` tokens each (once formatted with `fmt`)."""
+    from inferscale_engine.tiny_model import corpus_sentences
+
+    rng = random.Random(seed)
+    pool = corpus_sentences(4 * count + 100, seed)
+    out: list[str] = []
+    seen: set[str] = set()
+    while len(out) < count:
+        words: list[str] = []
+        while True:
+            candidate = " ".join(words + rng.choice(pool).split())
+            length = len(tokenizer(fmt.format(text=candidate), add_special_tokens=False)
+                         ["input_ids"])
+            if length > num_tokens:
+                break
+            words = candidate.split()
+            if length >= num_tokens - 2:
+                break
+        text = " ".join(words)
+        if text and text not in seen:
+            seen.add(text)
+            out.append(text)
+    return out
+
+
+def summarize(samples_ms: list[float]) -> dict[str, float]:
+    """Median, p90, mean, min, max of a list of milliseconds."""
+    ordered = sorted(samples_ms)
+    p90 = ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
+    return {"median_ms": statistics.median(ordered), "p90_ms": p90,
+            "mean_ms": statistics.fmean(ordered), "min_ms": ordered[0], "max_ms": ordered[-1],
+            "n": len(ordered)}
+
+
+def environment() -> dict[str, Any]:
+    """Machine, versions and settings that every number must carry."""
+    import torch
+
+    info: dict[str, Any] = {
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+    }
+    for package in ("vllm", "triton", "transformers"):
+        try:
+            info[package] = __import__(package).__version__
+        except Exception:  # noqa: BLE001 - optional packages
+            info[package] = None
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpu_count"] = torch.cuda.device_count()
+    try:
+        info["git_commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+            cwd=Path(__file__).parent, check=False).stdout.strip() or None
+    except OSError:
+        info["git_commit"] = None
+    return info
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def write_record(name: str, record: dict[str, Any], out_dir: Path | None = None) -> Path:
+    """Write one JSON record; returns its path."""
+    out_dir = Path(out_dir or os.environ.get("INFERSCALE_RESULTS", RESULTS_DIR))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(record, indent=1, default=str))
+    return path

@@ -1,0 +1,211 @@
+"""TTFT vs k: text injection vs KV injection (vs the prefix-cache-resident ceiling), one engine.
+
+Modes, on the same engine and the same prompts:
+  text      facts pasted as text, vLLM prefix caching on (as users run it)
+  kv        facts' stored KV injected by InferScale (plan building included in the time)
+  resident  the same preamble + facts already in vLLM's prefix cache (warmed by a request
+            with another question): the ceiling KV injection can approach
+Each timed request draws its own random fact set from a pool (a different retrieval result per
+question), so text mode only shares the preamble through the prefix cache, as in production.
+TTFT = wall time of one max_tokens=1 request. Retrieval (query embedding + cosine top-k over
+the pool) is timed separately and added to kv in the `kv+retrieval` column.
+
+  python benchmarks/ttft.py --model tiny --ks 0,10,25,50,100 --repeats 15
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import environment, resolve_model, summarize, synthetic_texts, write_record  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--ks", default="0,10,25,50,100")
+    parser.add_argument("--modes", default="text,kv,resident")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--fact-tokens", type=int, default=30)
+    parser.add_argument("--question-tokens", type=int, default=48)
+    parser.add_argument("--pool", type=int, default=300, help="facts to draw fact sets from")
+    parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--embedder", default="auto",
+                        help="auto | none | a sentence-transformers model (retrieval timing)")
+    parser.add_argument("--slab-mib", type=int, default=4096)
+    parser.add_argument("--kv-cache-gib", type=float, default=None)
+    parser.add_argument("--plot", action="store_true", help="write a PNG next to the JSON")
+    parser.add_argument("--tag", default="")
+    return parser.parse_args(argv)
+
+
+def build_engine(args: argparse.Namespace):
+    from inferscale_engine import Engine, EngineConfig
+
+    model, dtype, load_format = resolve_model(args.model)
+    kv_bytes = int(args.kv_cache_gib * 2**30) if args.kv_cache_gib else None
+    config = EngineConfig(
+        model=model, dtype=dtype, load_format=load_format, max_model_len=args.max_model_len,
+        slab_capacity_bytes=args.slab_mib * 2**20, context_window_tokens=0,
+        block_size=args.block_size, kv_cache_memory_bytes=kv_bytes,
+        enforce_eager=True if args.enforce_eager else None, max_fact_tokens=128,
+    )
+    return Engine(config), config
+
+
+def make_retriever(args: argparse.Namespace, facts: list[str]):
+    """A timed retrieval function (query -> top-k indices), or None."""
+    if args.embedder == "none":
+        return None
+    try:
+        import torch
+
+        from inferscale_engine.retrieval import DEFAULT_EMBEDDING_MODEL, Embedder, UserIndex
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        name = DEFAULT_EMBEDDING_MODEL if args.embedder == "auto" else args.embedder
+        embedder = Embedder(name, device=device)
+        index = UserIndex(embedder.dim, device=device)
+        index.add(list(range(1, len(facts) + 1)), embedder.encode(facts))
+    except Exception as exc:  # noqa: BLE001 - retrieval timing is optional (no model offline)
+        print(f"retrieval not timed: {exc}", flush=True)
+        return None
+
+    def retrieve(query: str, k: int) -> float:
+        start = time.perf_counter()
+        if k:
+            index.search(embedder.encode([query])[0], k)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - start) * 1e3
+
+    return retrieve
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from vllm import SamplingParams
+
+    from inferscale_engine import MemoryHandle
+
+    args = parse_args(argv)
+    ks = [int(k) for k in args.ks.split(",")]
+    modes = args.modes.split(",")
+    engine, config = build_engine(args)
+    tokenizer = engine.tokenizer
+    facts = synthetic_texts(tokenizer, max(args.pool, max(ks) + 1), args.fact_tokens, seed=1)
+    questions = synthetic_texts(tokenizer, 2 * (args.repeats + args.warmup) + 1,
+                                args.question_tokens, seed=2, fmt="{text}")
+    start = time.perf_counter()
+    fact_ids = engine.add_facts("bench", facts)
+    ingest_s = time.perf_counter() - start
+    print(f"ingested {len(facts)} facts in {ingest_s:.2f} s", flush=True)
+    retrieve = make_retriever(args, facts)
+    one_token = SamplingParams(max_tokens=1, temperature=0.0)
+    rng = random.Random(0)
+    raw: dict[str, dict[int, list[float]]] = {m: {} for m in modes + ["retrieval"]}
+    injected: dict[int, int] = {}
+    prompt_tokens: dict[int, int] = {}
+    question_iter = itertools.cycle(questions)
+    for k in ks:
+        for mode in modes:
+            raw[mode][k] = []
+        raw["retrieval"][k] = []
+        for i in range(args.warmup + args.repeats):
+            chosen = tuple(rng.sample(fact_ids, k))
+            handle = MemoryHandle("bench", chosen)
+            question, other = next(question_iter), next(question_iter)
+            timed = i >= args.warmup
+            for mode in modes:
+                if mode == "resident":
+                    engine.generate(handle, other, one_token, mode="text")  # fill prefix cache
+                t0 = time.perf_counter()
+                out = engine.generate(handle, question, one_token,
+                                      mode="kv" if mode == "kv" else "text")
+                elapsed = (time.perf_counter() - t0) * 1e3
+                if timed:
+                    raw[mode][k].append(elapsed)
+                if mode == "kv":
+                    injected[k] = out.num_injected_tokens
+                    prompt_tokens[k] = out.num_prompt_tokens
+            if retrieve is not None and timed:
+                raw["retrieval"][k].append(retrieve(question, k))
+        row = {m: summarize(raw[m][k])["median_ms"] for m in modes}
+        print(f"k={k:4d} prompt={prompt_tokens.get(k, 0):5d} tok  " + "  ".join(
+            f"{m}={v:8.2f} ms" for m, v in row.items()), flush=True)
+    summary = {}
+    for k in ks:
+        entry = {m: summarize(raw[m][k]) for m in modes}
+        if raw["retrieval"][k]:
+            entry["retrieval"] = summarize(raw["retrieval"][k])
+        if "text" in entry and "kv" in entry:
+            entry["speedup_text_over_kv"] = entry["text"]["median_ms"] / entry["kv"]["median_ms"]
+        if "resident" in entry and "kv" in entry:
+            entry["kv_over_resident"] = entry["kv"]["median_ms"] / entry["resident"]["median_ms"]
+        entry["num_prompt_tokens"] = prompt_tokens.get(k)
+        entry["num_injected_tokens"] = injected.get(k)
+        summary[k] = entry
+    record = {
+        "benchmark": "ttft", "config": vars(args), "engine_config": {
+            f: getattr(config, f) for f in ("model", "dtype", "load_format", "max_model_len",
+                                            "block_size", "enforce_eager", "key_origin")},
+        "environment": environment(), "ingest_seconds": ingest_s, "num_facts": len(facts),
+        "summary": summary, "raw_ms": raw, "engine_stats": engine.stats().workers,
+    }
+    engine.close()
+    _print_table(summary, modes)
+    name = f"ttft-{args.model}{('-' + args.tag) if args.tag else ''}"
+    path = write_record(name, record)
+    print(f"wrote {path}")
+    if args.plot:
+        print(f"wrote {plot(record, path.with_suffix('.png'))}")
+    return record
+
+
+def _print_table(summary: dict, modes: list[str]) -> None:
+    print("\n| k | " + " | ".join(f"{m} ms" for m in modes) + " | text/kv | kv/resident |")
+    print("|---" * (len(modes) + 3) + "|")
+    for k, e in summary.items():
+        cells = [f"{e[m]['median_ms']:.2f}" for m in modes]
+        ratio = f"{e.get('speedup_text_over_kv', float('nan')):.2f}"
+        res = f"{e.get('kv_over_resident', float('nan')):.2f}"
+        print(f"| {k} | " + " | ".join(cells) + f" | {ratio} | {res} |")
+
+
+def plot(record: dict, out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = record["summary"]
+    ks = sorted(int(k) for k in summary)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mode in record["config"]["modes"].split(","):
+        ax.plot(ks, [summary[k if k in summary else str(k)][mode]["median_ms"] for k in ks],
+                marker="o", label=mode)
+    env = record["environment"]
+    ax.set_xlabel("k (facts per request)")
+    ax.set_ylabel("TTFT, median ms")
+    ax.set_title(f"{record['config']['model']} on {env.get('gpu') or env.get('cpu')}",
+                 fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""The engine core on a GPU through the Triton path (vLLM 0.26, H200): run by
+benchmarks/gpu/run_h200.sh. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferscale_engine.facts import MemoryHandle
+from tests.conftest import ARCHS, FACTS, QUESTIONS, greedy, max_abs_diff, running_engine
+
+pytestmark = [pytest.mark.gpu, pytest.mark.vllm,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+GPU = dict(kv_cache_memory_bytes=None, gpu_memory_utilization=0.45, enforce_eager=True,
+           max_model_len=2048, slab_capacity_bytes=256 * 2**20)
+
+
+def _layout(worker) -> str:
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    paged = get_kv_transfer_group().worker.paged
+    return f"{type(paged).__name__}(triton={getattr(paged, '_pointers', None) is not None})"
+
+
+def bf16_ulps(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """|actual - expected| in units of the bf16 spacing at `expected`."""
+    expected = expected.float()
+    exponent = torch.floor(torch.log2(expected.abs().clamp_min(2.0**-126)))
+    return (actual.float() - expected).abs() / torch.exp2(exponent - 7)
+
+
+def check_same_position(engine, tolerance: float) -> float:
+    (first,) = engine.add_facts("u1", [FACTS[1]])
+    (second,) = engine.add_facts("u1", [FACTS[2]], contexts=["- " + FACTS[1] + "\n"])
+    handle = MemoryHandle("u1", (first, second))
+    kv = engine.generate(handle, QUESTIONS[1], greedy(8), mode="kv")
+    text = engine.generate(handle, QUESTIONS[1], greedy(8), mode="text")
+    diff = max_abs_diff(kv.logprobs, text.logprobs)
+    assert kv.plan_status == "inject" and kv.num_injected_tokens > 0
+    assert diff <= tolerance
+    return diff
+
+
+def check_moved_layer0_keys(engine) -> tuple[float, float]:
+    """Inject fact B after fact A although B was encoded right after the preamble; compare
+    layer-0 keys (context-free) with B's keys from a fresh prefill at the same place (B encoded
+    with A as its context window: a bit-exact copy of vLLM's own keys there)."""
+    a, b = engine.add_facts("u2", [FACTS[0], FACTS[3]])
+    (fresh,) = engine.add_facts("u2", [FACTS[3]], contexts=["- " + FACTS[0] + "\n"])
+    out = engine.generate(MemoryHandle("u2", (a, b)), QUESTIONS[0], greedy(1))
+    assert out.plan_status == "inject"
+    _, slots = engine.llm.collective_rpc("inferscale_recent_loads")[0][-1]
+    start = len(engine.prompts.preamble()) + len(engine.prompts.fact_ids(FACTS[0]))
+    count = len(engine.prompts.fact_ids(FACTS[3]))
+    moved, _ = engine.llm.collective_rpc("inferscale_read_slots",
+                                         args=(slots[start:start + count],))[0]
+    reference, _, origin = engine.llm.collective_rpc(
+        "inferscale_read_entry", args=(engine._facts[fresh].slab_key,))[0]
+    assert origin == start
+    ulps = bf16_ulps(moved[0], reference[0])
+    return ulps.max().item(), (ulps <= 1.0).float().mean().item()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tiny_fp32_exact_on_gpu(tiny_models, arch):
+    with running_engine(tiny_models[arch], dtype="float32", **GPU) as engine:
+        layout = engine.llm.collective_rpc(_layout)[0]
+        diff = check_same_position(engine, 1e-5)
+        print(f"\n[gpu {arch} fp32 {layout}] same-position max |dlogprob| {diff:.2e}")
+        assert "triton=True" in layout
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "llama-3.1-8b", "qwen3-8b"])
+def test_bf16_same_position_and_moved_keys(tiny_models, name):
+    from inferscale_engine.tiny_model import dummy_model_path
+
+    if name.startswith("tiny"):
+        model, extra = tiny_models[name.split("-")[1]], {}
+    else:
+        model, extra = dummy_model_path(name), {"load_format": "dummy"}
+    with running_engine(model, dtype="bfloat16", **GPU, **extra) as engine:
+        layout = engine.llm.collective_rpc(_layout)[0]
+        diff = check_same_position(engine, 1e-2)
+        worst_ulps, within_one = check_moved_layer0_keys(engine)
+        print(f"\n[gpu {name} bf16 {layout}] same-position max |dlogprob| {diff:.2e}; moved "
+              f"keys (layer 0) vs fresh prefill: max {worst_ulps:.2f} bf16 ulp, "
+              f"{100 * within_one:.2f}% within 1 ulp")
+        assert "triton=True" in layout
+        assert worst_ulps <= 2.0 and within_one >= 0.99
