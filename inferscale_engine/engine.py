@@ -353,16 +353,18 @@ class Engine:
         return self._llm
 
     def close(self) -> None:
-        """Shut the vLLM engine down; the object is unusable afterwards."""
+        """Shut the vLLM engine down and free its memory; the object is unusable afterwards."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            shutdown = getattr(self._llm, "shutdown", None) or getattr(
-                self._llm.llm_engine, "shutdown", None)
+            engine = self._llm.llm_engine
+            shutdown = getattr(engine, "shutdown", None) or getattr(
+                getattr(engine, "engine_core", None), "shutdown", None)
             if shutdown is not None:
                 shutdown()
-            del self._llm
+            del self._llm, engine
+            _release_vllm_process_state()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -373,6 +375,25 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _release_vllm_process_state() -> None:
+    """Free what an in-process (MP=0) vLLM engine leaves behind so another can start.
+
+    vLLM freezes the garbage collector after start-up and keeps a process-global KV connector
+    and distributed state; without this, GPU memory and the connector outlive the engine.
+    """
+    import gc
+
+    try:
+        from vllm.distributed.kv_transfer import ensure_kv_transfer_shutdown
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+    except ImportError:  # pragma: no cover - other vLLM layouts
+        gc.unfreeze()
+        gc.collect()
+        return
+    ensure_kv_transfer_shutdown()
+    cleanup_dist_env_and_memory()
 
 
 def _as_messages(messages: Messages | str) -> Messages:

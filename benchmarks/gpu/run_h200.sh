@@ -10,7 +10,8 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 what=${1:-all}
 python3 -c "import torch, triton, vllm; print('torch', torch.__version__, 'triton', triton.__version__, 'vllm', vllm.__version__, torch.cuda.get_device_name(0))"
 if [[ $what == tests || $what == all ]]; then
-  TRITON_INTERPRET=0 python3 -m pytest tests/engine/kernels -q -p no:cacheprovider 2>&1 | tail -3
+  [[ -n ${KERNEL_TESTS:-} ]] && TRITON_INTERPRET=0 python3 -m pytest tests/engine/kernels -q -p no:cacheprovider 2>&1 | tail -3
+  python3 benchmarks/gpu/diagnose.py 2>&1 | grep -E "^==|^   " | head -40
   python3 -m pytest tests/gpu -q -s -p no:cacheprovider -o addopts="" 2>&1 | tee "$INFERSCALE_RESULTS/gpu_tests.log" | grep -E "^\[gpu|passed|failed|Error|^E " | head -60
 fi
 if [[ $what == bench || $what == all ]]; then

@@ -12,7 +12,7 @@ from tests.conftest import ARCHS, FACTS, QUESTIONS, greedy, max_abs_diff, runnin
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-GPU = dict(kv_cache_memory_bytes=None, gpu_memory_utilization=0.45, enforce_eager=True,
+GPU = dict(kv_cache_memory_bytes=None, gpu_memory_utilization=0.3, enforce_eager=True,
            max_model_len=2048, slab_capacity_bytes=256 * 2**20)
 
 
