@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.vllm,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 GPU = dict(kv_cache_memory_bytes=None, gpu_memory_utilization=0.3, enforce_eager=True,
-           max_model_len=2048, slab_capacity_bytes=256 * 2**20)
+           max_model_len=2048, slab_capacity_bytes=256 * 2**20, context_window_tokens=64)
 
 
 def _layout(worker) -> str:
