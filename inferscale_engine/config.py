@@ -65,6 +65,12 @@ class EngineConfig:
     key_origin: str = "encoded"
     """Stored keys keep the rotation of their encoding positions ('encoded', default) or are
     rotated to canonical positions 0..n-1 at capture ('zero': one more rounding per token)."""
+    on_slab_full: str = "evict"
+    """'evict': make room by evicting the least recently used facts' KV (facts stay known and
+    are re-encoded when needed); 'error': raise SlabFullError."""
+    on_evicted: str = "reencode"
+    """A request names facts whose KV was evicted: 'reencode' them first, or serve the request
+    in 'text' mode."""
     vllm_overrides: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for vllm.LLM (for settings not covered above)."""
 
@@ -85,6 +91,11 @@ class EngineConfig:
         if self.max_fact_tokens + self.context_window_tokens >= self.max_model_len:
             raise ConfigError("max_fact_tokens + context_window_tokens must be below "
                               f"max_model_len ({self.max_model_len})")
+        for name, allowed in (("key_origin", ("encoded", "zero")),
+                              ("on_slab_full", ("evict", "error")),
+                              ("on_evicted", ("reencode", "text"))):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         reserved = {"model", "tokenizer", "kv_transfer_config", "worker_extension_cls"}
         if clash := reserved & set(self.vllm_overrides):
             raise ConfigError(f"vllm_overrides may not set {sorted(clash)}: the engine owns them")

@@ -10,11 +10,10 @@ token ids with no plan: the baseline of every benchmark and the fallback.
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,29 +25,17 @@ from inferscale_engine.errors import (
     HandleError,
     InvalidFactError,
     InvalidRequestError,
+    SlabFullError,
     UnsupportedModelError,
 )
 from inferscale_engine.facts import Fact, FactId, MemoryHandle
-from inferscale_engine.plan import (
-    PARAMS_KEY,
-    SYSTEM_OWNER,
-    InjectionPlan,
-    SavePlan,
-    Segment,
-    token_digest,
-)
+from inferscale_engine.plan import SYSTEM_OWNER, InjectionPlan, SavePlan, Segment, token_digest
 from inferscale_engine.prompt import MemoryPrompt, PromptBuilder
+from inferscale_engine.residency import FactRecord, Residency
 from inferscale_engine.rope import RopeSpec
+from inferscale_engine.runner import RESULT_KEY, VllmRunner
 
-_RESULT_KEY = PARAMS_KEY + "_result"
 Messages = Sequence[dict[str, str]]
-
-
-@dataclass(slots=True)
-class _Stored:
-    fact: Fact
-    slab_key: int
-    pages: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +56,7 @@ class Generation:
     num_cached_tokens: int
     """Prompt tokens vLLM did not compute (injected + prefix-cache hits)."""
     plan_status: str
-    """Connector verdict: inject, mismatch, rejected, or none (text mode)."""
+    """Connector verdict: inject, mismatch, rejected, or none (text mode / fallback)."""
     latency_ms: float
 
 
@@ -78,6 +65,7 @@ class EngineStats:
     """Counters of the app side and of every worker's slab."""
 
     num_facts: int
+    num_resident_facts: int
     num_free_pages: int
     workers: list[dict[str, int]] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
@@ -100,47 +88,69 @@ class Engine:
             raise UnsupportedModelError(
                 f"slab_capacity_bytes={config.slab_capacity_bytes} cannot hold one page of "
                 f"{config.slab_page_tokens} tokens ({bytes_per_token} bytes each); raise it")
-        self._allocator = SlabAllocator(num_pages, config.slab_page_tokens)
-        self._llm = _build_llm(config, ConnectorConfig(
+        self._residency = Residency(SlabAllocator(num_pages, config.slab_page_tokens))
+        self._runner = VllmRunner(config, ConnectorConfig(
             num_pages, config.slab_page_tokens, config.max_model_len, config.key_origin))
-        self._facts: dict[FactId, _Stored] = {}
+        self._facts: dict[FactId, FactRecord] = {}
         self._preambles: dict[str, int] = {}
         self._next_fact_id = 1
-        self._next_slab_key = 1
         self.counters: Counter[str] = Counter()
-        self._preamble_key(())  # fail now, not on the first request
+        self._preamble_key(self.prompts.preamble())  # fail now, not on the first request
 
     # ---- write path --------------------------------------------------------------------
     def add_facts(self, user_id: str, texts: Sequence[str],
-                  contexts: Sequence[str | None] | None = None) -> list[FactId]:
-        """Encode facts once (batched) and keep their KV; returns their ids, in order.
+                  contexts: Sequence[str | None] | None = None, *,
+                  fact_ids: Sequence[FactId] | None = None, window: int | None = None,
+                  encode: bool = True) -> list[FactId]:
+        """Register facts and encode their KV once (batched); returns their ids, in order.
 
         Args:
             user_id: owner of the facts.
             texts: fact texts.
             contexts: per fact, the conversation text that preceded it (Context-Window
-                Encoding keeps its last W tokens before the fact), or None.
+                Encoding keeps its last `window` tokens before the fact), or None.
+            fact_ids: ids to use (e.g. a durable store's); default: the engine numbers them.
+            window: tokens of context to keep (default EngineConfig.context_window_tokens).
+            encode: False registers the facts only; their KV is built on first use.
         Raises:
             InvalidFactError: a text is empty, not a string, or too long. Nothing is stored.
-            SlabFullError: the slab cannot hold all facts. Nothing is stored.
+            SlabFullError: the facts do not fit even after eviction. Nothing is stored.
         """
         _check_user(user_id)
         if isinstance(texts, str) or not isinstance(texts, Sequence):
-            raise InvalidFactError("texts must be a list of strings, got "
-                                   f"{type(texts).__name__}")
+            raise InvalidFactError(f"texts must be a list of strings, got {type(texts).__name__}")
         contexts = list(contexts) if contexts is not None else [None] * len(texts)
         if len(contexts) != len(texts):
             raise InvalidFactError(f"{len(contexts)} contexts for {len(texts)} facts; pass one "
                                    "context (or None) per fact")
+        window = self.config.context_window_tokens if window is None else window
+        if not 0 <= window <= self.config.context_window_tokens:
+            raise InvalidFactError(f"window must be in [0, {self.config.context_window_tokens}] "
+                                   "(EngineConfig.context_window_tokens)")
         token_ids = [self._fact_tokens(t) for t in texts]
+        context_ids = [self._context_tokens(c, window) for c in contexts]
         with self._lock:
             self._check_open()
-            fact_ids = [FactId(self._next_fact_id + i) for i in range(len(texts))]
-            stored = self._encode(user_id, fact_ids, list(texts), token_ids, contexts)
-            self._next_fact_id += len(texts)
-            for item in stored:
-                self._facts[item.fact.fact_id] = item
-        return fact_ids
+            ids = self._new_fact_ids(fact_ids, len(texts))
+            records = [FactRecord(Fact(fid, user_id, text.strip(), toks), ctx)
+                       for fid, text, toks, ctx in zip(ids, texts, token_ids, context_ids)]
+            if encode:
+                self._make_resident(records, pinned={r.fact.fact_id for r in records})
+            for record in records:
+                self._facts[record.fact.fact_id] = record
+        return ids
+
+    def _new_fact_ids(self, fact_ids: Sequence[FactId] | None, count: int) -> list[FactId]:
+        if fact_ids is None:
+            ids = [FactId(self._next_fact_id + i) for i in range(count)]
+        else:
+            ids = [FactId(int(f)) for f in fact_ids]
+            if len(ids) != count or len(set(ids)) != count:
+                raise InvalidFactError("fact_ids must hold one distinct id per text")
+            if clash := [f for f in ids if f in self._facts]:
+                raise InvalidFactError(f"fact ids {clash[:5]} are already registered")
+        self._next_fact_id = max([self._next_fact_id - 1, *ids]) + 1
+        return ids
 
     def _fact_tokens(self, text: object) -> tuple[int, ...]:
         if not isinstance(text, str):
@@ -154,28 +164,52 @@ class Engine:
                 f"{self.config.max_fact_tokens}; split it or raise the limit: {text[:60]!r}...")
         return ids
 
-    def _encode(self, user_id: str, fact_ids: list[FactId], texts: list[str],
-                token_ids: list[tuple[int, ...]], contexts: list[str | None]) -> list[_Stored]:
-        """Allocate pages, run save requests, confirm residency. All or nothing."""
+    def _context_tokens(self, context: object, window: int) -> tuple[int, ...]:
+        if context is None or window == 0:
+            return ()
+        if not isinstance(context, str):
+            raise InvalidFactError(f"a context must be a string or None, got "
+                                   f"{type(context).__name__}")
+        return self.prompts.encode(context)[-window:]
+
+    def _make_resident(self, records: list[FactRecord], pinned: set[FactId]) -> None:
+        """Give non-resident records slab pages (evicting LRU facts if allowed) and encode them.
+
+        All or nothing: on failure no record becomes resident and no page stays allocated.
+        """
+        todo = [r for r in records if not r.resident]
+        if not todo:
+            return
         preamble = self.prompts.preamble()
-        window = self.config.context_window_tokens
-        stored, plans, prompts = [], [], []
+        evict = self.config.on_slab_full == "evict"
+        allocated: list[tuple[FactRecord, int, tuple[int, ...]]] = []
         try:
-            for fact_id, text, ids, context in zip(fact_ids, texts, token_ids, contexts):
-                pages = self._allocator.allocate(len(ids))
-                slab_key, self._next_slab_key = self._next_slab_key, self._next_slab_key + 1
-                ctx = self.prompts.encode(context)[-window:] if context and window else ()
-                plan = SavePlan(user_id, slab_key, len(preamble) + len(ctx), ids, pages)
-                plans.append(plan.signed(self._secret))
-                prompts.append(list(preamble) + list(ctx) + list(ids))
-                stored.append(_Stored(Fact(fact_id, user_id, text.strip(), ids), slab_key, pages))
+            for record in todo:
+                pages, evicted = self._residency.allocate(len(record.fact.token_ids), pinned,
+                                                          evict)
+                self._free_entries(evicted)
+                allocated.append((record, self._residency.next_slab_key(), pages))
+            plans = [SavePlan(r.fact.user_id, key, len(preamble) + len(r.context_ids),
+                              r.fact.token_ids, pages).signed(self._secret)
+                     for r, key, pages in allocated]
+            prompts = [list(preamble) + list(r.context_ids) + list(r.fact.token_ids)
+                       for r, _, _ in allocated]
             self._run_saves(plans, prompts)
         except BaseException:
-            for item in stored:
-                self._allocator.free(item.pages)
-            self._llm.collective_rpc("inferscale_free", args=([s.slab_key for s in stored],))
+            for _, _, pages in allocated:
+                self._residency.free_pages(pages)
+            self._runner.rpc("inferscale_free", [key for _, key, _ in allocated])
             raise
-        return stored
+        for record, key, pages in allocated:
+            self._residency.admit(record, key, pages)
+
+    def _free_entries(self, records: Iterable[FactRecord]) -> None:
+        keys = [r.slab_key for r in records if r.slab_key is not None]
+        for record in records:
+            self._residency.release(record)
+        if keys:
+            self._runner.rpc("inferscale_free", keys)
+            self.counters["evicted_facts"] += len(keys)
 
     def _run_saves(self, plans: list[SavePlan], prompts: list[list[int]]) -> None:
         from vllm import SamplingParams, TokensPrompt
@@ -185,31 +219,35 @@ class Engine:
             chunk = slice(lo, lo + batch)
             params = [SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": p.to_params()})
                       for p in plans[chunk]]
-            outputs = self._run([TokensPrompt(prompt_token_ids=p) for p in prompts[chunk]],
-                                params, use_tqdm=len(plans) > batch)
+            outputs = self._runner.run([TokensPrompt(prompt_token_ids=p) for p in prompts[chunk]],
+                                       params, use_tqdm=len(plans) > batch)
             for out in outputs:
-                result = (out.kv_transfer_params or {}).get(_RESULT_KEY, {})
+                result = (out.kv_transfer_params or {}).get(RESULT_KEY, {})
                 if result.get("status") != "save":
                     raise RuntimeError(f"fact encoding was refused by the connector: {result}")
         keys = [p.slab_key for p in plans]
-        for rank, resident in enumerate(self._llm.collective_rpc("inferscale_resident",
-                                                                 args=(keys,))):
+        for rank, resident in enumerate(self._runner.rpc("inferscale_resident", keys)):
             if not all(resident):
                 raise RuntimeError(f"worker {rank} did not capture {resident.count(False)} facts")
         self.counters["encoded_facts"] += len(plans)
 
-    def _preamble_key(self, messages: Messages) -> tuple[int, tuple[int, ...]]:
-        """Slab key of the preamble for these messages' system prompt (encoded on first use)."""
-        preamble = self.prompts.preamble(messages)
+    def _preamble_key(self, preamble: tuple[int, ...]) -> int:
+        """Slab key of a preamble (encoded on first use; never evicted)."""
         digest = token_digest(preamble)
         key = self._preambles.get(digest)
         if key is None:
-            key, self._next_slab_key = self._next_slab_key, self._next_slab_key + 1
-            pages = self._allocator.allocate(len(preamble))
+            key = self._residency.next_slab_key()
+            pages, evicted = self._residency.allocate(len(preamble), set(),
+                                                      self.config.on_slab_full == "evict")
+            self._free_entries(evicted)
             plan = SavePlan(SYSTEM_OWNER, key, 0, preamble, pages).signed(self._secret)
-            self._run_saves([plan], [list(preamble)])
+            try:
+                self._run_saves([plan], [list(preamble)])
+            except BaseException:
+                self._residency.free_pages(pages)
+                raise
             self._preambles[digest] = key
-        return key, preamble
+        return key
 
     # ---- read path ---------------------------------------------------------------------
     def generate(self, handle: MemoryHandle | None, messages: Messages | str,
@@ -238,69 +276,83 @@ class Engine:
         if not isinstance(sampling, SamplingParams):
             raise InvalidRequestError("sampling must be a vllm.SamplingParams, got "
                                       f"{type(sampling).__name__}")
-        prompts, params, token_lists = [], [], []
         with self._lock:  # held through the run: vllm.LLM is not thread-safe
             self._check_open()
-            for handle, messages in requests:
-                prompt, plan = self._prepare(handle, _as_messages(messages))
+            resolved = [(self._resolve(h), _as_messages(m)) for h, m in requests]
+            pinned = {r.fact.fact_id for records, _ in resolved for r in records}
+            prompts, params, modes, lengths = [], [], [], []
+            for (records, messages), (handle, _) in zip(resolved, requests):
+                prompt = self.prompts.build(messages, [r.fact.token_ids for r in records])
                 ids = prompt.token_ids()
                 if len(ids) >= self.config.max_model_len:
                     raise InvalidRequestError(
                         f"prompt of {len(ids)} tokens exceeds max_model_len="
                         f"{self.config.max_model_len}; retrieve fewer facts")
+                request_mode = mode if handle is not None else "text"
+                if request_mode == "kv" and not self._ready_for_kv(records, pinned):
+                    request_mode = "text"
                 request_params = sampling.clone()
-                if mode == "kv" and plan is not None:
+                if request_mode == "kv":
+                    plan = self._plan(handle, prompt, records)
                     request_params.extra_args = {**(request_params.extra_args or {}),
                                                  "kv_transfer_params": plan.to_params()}
                     prompts.append(TokensPrompt(prompt_token_ids=ids, cache_salt=plan.cache_salt))
                 else:
                     prompts.append(TokensPrompt(prompt_token_ids=ids))
+                self._residency.touch(records)
                 params.append(request_params)
-                token_lists.append(ids)
+                modes.append(request_mode)
+                lengths.append(len(ids))
             start = time.perf_counter()
-            outputs = self._run(prompts, params, use_tqdm=False)
+            outputs = self._runner.run(prompts, params)
             latency_ms = (time.perf_counter() - start) * 1e3
-        results = [_generation(out, mode, len(ids), latency_ms)
-                   for out, ids in zip(outputs, token_lists)]
-        for g in results:
+        results = [_generation(out, m, n, latency_ms) for out, m, n in zip(outputs, modes, lengths)]
+        for asked, g in zip((mode if h is not None else "text" for h, _ in requests), results):
             self.counters[f"requests_{g.mode}"] += 1
-            if g.mode == "kv" and g.plan_status not in ("inject", "none"):
+            if asked == "kv" and g.mode == "text":
+                self.counters["fallback_text_evicted"] += 1
+            elif g.mode == "kv" and g.plan_status != "inject":
                 self.counters[f"fallback_{g.plan_status}"] += 1
         return results
 
-    def _run(self, prompts: list[Any], params: list[Any], use_tqdm: bool) -> list[Any]:
-        """llm.generate; if it fails, abort what it left in the engine so it keeps serving."""
-        try:
-            return self._llm.generate(prompts, params, use_tqdm=use_tqdm)
-        except BaseException:
-            engine = self._llm.llm_engine
-            states = getattr(getattr(engine, "output_processor", None), "request_states", {})
-            if states:
-                engine.abort_request(list(states))
-            while engine.has_unfinished_requests():
-                engine.step()
-            raise
+    def prepare_request(self, handle: MemoryHandle, messages: Messages | str
+                        ) -> tuple[MemoryPrompt, InjectionPlan]:
+        """The prompt and signed plan generate() would send in KV mode, for clients that talk
+        to vLLM themselves (send prompt.token_ids() with cache_salt=plan.cache_salt and
+        kv_transfer_params=plan.to_params())."""
+        with self._lock:
+            self._check_open()
+            records = self._resolve(handle)
+            if not self._ready_for_kv(records, {r.fact.fact_id for r in records}):
+                raise SlabFullError("the handle's facts do not fit in the slab")
+            prompt = self.prompts.build(_as_messages(messages), [r.fact.token_ids for r in records])
+            return prompt, self._plan(handle, prompt, records)
 
-    def _prepare(self, handle: MemoryHandle | None, messages: Messages
-                 ) -> tuple[MemoryPrompt, InjectionPlan | None]:
-        stored = self._resolve(handle)
-        preamble_key, preamble = self._preamble_key(messages)
-        prompt = self.prompts.build(messages, [s.fact.token_ids for s in stored])
-        if prompt.preamble != preamble:
-            raise UnsupportedModelError("the chat template renders the system message "
-                                        "differently per conversation; KV mode is unavailable")
-        if handle is None:
-            return prompt, None
-        segments = [Segment(preamble_key, 0, preamble)]
-        segments += [Segment(s.slab_key, start, s.fact.token_ids)
-                     for s, start in zip(stored, prompt.fact_starts())]
+    def _ready_for_kv(self, records: list[FactRecord], pinned: set[FactId]) -> bool:
+        """Make evicted facts resident again (or say the request must go as text)."""
+        missing = [r for r in records if not r.resident]
+        if not missing:
+            return True
+        if self.config.on_evicted == "text":
+            return False
+        try:
+            self._make_resident(missing, pinned)
+        except SlabFullError:
+            return False
+        self.counters["reencoded_facts"] += len(missing)
+        return True
+
+    def _plan(self, handle: MemoryHandle, prompt: MemoryPrompt, records: list[FactRecord]
+              ) -> InjectionPlan:
+        segments = [Segment(self._preamble_key(prompt.preamble), 0, prompt.preamble)]
+        segments += [Segment(r.slab_key or 0, start, r.fact.token_ids)
+                     for r, start in zip(records, prompt.fact_starts())]
         salt = hashlib.sha256(
             f"{handle.user_id}|{[s.slab_key for s in segments]}".encode()).hexdigest()[:32]
-        plan = InjectionPlan(handle.user_id, tuple(segments), salt).signed(self._secret)
-        return prompt, plan
+        return InjectionPlan(handle.user_id, tuple(segments), salt).signed(self._secret)
 
-    def _resolve(self, handle: MemoryHandle | None) -> list[_Stored]:
-        """Facts of a handle, in handle order; refuses foreign or unknown facts."""
+    def _resolve(self, handle: MemoryHandle | None) -> list[FactRecord]:
+        """Records of a handle, in handle order; refuses foreign or unknown facts."""
         if handle is None:
             return []
         if not isinstance(handle, MemoryHandle):
@@ -308,22 +360,30 @@ class Engine:
         _check_user(handle.user_id)
         out = []
         for fact_id in handle.fact_ids:
-            item = self._facts.get(fact_id)
-            if item is None:
+            record = self._facts.get(fact_id)
+            if record is None:
                 raise FactNotFoundError(f"fact {fact_id} does not exist (deleted or never added)")
-            if item.fact.user_id != handle.user_id:
+            if record.fact.user_id != handle.user_id:
                 self.counters["foreign_handles"] += 1
                 raise HandleError(f"fact {fact_id} does not belong to user "
                                   f"{handle.user_id!r}; a handle may only name its own user's "
                                   "facts")
-            out.append(item)
+            out.append(record)
         return out
 
     # ---- management --------------------------------------------------------------------
     def get_facts(self, user_id: str) -> list[Fact]:
         """All facts of a user, oldest first."""
         with self._lock:
-            return [s.fact for s in self._facts.values() if s.fact.user_id == user_id]
+            return [r.fact for r in self._facts.values() if r.fact.user_id == user_id]
+
+    def is_resident(self, fact_id: FactId) -> bool:
+        """True if the fact's KV is in the slab now."""
+        with self._lock:
+            record = self._facts.get(fact_id)
+            if record is None:
+                raise FactNotFoundError(f"fact {fact_id} does not exist")
+            return record.resident
 
     def delete(self, user_id: str, fact_ids: Sequence[FactId]) -> None:
         """Delete facts and free their slab pages.
@@ -334,37 +394,33 @@ class Engine:
         """
         with self._lock:
             self._check_open()
-            items = self._resolve(MemoryHandle(user_id, tuple(fact_ids)))
-            self._llm.collective_rpc("inferscale_free", args=([s.slab_key for s in items],))
-            for item in items:
-                self._allocator.free(item.pages)
-                del self._facts[item.fact.fact_id]
+            records = self._resolve(MemoryHandle(user_id, tuple(fact_ids)))
+            keys = [r.slab_key for r in records if r.slab_key is not None]
+            if keys:
+                self._runner.rpc("inferscale_free", keys)
+            for record in records:
+                self._residency.release(record)
+                del self._facts[record.fact.fact_id]
 
     def stats(self) -> EngineStats:
         """App-side and per-worker counters."""
         with self._lock:
-            workers = self._llm.collective_rpc("inferscale_stats")
-            return EngineStats(len(self._facts), self._allocator.num_free_pages, workers,
+            self._check_open()
+            return EngineStats(len(self._facts), self._residency.num_resident,
+                               self._residency.num_free_pages, self._runner.rpc("inferscale_stats"),
                                dict(self.counters))
 
     @property
     def llm(self) -> Any:
         """The underlying vllm.LLM (for advanced use and tests)."""
-        return self._llm
+        return self._runner.llm
 
     def close(self) -> None:
         """Shut the vLLM engine down and free its memory; the object is unusable afterwards."""
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            engine = self._llm.llm_engine
-            shutdown = getattr(engine, "shutdown", None) or getattr(
-                getattr(engine, "engine_core", None), "shutdown", None)
-            if shutdown is not None:
-                shutdown()
-            del self._llm, engine
-            _release_vllm_process_state()
+            if not self._closed:
+                self._closed = True
+                self._runner.close()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -377,27 +433,10 @@ class Engine:
         self.close()
 
 
-def _release_vllm_process_state() -> None:
-    """Free what an in-process (MP=0) vLLM engine leaves behind so another can start.
-
-    vLLM freezes the garbage collector after start-up and keeps a process-global KV connector
-    and distributed state; without this, GPU memory and the connector outlive the engine.
-    """
-    import gc
-
-    try:
-        from vllm.distributed.kv_transfer import ensure_kv_transfer_shutdown
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-    except ImportError:  # pragma: no cover - other vLLM layouts
-        gc.unfreeze()
-        gc.collect()
-        return
-    ensure_kv_transfer_shutdown()
-    cleanup_dist_env_and_memory()
-
-
 def _as_messages(messages: Messages | str) -> Messages:
     if isinstance(messages, str):
+        if not messages.strip():
+            raise InvalidRequestError("the question is empty")
         return [{"role": "user", "content": messages}]
     if not isinstance(messages, Sequence) or not messages:
         raise InvalidRequestError("messages must be a non-empty list of role/content dicts or "
@@ -418,7 +457,7 @@ def _generation(out: Any, mode: str, num_prompt_tokens: int, latency_ms: float) 
         logprobs = tuple(step[tok].logprob for step, tok in zip(completion.logprobs,
                                                                  completion.token_ids))
         first = {tok: lp.logprob for tok, lp in completion.logprobs[0].items()}
-    result = (out.kv_transfer_params or {}).get(_RESULT_KEY, {})
+    result = (out.kv_transfer_params or {}).get(RESULT_KEY, {})
     status = result.get("status", "none")
     injected = int(result.get("claimed", 0)) if status == "inject" else 0
     return Generation(completion.text, tuple(completion.token_ids), logprobs, first, mode,
@@ -446,58 +485,15 @@ def _load_tokenizer(config: EngineConfig) -> Any:
     return AutoTokenizer.from_pretrained(config.tokenizer or config.model)
 
 
-def _dtype_size(hf_config: Any, config: EngineConfig) -> int:
-    name = config.dtype
-    if name == "auto":
-        name = str(getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
-                   or "bfloat16").replace("torch.", "")
-    return 4 if name == "float32" else 2
-
-
 def _kv_bytes_per_token(hf_config: Any, config: EngineConfig) -> int:
     """Bytes one token takes in one worker's slab (keys + values, all layers)."""
     heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
     head_dim = getattr(hf_config, "head_dim", None) or (
         hf_config.hidden_size // hf_config.num_attention_heads)
+    dtype = config.dtype
+    if dtype == "auto":
+        dtype = str(getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+                    or "bfloat16").replace("torch.", "")
     heads_per_rank = max(1, heads // config.tensor_parallel_size)
-    return 2 * hf_config.num_hidden_layers * heads_per_rank * head_dim * _dtype_size(
-        hf_config, config)
-
-
-def _build_llm(config: EngineConfig, connector: ConnectorConfig) -> Any:
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if config.multiprocessing else "0"
-    from vllm import LLM
-    from vllm.config import KVTransferConfig
-    from vllm.platforms import current_platform
-
-    on_cpu = current_platform.is_cpu()
-    kwargs: dict[str, Any] = dict(
-        model=config.model,
-        tokenizer=config.tokenizer or config.model,
-        dtype=config.dtype,
-        max_model_len=config.max_model_len,
-        enforce_eager=on_cpu if config.enforce_eager is None else config.enforce_eager,
-        enable_prefix_caching=config.enable_prefix_caching,
-        tensor_parallel_size=config.tensor_parallel_size,
-        load_format=config.load_format,
-        seed=config.seed,
-        kv_transfer_config=KVTransferConfig(
-            kv_connector="InferScaleConnector",
-            kv_connector_module_path="inferscale_engine.connector",
-            kv_role="kv_both",
-            kv_load_failure_policy="recompute",
-            kv_connector_extra_config=connector.to_dict(),
-        ),
-        worker_extension_cls="inferscale_engine.control.SlabControl",
-    )
-    if on_cpu:
-        kwargs["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes or 2**30
-    elif config.kv_cache_memory_bytes:
-        kwargs["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
-    else:
-        kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
-    for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
-        if getattr(config, name) is not None:
-            kwargs[name] = getattr(config, name)
-    kwargs.update(config.vllm_overrides)
-    return LLM(**kwargs)
+    return 2 * hf_config.num_hidden_layers * heads_per_rank * head_dim * (
+        4 if dtype == "float32" else 2)

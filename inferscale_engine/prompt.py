@@ -53,6 +53,8 @@ class PromptBuilder:
                                    "to place the memory block")
         self._tokenizer = tokenizer
         self._system_prompt = system_prompt
+        self._preambles: dict[str, tuple[int, ...]] = {}
+        """Rendered preamble text -> token ids: the same few system prompts recur."""
 
     def encode(self, text: str) -> tuple[int, ...]:
         """Token ids of `text` without special tokens added."""
@@ -66,11 +68,20 @@ class PromptBuilder:
               ) -> MemoryPrompt:
         """Prompt for `messages` (role/content dicts) with `facts` in the system message."""
         head, tail = self._render(messages)
-        return MemoryPrompt(self.encode(head), tuple(tuple(f) for f in facts), self.encode(tail))
+        return MemoryPrompt(self._preamble_ids(head), tuple(tuple(f) for f in facts),
+                            self.encode(tail))
 
     def preamble(self, messages: Sequence[dict[str, str]] = ()) -> tuple[int, ...]:
         """Preamble token ids for these messages (depends only on their system message)."""
-        return self.encode(self._render(messages)[0])
+        return self._preamble_ids(self._render(messages)[0])
+
+    def _preamble_ids(self, head: str) -> tuple[int, ...]:
+        ids = self._preambles.get(head)
+        if ids is None:
+            if len(self._preambles) >= 256:
+                self._preambles.clear()
+            ids = self._preambles[head] = self.encode(head)
+        return ids
 
     def _render(self, messages: Sequence[dict[str, str]]) -> tuple[str, str]:
         chat = [dict(m) for m in messages]

@@ -27,7 +27,7 @@ def test_text_request_after_injected_request_gets_a_true_prefill(engine):
     save_prefix = len(engine.prompts.preamble()) + len(engine.prompts.fact_ids(FACTS[0]))
     assert text.num_cached_tokens <= save_prefix, "text request reused injected blocks"
     # A never-seen salt makes a guaranteed plain prefill (no prefix-cache hit possible).
-    prompt, _ = engine._prepare(handle, [{"role": "user", "content": QUESTIONS[0]}])
+    prompt, _ = engine.prepare_request(handle, [{"role": "user", "content": QUESTIONS[0]}])
     reference = plain_prefill(engine, prompt.token_ids(), greedy(6))
     assert reference.num_cached_tokens == 0
     assert text.token_ids == reference.token_ids
@@ -42,7 +42,7 @@ def test_salts_differ_between_users_and_plans(engine):
     a = engine.add_facts("ua", [FACTS[0]])
     b = engine.add_facts("ub", [FACTS[0]])
     salt = {
-        name: engine._prepare(handle, [{"role": "user", "content": "hi"}])[1].cache_salt
+        name: engine.prepare_request(handle, [{"role": "user", "content": "hi"}])[1].cache_salt
         for name, handle in [("a", MemoryHandle("ua", tuple(a))), ("b", MemoryHandle("ub", tuple(b))),
                              ("a0", MemoryHandle("ua", ()))]
     }

@@ -74,7 +74,7 @@ def test_aborted_requests_leave_no_connector_state(engine):
     llm_engine = engine.llm.llm_engine
     request_ids = []
     for i in range(12):  # more than max_num_seqs: some are still waiting when aborted
-        prompt, plan = engine._prepare(handle, [{"role": "user", "content": QUESTIONS[i % 3]}])
+        prompt, plan = engine.prepare_request(handle, [{"role": "user", "content": QUESTIONS[i % 3]}])
         sampling = greedy(40)
         sampling.extra_args = {"kv_transfer_params": plan.to_params()}
         request_id = f"abort-{i}"

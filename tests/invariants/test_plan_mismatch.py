@@ -36,7 +36,7 @@ def send(engine, ids: list[int], params: dict | None, salt: str | None):
 def prepared(engine, request):
     user = f"user-{request.node.name}"
     ids = engine.add_facts(user, FACTS[:3])
-    prompt, plan = engine._prepare(MemoryHandle(user, tuple(ids)),
+    prompt, plan = engine.prepare_request(MemoryHandle(user, tuple(ids)),
                                    [{"role": "user", "content": QUESTIONS[0]}])
     return prompt.token_ids(), plan
 

@@ -1,0 +1,111 @@
+"""Which facts have KV in the slab, where, and which to evict (least recently used first).
+
+Facts are known to the engine whether or not their KV is resident: KV is a cache that can
+always be rebuilt from the fact's token ids and the context it was encoded after. This module
+is pure bookkeeping (no vLLM): the engine runs the save requests and frees worker entries.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from inferscale_engine.connector.slab import SlabAllocator
+from inferscale_engine.facts import Fact, FactId
+
+
+@dataclass(slots=True)
+class FactRecord:
+    """A fact, the context its KV is encoded after, and where that KV is (if anywhere)."""
+
+    fact: Fact
+    context_ids: tuple[int, ...]
+    """Up to W tokens of preceding conversation (Context-Window Encoding)."""
+    slab_key: int | None = None
+    pages: tuple[int, ...] | None = None
+
+    @property
+    def resident(self) -> bool:
+        """True if the fact's KV is in the slab."""
+        return self.slab_key is not None
+
+
+class Residency:
+    """Slab pages of resident facts, allocated with LRU eviction."""
+
+    def __init__(self, allocator: SlabAllocator) -> None:
+        self._allocator = allocator
+        self._lru: OrderedDict[FactId, FactRecord] = OrderedDict()
+        self._slab_keys = itertools.count(1)
+
+    def next_slab_key(self) -> int:
+        """A slab key never used before (keys are never reused, so stale plans fail closed)."""
+        return next(self._slab_keys)
+
+    @property
+    def num_free_pages(self) -> int:
+        """Unallocated slab pages."""
+        return self._allocator.num_free_pages
+
+    @property
+    def num_resident(self) -> int:
+        """Facts whose KV is in the slab."""
+        return len(self._lru)
+
+    def touch(self, records: Iterable[FactRecord]) -> None:
+        """Mark resident records as just used."""
+        for record in records:
+            if record.resident:
+                self._lru.move_to_end(record.fact.fact_id)
+
+    def allocate(self, num_tokens: int, pinned: set[FactId], evict: bool
+                 ) -> tuple[tuple[int, ...], list[FactRecord]]:
+        """Pages for `num_tokens`, evicting least recently used unpinned facts if allowed.
+
+        Returns:
+            The pages and the records evicted to make room (their worker entries must be freed).
+        Raises:
+            SlabFullError: it does not fit even after evicting everything unpinned; nothing was
+                evicted or allocated.
+        """
+        needed = self._allocator.pages_needed(num_tokens)
+        evicted: list[FactRecord] = []
+        if needed > self._allocator.num_free_pages and evict:
+            reclaimable = self._allocator.num_free_pages
+            candidates = []
+            for fact_id, record in self._lru.items():
+                if reclaimable >= needed:
+                    break
+                if fact_id not in pinned and record.pages:
+                    candidates.append(record)
+                    reclaimable += len(record.pages)
+            if reclaimable >= needed:
+                for record in candidates:
+                    self.release(record)
+                evicted = candidates
+        return self._allocator.allocate(num_tokens), evicted
+
+    def admit(self, record: FactRecord, slab_key: int, pages: tuple[int, ...]) -> None:
+        """Record that `record`'s KV now lives in `pages` under `slab_key`."""
+        record.slab_key, record.pages = slab_key, pages
+        self._lru[record.fact.fact_id] = record
+        self._lru.move_to_end(record.fact.fact_id)
+
+    def release(self, record: FactRecord) -> None:
+        """Forget where `record`'s KV is and free its pages."""
+        if record.pages is not None:
+            self._allocator.free(record.pages)
+        self._lru.pop(record.fact.fact_id, None)
+        record.slab_key, record.pages = None, None
+
+    def free_pages(self, pages: tuple[int, ...]) -> None:
+        """Return pages that were allocated but never admitted."""
+        self._allocator.free(pages)
+
+    def check(self) -> None:
+        """Internal consistency (tests): every allocated page belongs to one resident fact."""
+        used = [p for r in self._lru.values() for p in (r.pages or ())]
+        assert len(used) == len(set(used)), "a page belongs to two facts"
+        assert self._allocator.num_free_pages + len(used) <= self._allocator.num_pages
