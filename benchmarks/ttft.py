@@ -45,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="auto | none | a sentence-transformers model (retrieval timing)")
     parser.add_argument("--slab-mib", type=int, default=4096)
     parser.add_argument("--kv-cache-gib", type=float, default=None)
+    parser.add_argument("--multiprocessing", action="store_true",
+                        help="vLLM EngineCore in its own process (MP=1)")
     parser.add_argument("--plot", action="store_true", help="write a PNG next to the JSON")
     parser.add_argument("--tag", default="")
     return parser.parse_args(argv)
@@ -60,6 +62,7 @@ def build_engine(args: argparse.Namespace):
         slab_capacity_bytes=args.slab_mib * 2**20, context_window_tokens=0,
         block_size=args.block_size, kv_cache_memory_bytes=kv_bytes,
         enforce_eager=True if args.enforce_eager else None, max_fact_tokens=128,
+        multiprocessing=args.multiprocessing, vllm_overrides={"disable_log_stats": False},
     )
     return Engine(config), config
 
@@ -114,12 +117,14 @@ def main(argv: list[str] | None = None) -> dict:
     one_token = SamplingParams(max_tokens=1, temperature=0.0)
     rng = random.Random(0)
     raw: dict[str, dict[int, list[float]]] = {m: {} for m in modes + ["retrieval"]}
+    engine_ttft: dict[str, dict[int, list[float]]] = {m: {} for m in modes}
     injected: dict[int, int] = {}
     prompt_tokens: dict[int, int] = {}
     question_iter = itertools.cycle(questions)
     for k in ks:
         for mode in modes:
             raw[mode][k] = []
+            engine_ttft[mode][k] = []
         raw["retrieval"][k] = []
         for i in range(args.warmup + args.repeats):
             chosen = tuple(rng.sample(fact_ids, k))
@@ -135,6 +140,8 @@ def main(argv: list[str] | None = None) -> dict:
                 elapsed = (time.perf_counter() - t0) * 1e3
                 if timed:
                     raw[mode][k].append(elapsed)
+                    if out.ttft_ms is not None:
+                        engine_ttft[mode][k].append(out.ttft_ms)
                 if mode == "kv":
                     injected[k] = out.num_injected_tokens
                     prompt_tokens[k] = out.num_prompt_tokens
@@ -146,6 +153,8 @@ def main(argv: list[str] | None = None) -> dict:
     summary = {}
     for k in ks:
         entry = {m: summarize(raw[m][k]) for m in modes}
+        entry["engine_ttft"] = {m: summarize(engine_ttft[m][k]) for m in modes
+                                if engine_ttft[m][k]}
         if raw["retrieval"][k]:
             entry["retrieval"] = summarize(raw["retrieval"][k])
         if "text" in entry and "kv" in entry:
@@ -160,7 +169,8 @@ def main(argv: list[str] | None = None) -> dict:
             f: getattr(config, f) for f in ("model", "dtype", "load_format", "max_model_len",
                                             "block_size", "enforce_eager", "key_origin")},
         "environment": environment(), "ingest_seconds": ingest_s, "num_facts": len(facts),
-        "summary": summary, "raw_ms": raw, "engine_stats": engine.stats().workers,
+        "summary": summary, "raw_ms": raw, "raw_engine_ttft_ms": engine_ttft,
+        "engine_stats": engine.stats().workers,
     }
     engine.close()
     _print_table(summary, modes)

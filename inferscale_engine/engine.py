@@ -58,6 +58,9 @@ class Generation:
     plan_status: str
     """Connector verdict: inject, mismatch, rejected, or none (text mode / fallback)."""
     latency_ms: float
+    """Wall time of the whole generate call (all requests of a batch)."""
+    ttft_ms: float | None = None
+    """vLLM's own arrival-to-first-token time (needs vllm_overrides disable_log_stats=False)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -460,9 +463,11 @@ def _generation(out: Any, mode: str, num_prompt_tokens: int, latency_ms: float) 
     result = (out.kv_transfer_params or {}).get(RESULT_KEY, {})
     status = result.get("status", "none")
     injected = int(result.get("claimed", 0)) if status == "inject" else 0
+    metrics = getattr(out, "metrics", None)
+    first_token_s = getattr(metrics, "first_token_latency", 0.0) if metrics else 0.0
     return Generation(completion.text, tuple(completion.token_ids), logprobs, first, mode,
                       num_prompt_tokens, injected, int(out.num_cached_tokens or 0), status,
-                      latency_ms)
+                      latency_ms, first_token_s * 1e3 if first_token_s else None)
 
 
 def _check_model(config: EngineConfig) -> tuple[Any, RopeSpec]:

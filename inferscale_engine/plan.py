@@ -60,22 +60,23 @@ class InjectionPlan:
         """Number of prompt tokens the plan covers (all of them at the start of the prompt)."""
         return self.segments[-1].end if self.segments else 0
 
-    def digests(self) -> list[str]:
-        """token_digest of every segment, in order."""
-        return [token_digest(s.token_ids) for s in self.segments]
-
-    def _payload(self, digests: list[str]) -> bytes:
-        parts = [f"inject|{PLAN_VERSION}|{self.user_id}|{self.cache_salt}"]
-        parts += [f"{s.slab_key},{s.start},{d}" for s, d in zip(self.segments, digests)]
-        return "|".join(parts).encode()
+    def _payload(self) -> bytes:
+        # One digest over all tokens (one C-level pass): the scheduler verifies every plan.
+        tokens = [t for s in self.segments for t in s.token_ids]
+        layout = ";".join(f"{s.slab_key},{s.start},{len(s.token_ids)}" for s in self.segments)
+        return (f"inject|{PLAN_VERSION}|{self.user_id}|{self.cache_salt}|{layout}|"
+                f"{token_digest(tokens)}").encode()
 
     def signed(self, secret: bytes) -> InjectionPlan:
         """Copy with the MAC set."""
-        return replace(self, mac=_mac(secret, self._payload(self.digests())))
+        return replace(self, mac=_mac(secret, self._payload()))
 
-    def verify(self, secret: bytes, digests: list[str] | None = None) -> bool:
-        """True if the MAC is valid for this content (`digests`: precomputed `digests()`)."""
-        payload = self._payload(self.digests() if digests is None else digests)
+    def verify(self, secret: bytes) -> bool:
+        """True if the MAC is valid for this content (False for any malformed token list)."""
+        try:
+            payload = self._payload()
+        except (TypeError, OverflowError):
+            return False
         return hmac.compare_digest(self.mac, _mac(secret, payload))
 
     def to_params(self) -> dict[str, Any]:
@@ -115,7 +116,11 @@ class SavePlan:
 
     def verify(self, secret: bytes) -> bool:
         """True if the MAC is valid for this content."""
-        return hmac.compare_digest(self.mac, _mac(secret, self._payload()))
+        try:
+            payload = self._payload()
+        except (TypeError, OverflowError):
+            return False
+        return hmac.compare_digest(self.mac, _mac(secret, payload))
 
     def to_params(self) -> dict[str, Any]:
         """kv_transfer_params of the save request."""
@@ -153,9 +158,11 @@ def from_params(params: Mapping[str, Any] | None) -> Plan | None:
         tokens = raw.get("tokens")
         if not isinstance(tokens, list) or not (len(keys) == len(starts) == len(tokens)):
             raise PlanError("inject plan needs equally long 'keys', 'starts' and 'tokens' lists")
-        segments = tuple(
-            Segment(k, s, tuple(_token_list(t, "tokens[]"))) for k, s, t in zip(keys, starts, tokens)
-        )
+        if not all(type(t) is list for t in tokens):
+            raise PlanError("plan field 'tokens' must be a list of token id lists")
+        # Token values are checked by verify() (MAC over their packed form) and by the
+        # scheduler's comparison with the prompt: no per-token Python loop on the hot path.
+        segments = tuple(Segment(k, s, tuple(t)) for k, s, t in zip(keys, starts, tokens))
         _check_tiling(segments)
         return InjectionPlan(user, segments, _str(raw, "salt"), mac)
     if kind == "save":

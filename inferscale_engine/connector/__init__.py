@@ -68,7 +68,7 @@ class InferScaleConnector(KVConnectorBase_V1):
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         assert self.worker is not None
-        self.worker.start_load(self._metadata())
+        self.worker.start_load_safely(self._metadata())
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return

@@ -23,8 +23,6 @@ class LoadSpec:
     starts: list[int]
     """Serving position of each segment's first token."""
     lengths: list[int]
-    digests: list[str]
-    """token_digest of each segment: the worker checks it against the stored entry."""
     load_start: int
     load_end: int
     block_ids: list[int]

@@ -136,21 +136,22 @@ class CpuPackedPagedKV:
                 from_positions: torch.Tensor, to_positions: torch.Tensor,
                 rope: RopeTables) -> None:
         """Slab rows -> paged slots through vLLM's own cache-write op, one call per layer."""
+        move = reference.rotation(from_positions, to_positions, rope.cos, rope.sin)
+        keys = reference.apply_rotation(slab.keys[:, src_rows], *move, rope.style,
+                                        self._kv_caches[0].dtype)  # [L, T, H, D], all layers
+        values = slab.values[:, src_rows]
         for layer, kv in enumerate(self._kv_caches):
-            keys = reference.rerotate_keys(slab.keys[layer, src_rows], from_positions,
-                                           to_positions, rope.cos, rope.sin, rope.style,
-                                           out_dtype=kv.dtype)
-            self._write(kv, dst_slots, keys, slab.values[layer, src_rows].to(kv.dtype))
+            self._write(kv, dst_slots, keys[layer], values[layer])
 
     def capture_(self, slab: KVSlab, src_slots: torch.Tensor, dst_rows: torch.Tensor,
                  from_positions: torch.Tensor, to_positions: torch.Tensor,
                  rope: RopeTables) -> None:
         """Paged slots -> slab rows, gathered with the probed index."""
+        move = reference.rotation(from_positions, to_positions, rope.cos, rope.sin)
         for layer in range(self.num_layers):
             keys, values = self.read(layer, src_slots)
-            slab.keys[layer, dst_rows] = reference.rerotate_keys(
-                keys, from_positions, to_positions, rope.cos, rope.sin, rope.style,
-                out_dtype=slab.keys.dtype)
+            slab.keys[layer, dst_rows] = reference.apply_rotation(keys, *move, rope.style,
+                                                                  slab.keys.dtype)
             slab.values[layer, dst_rows] = values.to(slab.values.dtype)
 
 

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 from inferscale_engine.config import ConnectorConfig
 from inferscale_engine.connector.metadata import CaptureSpec, InferScaleMetadata, LoadSpec
 from inferscale_engine.errors import PlanError
-from inferscale_engine.plan import PARAMS_KEY, InjectionPlan, Plan, SavePlan, from_params, token_digest
+from inferscale_engine.plan import (
+    PARAMS_KEY,
+    InjectionPlan,
+    Plan,
+    SavePlan,
+    from_params,
+    token_digest,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -33,7 +40,6 @@ class _Checked:
     status: str
     """none | inject | save | rejected | mismatch"""
     reason: str = ""
-    digests: list[str] | None = None
     claimed: int = 0
 
 
@@ -121,13 +127,11 @@ class InferScaleScheduler:
         pending = self._pending_loads.pop(rid, None)
         if pending is not None:
             plan, num_external = pending
-            checked = self._checked[rid]
             meta.loads.append(LoadSpec(
                 req_id=rid, user_id=plan.user_id,
                 slab_keys=[s.slab_key for s in plan.segments],
                 starts=[s.start for s in plan.segments],
                 lengths=[len(s.token_ids) for s in plan.segments],
-                digests=checked.digests or plan.digests(),
                 load_start=num_computed - num_external, load_end=num_computed,
                 block_ids=block_ids,
             ))
@@ -152,7 +156,11 @@ class InferScaleScheduler:
         rid = request.request_id
         checked = self._checked.get(rid)
         if checked is None:
-            checked = self._checked[rid] = self._verify(request)
+            try:
+                checked = self._verify(request)
+            except Exception as exc:  # a plan must never take the scheduler down
+                checked = _Checked(None, "rejected", f"plan could not be checked: {exc!r}")
+            self._checked[rid] = checked
             self.counters[f"plans_{checked.status}"] += 1
         return checked
 
@@ -170,8 +178,7 @@ class InferScaleScheduler:
             if plan.end != len(prompt) or prompt[plan.start:] != list(plan.token_ids):
                 return _Checked(None, "mismatch", "save prompt does not end with the fact tokens")
             return _Checked(plan, "save")
-        digests = plan.digests()
-        if not plan.verify(self._secret, digests):
+        if not plan.verify(self._secret):
             return _Checked(None, "rejected", "inject plan MAC does not verify (forged or stale)")
         if not plan.cache_salt or request.cache_salt != plan.cache_salt:
             return _Checked(None, "mismatch", "prompt is not salted with the plan's cache_salt")
@@ -182,4 +189,4 @@ class InferScaleScheduler:
             if prompt[seg.start:seg.end] != list(seg.token_ids):
                 return _Checked(None, "mismatch",
                                 f"prompt tokens at [{seg.start}, {seg.end}) differ from the plan")
-        return _Checked(plan, "inject", digests=digests)
+        return _Checked(plan, "inject")

@@ -20,7 +20,7 @@ class SlabEntry:
 
     owner: str
     rows: torch.Tensor
-    """[num_tokens] int64 slab rows (on the slab's device), token i of the fact in rows[i]."""
+    """[num_tokens] int64 slab rows (CPU), token i of the fact in rows[i]."""
     num_tokens: int
     digest: str
     """token_digest of the fact's token ids."""
@@ -50,15 +50,14 @@ class KVSlab:
         return 2 * k.shape[0] * k.shape[2] * k.shape[3] * k.element_size()
 
     def rows_for(self, pages: list[int], num_tokens: int) -> torch.Tensor:
-        """Rows of tokens 0..num_tokens-1 stored in `pages` ([num_tokens] int64, slab device)."""
+        """Rows of tokens 0..num_tokens-1 stored in `pages` ([num_tokens] int64, on the CPU)."""
         if len(pages) * self.page_tokens < num_tokens:
             raise ValueError(f"{len(pages)} pages cannot hold {num_tokens} tokens")
         if any(not 0 <= p < self.num_pages for p in pages):
             raise ValueError(f"page ids {pages} out of range [0, {self.num_pages})")
         page_ids = torch.tensor(pages, dtype=torch.int64)
         offsets = torch.arange(self.page_tokens, dtype=torch.int64)
-        rows = (page_ids[:, None] * self.page_tokens + offsets[None, :]).flatten()[:num_tokens]
-        return rows.to(self.keys.device)
+        return (page_ids[:, None] * self.page_tokens + offsets[None, :]).flatten()[:num_tokens]
 
     def stats(self) -> dict[str, int]:
         """Entries, tokens and bytes stored."""

@@ -72,6 +72,7 @@ class InferScaleWorker:
         self.paged = _detect_layout(layers, self._num_kv_heads, self._head_dim, self._block_size)
         self.slab = KVSlab(len(layers), self._config.slab_pages, self._config.page_tokens,
                            self._num_kv_heads, self._head_dim, first.dtype, first.device)
+        self._staging = _PinnedStaging(first.device)
         cos, sin = self._rope_spec.cos_sin(self._config.max_positions, first.device)
         self._rope = _Rope(cos, sin, self._rope_spec.style.value)
         logger.info("InferScale slab: %d layers, %d pages x %d tokens, %.1f MiB on %s",
@@ -80,26 +81,43 @@ class InferScaleWorker:
 
     # ---- hooks -------------------------------------------------------------------------
     def start_load(self, meta: InferScaleMetadata) -> None:
-        """Inject every load of this step (one op call per layer, or one kernel)."""
+        """Inject every load of this step: index math on the CPU, one host-to-device copy,
+        one kernel (or one vLLM cache-write call per layer on the CPU)."""
         if not meta.loads:
             return
         assert self.slab is not None and self.paged is not None and self._rope is not None
-        parts = {load.req_id: p for load in meta.loads if (p := self._load_indices(load))}
+        parts = {load.req_id: p for load in meta.loads
+                 if (p := self._load_indices(load)) is not None}
         if not parts:
             return
-        rows, slots, canonical, serving = (torch.cat(t) for t in zip(*parts.values()))
-        device = self.slab.keys.device
-        self.paged.inject_(self.slab, rows, slots.to(device), canonical.to(device),
-                           serving.to(device), self._rope)
+        packed = torch.cat(list(parts.values()), dim=1)  # [4, T]: rows, slots, from, to
+        if self.slab.keys.device.type == "cuda":
+            packed = self._staging.to_device(packed)
+        rows, slots, canonical, serving = packed.unbind(0)
+        self.paged.inject_(self.slab, rows, slots, canonical, serving, self._rope)
         for req_id, part in parts.items():
             self.recent_loads.append((req_id, part[1]))
         self.counters["injected_requests"] += len(parts)
-        self.counters["injected_tokens"] += int(rows.numel())
+        self.counters["injected_tokens"] += int(packed.shape[1])
 
     def finish_step(self, meta: InferScaleMetadata) -> None:
         """Capture every fact span completed in this step into the slab."""
         for capture in meta.captures:
-            self._capture(capture)
+            try:
+                self._capture(capture)
+            except Exception:  # never take the engine down: the app sees the entry missing
+                self.counters["capture_errors"] += 1
+                logger.exception("InferScale: capture of slab key %d failed", capture.slab_key)
+
+    def start_load_safely(self, meta: InferScaleMetadata) -> None:
+        """start_load, but an unexpected error fails the loads (vLLM recomputes those blocks)
+        instead of failing the engine step."""
+        try:
+            self.start_load(meta)
+        except Exception:
+            logger.exception("InferScale: injection failed; vLLM will recompute the tokens")
+            for load in meta.loads:
+                self._fail(load, "internal error", -1)
 
     def take_failed_block_ids(self) -> set[int]:
         """Blocks whose load failed in this step (vLLM recomputes them)."""
@@ -122,31 +140,30 @@ class InferScaleWorker:
         blocks = torch.tensor(block_ids, dtype=torch.int64)[positions // self._block_size]
         return blocks * self._block_size + positions % self._block_size
 
-    def _load_indices(self, load: LoadSpec
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """Slab rows, paged slots, canonical and serving positions of one load (or None)."""
+    def _load_indices(self, load: LoadSpec) -> torch.Tensor | None:
+        """[4, n] int64 CPU tensor of one load: slab rows, paged slots, the positions the
+        stored keys are rotated for, and the serving positions. None if the load failed."""
         assert self.slab is not None
-        rows, canonical, serving = [], [], []
-        for key, start, length, digest in zip(load.slab_keys, load.starts, load.lengths,
-                                              load.digests):
+        rows, shifts, counts = [], [], []
+        for key, start, length in zip(load.slab_keys, load.starts, load.lengths):
             lo, hi = max(start, load.load_start), min(start + length, load.load_end)
             if lo >= hi:
                 continue
             entry = self.slab.entries.get(key)
-            problem = _entry_problem(entry, load.user_id, length, digest)
+            problem = _entry_problem(entry, load.user_id, length)
             if problem:
                 self._fail(load, problem, key)
                 return None
             assert entry is not None
             rows.append(entry.rows[lo - start:hi - start])
-            canonical.append(torch.arange(entry.origin + lo - start, entry.origin + hi - start,
-                                          dtype=torch.int64))
-            serving.append(torch.arange(lo, hi, dtype=torch.int64))
+            shifts.append(entry.origin - start)
+            counts.append(hi - lo)
         if not rows:
             return None
-        serving_positions = torch.cat(serving)
-        return (torch.cat(rows), self._slots(load.block_ids, serving_positions),
-                torch.cat(canonical), serving_positions)
+        serving = torch.arange(load.load_start, load.load_end, dtype=torch.int64)
+        canonical = serving + torch.repeat_interleave(torch.tensor(shifts), torch.tensor(counts))
+        return torch.stack((torch.cat(rows), self._slots(load.block_ids, serving), canonical,
+                            serving))
 
     def _fail(self, load: LoadSpec, problem: str, key: int) -> None:
         """Report every block of the load as failed: vLLM recomputes them (never wrong KV)."""
@@ -168,22 +185,49 @@ class InferScaleWorker:
         serving = torch.arange(capture.start, capture.start + capture.num_tokens,
                                dtype=torch.int64)
         canonical = serving - capture.start + origin
-        device = rows.device
-        self.paged.capture_(self.slab, self._slots(capture.block_ids, serving).to(device), rows,
-                            serving.to(device), canonical.to(device), self._rope)
+        device = self.slab.keys.device
+        self.paged.capture_(self.slab, self._slots(capture.block_ids, serving).to(device),
+                            rows.to(device), serving.to(device), canonical.to(device), self._rope)
         self.slab.entries[capture.slab_key] = SlabEntry(capture.user_id, rows, capture.num_tokens,
                                                         capture.digest, origin)
         self.counters["captured_tokens"] += capture.num_tokens
         self.counters["captures"] += 1
 
 
-def _entry_problem(entry: SlabEntry | None, user_id: str, length: int, digest: str) -> str:
+class _PinnedStaging:
+    """Reusable pinned host buffer for the per-step index upload (no per-step cudaHostAlloc).
+
+    The copy is asynchronous; before the buffer is overwritten the previous copy's event is
+    waited on (it finished long ago: a whole engine step has passed)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._device = device
+        self._buffer = torch.empty(0, dtype=torch.int64)
+        self._done: torch.cuda.Event | None = None
+
+    def to_device(self, host: torch.Tensor) -> torch.Tensor:
+        if self._done is not None:
+            self._done.synchronize()
+        if self._buffer.numel() < host.numel():
+            self._buffer = torch.empty(max(host.numel(), 2 * self._buffer.numel()),
+                                       dtype=torch.int64, pin_memory=True)
+        staged = self._buffer[:host.numel()].view_as(host)
+        staged.copy_(host)
+        out = staged.to(self._device, non_blocking=True)
+        self._done = torch.cuda.Event()
+        self._done.record()
+        return out
+
+
+def _entry_problem(entry: SlabEntry | None, user_id: str, length: int) -> str:
+    # The plan's MAC already binds slab keys to token ids; this re-checks ownership here, in
+    # the process that holds the KV (DESIGN invariant 5), and the length.
     if entry is None:
         return "not resident"
     if entry.owner not in (user_id, SYSTEM_OWNER):
         return "owned by another user"
-    if entry.num_tokens != length or entry.digest != digest:
-        return "stored tokens differ from the plan"
+    if entry.num_tokens != length:
+        return "stored length differs from the plan"
     return ""
 
 

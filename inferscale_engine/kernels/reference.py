@@ -28,23 +28,42 @@ def rerotate_keys(
     """Rotate keys that sit at `from_positions` so they sit at `to_positions`.
 
     Args:
-        keys: [T, H, D], any float dtype.
+        keys: [..., T, H, D], any float dtype (leading dims, e.g. layers, share the rotation).
         from_positions: [T] int64 positions the keys are rotated for now.
         to_positions: [T] int64 target positions.
         cos, sin: [P, R // 2] fp32 tables of the model's RoPE (RopeSpec.cos_sin).
         style: "rotate_half" (pairs i, i + R/2) or "interleaved" (pairs 2i, 2i + 1).
         out_dtype: dtype of the result (default: keys.dtype). One rounding, at the end.
     Returns:
-        [T, H, D] rotated keys; dims >= R pass through unchanged; tokens with from == to are
-        copied bit-exactly.
+        [..., T, H, D] rotated keys; dims >= R pass through unchanged; tokens with from == to
+        are copied bit-exactly.
     """
-    out_dtype = out_dtype or keys.dtype
-    half = cos.shape[1]
-    rotary_dim = 2 * half
+    return apply_rotation(keys, *rotation(from_positions, to_positions, cos, sin), style,
+                          out_dtype)
+
+
+def rotation(from_positions: torch.Tensor, to_positions: torch.Tensor, cos: torch.Tensor,
+             sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token rotation from `from_positions` to `to_positions`.
+
+    Returns:
+        cos_d, sin_d: [T, 1, R / 2] fp32 cos and sin of the angle difference, composed from the
+        absolute-position tables; same: [T] bool, tokens that do not move.
+    """
     cos_a, sin_a = cos[to_positions], sin[to_positions]  # [T, R/2]
     cos_b, sin_b = cos[from_positions], sin[from_positions]
-    cos_d = (cos_a * cos_b + sin_a * sin_b)[:, None, :]  # [T, 1, R/2]
-    sin_d = (sin_a * cos_b - cos_a * sin_b)[:, None, :]
+    cos_d = (cos_a * cos_b + sin_a * sin_b).unsqueeze(1)
+    sin_d = (sin_a * cos_b - cos_a * sin_b).unsqueeze(1)
+    return cos_d, sin_d, from_positions == to_positions
+
+
+def apply_rotation(keys: torch.Tensor, cos_d: torch.Tensor, sin_d: torch.Tensor,
+                   same: torch.Tensor, style: str, out_dtype: torch.dtype | None = None
+                   ) -> torch.Tensor:
+    """Apply a `rotation()` to keys [..., T, H, D]; fp32 math, one cast to `out_dtype`."""
+    out_dtype = out_dtype or keys.dtype
+    half = cos_d.shape[-1]
+    rotary_dim = 2 * half
     x = keys.float()
     rot = x[..., :rotary_dim]
     if style == ROTATE_HALF:
@@ -56,9 +75,13 @@ def rerotate_keys(
         rotated = rotated.flatten(-2)
     else:
         raise ValueError(f"unknown rope style {style!r}; use 'rotate_half' or 'interleaved'")
-    out = torch.cat((rotated, x[..., rotary_dim:]), dim=-1).to(out_dtype)
-    same = (from_positions == to_positions)[:, None, None]
-    return torch.where(same, keys.to(out_dtype), out)
+    if rotary_dim < x.shape[-1]:
+        rotated = torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
+    out = rotated.to(out_dtype)
+    if bool(same.any()):
+        keep = same.view(-1, 1, 1).expand_as(out[..., :, :, :1]).expand_as(out)
+        out = torch.where(keep, keys.to(out_dtype), out)
+    return out
 
 
 def inject_(
@@ -84,10 +107,10 @@ def inject_(
     """
     block_size = key_caches[0].shape[1]
     blocks, offsets = dst_slots // block_size, dst_slots % block_size
+    move = rotation(from_positions, to_positions, cos, sin)
     for layer, (k_cache, v_cache) in enumerate(zip(key_caches, value_caches)):
-        keys = rerotate_keys(slab_keys[layer, src_rows], from_positions, to_positions, cos, sin,
-                             style, out_dtype=k_cache.dtype)
-        k_cache[blocks, offsets] = keys
+        k_cache[blocks, offsets] = apply_rotation(slab_keys[layer, src_rows], *move, style,
+                                                  k_cache.dtype)
         v_cache[blocks, offsets] = slab_values[layer, src_rows].to(v_cache.dtype)
 
 
@@ -111,8 +134,8 @@ def capture_(
     """
     block_size = key_caches[0].shape[1]
     blocks, offsets = src_slots // block_size, src_slots % block_size
+    move = rotation(from_positions, to_positions, cos, sin)
     for layer, (k_cache, v_cache) in enumerate(zip(key_caches, value_caches)):
-        slab_keys[layer, dst_rows] = rerotate_keys(
-            k_cache[blocks, offsets], from_positions, to_positions, cos, sin, style,
-            out_dtype=slab_keys.dtype)
+        slab_keys[layer, dst_rows] = apply_rotation(k_cache[blocks, offsets], *move, style,
+                                                    slab_keys.dtype)
         slab_values[layer, dst_rows] = v_cache[blocks, offsets].to(slab_values.dtype)
