@@ -352,7 +352,7 @@ class Engine:
                      for r, start in zip(records, prompt.fact_starts())]
         salt = hashlib.sha256(
             f"{handle.user_id}|{[s.slab_key for s in segments]}".encode()).hexdigest()[:32]
-        return InjectionPlan(handle.user_id, tuple(segments), salt).signed(self._secret)
+        return InjectionPlan.from_segments(handle.user_id, segments, salt).signed(self._secret)
 
     def _resolve(self, handle: MemoryHandle | None) -> list[FactRecord]:
         """Records of a handle, in handle order; refuses foreign or unknown facts."""

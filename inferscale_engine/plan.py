@@ -8,6 +8,8 @@ know. The scheduler-side connector re-checks the prompt's token ids against the 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 from array import array
@@ -17,7 +19,7 @@ from typing import Any
 
 from inferscale_engine.errors import PlanError
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 PARAMS_KEY = "inferscale"
 SYSTEM_OWNER = ""
 """Owner of shared entries (the preamble): readable by every user, writable by the engine only."""
@@ -35,7 +37,7 @@ class Segment:
     """One run of injected prompt tokens: a stored fact, or the preamble."""
 
     slab_key: int
-    """Slab entry that holds this run's KV (keys at canonical positions 0..n-1)."""
+    """Slab entry that holds this run's KV."""
     start: int
     """Serving position of the first token (its index in the prompt)."""
     token_ids: tuple[int, ...]
@@ -48,45 +50,79 @@ class Segment:
 
 @dataclass(frozen=True, slots=True)
 class InjectionPlan:
-    """Read path: segments that tile prompt[0:end) and where their KV lives."""
+    """Read path: runs of stored KV that tile prompt[0:num_tokens), and their token ids.
+
+    Token ids travel packed (int32, base64 in the params) so that copying, hashing and
+    comparing a plan of thousands of tokens costs a few C-level passes, not Python loops: vLLM
+    deep-copies sampling params and the scheduler checks every plan.
+    """
 
     user_id: str
-    segments: tuple[Segment, ...]
+    slab_keys: tuple[int, ...]
+    lengths: tuple[int, ...]
+    tokens: bytes
+    """All runs' token ids, concatenated, as little-endian int32."""
     cache_salt: str
     mac: str = ""
+
+    @classmethod
+    def from_segments(cls, user_id: str, segments: Sequence[Segment], cache_salt: str
+                      ) -> InjectionPlan:
+        """Build from segments that tile the prompt from position 0 (unsigned)."""
+        _check_tiling(tuple(segments))
+        tokens = array("i", [t for seg in segments for t in seg.token_ids]).tobytes()
+        return cls(user_id, tuple(s.slab_key for s in segments),
+                   tuple(len(s.token_ids) for s in segments), tokens, cache_salt)
 
     @property
     def num_tokens(self) -> int:
         """Number of prompt tokens the plan covers (all of them at the start of the prompt)."""
-        return self.segments[-1].end if self.segments else 0
+        return len(self.tokens) // 4
+
+    @property
+    def starts(self) -> list[int]:
+        """Serving position of each run's first token."""
+        starts, position = [], 0
+        for length in self.lengths:
+            starts.append(position)
+            position += length
+        return starts
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        """The runs as Segments (app side and tests; the hot path never builds them)."""
+        ids = array("i")
+        ids.frombytes(self.tokens)
+        return tuple(Segment(k, s, tuple(ids[s:s + n]))
+                     for k, s, n in zip(self.slab_keys, self.starts, self.lengths))
+
+    def matches(self, prompt_token_ids: Sequence[int]) -> bool:
+        """True if the prompt starts with exactly the plan's tokens."""
+        n = self.num_tokens
+        try:
+            return array("i", prompt_token_ids[:n]).tobytes() == self.tokens
+        except OverflowError:
+            return False
 
     def _payload(self) -> bytes:
-        # One digest over all tokens (one C-level pass): the scheduler verifies every plan.
-        tokens = [t for s in self.segments for t in s.token_ids]
-        layout = ";".join(f"{s.slab_key},{s.start},{len(s.token_ids)}" for s in self.segments)
-        return (f"inject|{PLAN_VERSION}|{self.user_id}|{self.cache_salt}|{layout}|"
-                f"{token_digest(tokens)}").encode()
+        layout = ",".join(f"{k}:{n}" for k, n in zip(self.slab_keys, self.lengths))
+        return (_utf8(f"inject|{PLAN_VERSION}|{self.user_id}|{self.cache_salt}|{layout}|")
+                + self.tokens)
 
     def signed(self, secret: bytes) -> InjectionPlan:
         """Copy with the MAC set."""
         return replace(self, mac=_mac(secret, self._payload()))
 
     def verify(self, secret: bytes) -> bool:
-        """True if the MAC is valid for this content (False for any malformed token list)."""
-        try:
-            payload = self._payload()
-        except (TypeError, OverflowError):
-            return False
-        return hmac.compare_digest(self.mac, _mac(secret, payload))
+        """True if the MAC is valid for this content."""
+        return hmac.compare_digest(_utf8(self.mac), _utf8(_mac(secret, self._payload())))
 
     def to_params(self) -> dict[str, Any]:
         """kv_transfer_params for SamplingParams(extra_args=...) or the OpenAI server."""
         return {PARAMS_KEY: {
             "v": PLAN_VERSION, "kind": "inject", "user": self.user_id, "salt": self.cache_salt,
-            "keys": [s.slab_key for s in self.segments],
-            "starts": [s.start for s in self.segments],
-            "tokens": [list(s.token_ids) for s in self.segments],
-            "mac": self.mac,
+            "keys": list(self.slab_keys), "lengths": list(self.lengths),
+            "tokens": base64.b64encode(self.tokens).decode("ascii"), "mac": self.mac,
         }}
 
 
@@ -107,8 +143,8 @@ class SavePlan:
         return self.start + len(self.token_ids)
 
     def _payload(self) -> bytes:
-        return (f"save|{PLAN_VERSION}|{self.user_id}|{self.slab_key}|{self.start}|"
-                f"{token_digest(self.token_ids)}|{','.join(map(str, self.pages))}").encode()
+        return _utf8(f"save|{PLAN_VERSION}|{self.user_id}|{self.slab_key}|{self.start}|"
+                     f"{token_digest(self.token_ids)}|{','.join(map(str, self.pages))}")
 
     def signed(self, secret: bytes) -> SavePlan:
         """Copy with the MAC set."""
@@ -120,7 +156,7 @@ class SavePlan:
             payload = self._payload()
         except (TypeError, OverflowError):
             return False
-        return hmac.compare_digest(self.mac, _mac(secret, payload))
+        return hmac.compare_digest(_utf8(self.mac), _utf8(_mac(secret, payload)))
 
     def to_params(self) -> dict[str, Any]:
         """kv_transfer_params of the save request."""
@@ -154,17 +190,15 @@ def from_params(params: Mapping[str, Any] | None) -> Plan | None:
     user = _str(raw, "user")
     mac = _str(raw, "mac")
     if kind == "inject":
-        keys, starts = _ints(raw, "keys"), _ints(raw, "starts")
-        tokens = raw.get("tokens")
-        if not isinstance(tokens, list) or not (len(keys) == len(starts) == len(tokens)):
-            raise PlanError("inject plan needs equally long 'keys', 'starts' and 'tokens' lists")
-        if not all(type(t) is list for t in tokens):
-            raise PlanError("plan field 'tokens' must be a list of token id lists")
-        # Token values are checked by verify() (MAC over their packed form) and by the
-        # scheduler's comparison with the prompt: no per-token Python loop on the hot path.
-        segments = tuple(Segment(k, s, tuple(t)) for k, s, t in zip(keys, starts, tokens))
-        _check_tiling(segments)
-        return InjectionPlan(user, segments, _str(raw, "salt"), mac)
+        keys, lengths = _ints(raw, "keys"), _ints(raw, "lengths")
+        tokens = _packed(raw.get("tokens"))
+        if len(keys) != len(lengths) or not keys or 0 in lengths:
+            raise PlanError("inject plan needs equally long, non-empty 'keys' and 'lengths' "
+                            "lists of positive run lengths")
+        if sum(lengths) * 4 != len(tokens):
+            raise PlanError(f"inject plan lengths sum to {sum(lengths)} but 'tokens' holds "
+                            f"{len(tokens) // 4} token ids")
+        return InjectionPlan(user, tuple(keys), tuple(lengths), tokens, _str(raw, "salt"), mac)
     if kind == "save":
         token_ids = tuple(_token_list(raw.get("tokens"), "tokens"))
         pages = tuple(_ints(raw, "pages"))
@@ -173,6 +207,25 @@ def from_params(params: Mapping[str, Any] | None) -> Plan | None:
             raise PlanError("save plan has no tokens")
         return SavePlan(user, key, start, token_ids, pages, mac)
     raise PlanError(f"plan kind {kind!r} is unknown; expected 'inject' or 'save'")
+
+
+def _packed(value: Any) -> bytes:
+    if not isinstance(value, str):
+        raise PlanError(f"plan field 'tokens' must be a base64 string of int32 token ids, got "
+                        f"{type(value).__name__}")
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise PlanError("plan field 'tokens' is not valid base64") from None
+    if len(raw) % 4:
+        raise PlanError("plan field 'tokens' must hold whole int32 values")
+    return raw
+
+
+def _utf8(text: str) -> bytes:
+    # surrogatepass: a forged plan may carry lone surrogates; it must fail verification, not
+    # raise.
+    return text.encode("utf-8", "surrogatepass")
 
 
 def _mac(secret: bytes, payload: bytes) -> str:

@@ -129,9 +129,7 @@ class InferScaleScheduler:
             plan, num_external = pending
             meta.loads.append(LoadSpec(
                 req_id=rid, user_id=plan.user_id,
-                slab_keys=[s.slab_key for s in plan.segments],
-                starts=[s.start for s in plan.segments],
-                lengths=[len(s.token_ids) for s in plan.segments],
+                slab_keys=list(plan.slab_keys), starts=plan.starts, lengths=list(plan.lengths),
                 load_start=num_computed - num_external, load_end=num_computed,
                 block_ids=block_ids,
             ))
@@ -185,8 +183,6 @@ class InferScaleScheduler:
         if plan.num_tokens > len(prompt) - 1:
             return _Checked(None, "mismatch", "plan covers the whole prompt; vLLM must compute "
                                               "at least one token")
-        for seg in plan.segments:
-            if prompt[seg.start:seg.end] != list(seg.token_ids):
-                return _Checked(None, "mismatch",
-                                f"prompt tokens at [{seg.start}, {seg.end}) differ from the plan")
+        if not plan.matches(prompt):
+            return _Checked(None, "mismatch", "prompt token ids differ from the plan's")
         return _Checked(plan, "inject")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from inferscale_engine.errors import SlabFullError
@@ -26,6 +27,11 @@ class SlabEntry:
     """token_digest of the fact's token ids."""
     origin: int
     """Position whose rotation token 0's stored key carries (token i: origin + i)."""
+
+    @property
+    def row_array(self) -> np.ndarray:
+        """`rows` as a numpy view (the per-step index math runs in numpy)."""
+        return self.rows.numpy()
 
 
 class KVSlab:

@@ -13,6 +13,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from inferscale_engine.config import ConnectorConfig
@@ -136,13 +137,17 @@ class InferScaleWorker:
         return {**self.slab.stats(), **self.counters}
 
     # ---- helpers -----------------------------------------------------------------------
-    def _slots(self, block_ids: list[int], positions: torch.Tensor) -> torch.Tensor:
-        blocks = torch.tensor(block_ids, dtype=torch.int64)[positions // self._block_size]
+    def _slots(self, block_ids: list[int], positions: np.ndarray) -> np.ndarray:
+        blocks = np.asarray(block_ids, dtype=np.int64)[positions // self._block_size]
         return blocks * self._block_size + positions % self._block_size
 
     def _load_indices(self, load: LoadSpec) -> torch.Tensor | None:
         """[4, n] int64 CPU tensor of one load: slab rows, paged slots, the positions the
-        stored keys are rotated for, and the serving positions. None if the load failed."""
+        stored keys are rotated for, and the serving positions. None if the load failed.
+
+        numpy, not torch: ~50 small arrays per load, and torch's per-op overhead on tensors
+        this small would dominate the step (measured 0.7 ms vs 0.15 ms for k=50 on CPU).
+        """
         assert self.slab is not None
         rows, shifts, counts = [], [], []
         for key, start, length in zip(load.slab_keys, load.starts, load.lengths):
@@ -155,15 +160,16 @@ class InferScaleWorker:
                 self._fail(load, problem, key)
                 return None
             assert entry is not None
-            rows.append(entry.rows[lo - start:hi - start])
+            rows.append(entry.row_array[lo - start:hi - start])
             shifts.append(entry.origin - start)
             counts.append(hi - lo)
         if not rows:
             return None
-        serving = torch.arange(load.load_start, load.load_end, dtype=torch.int64)
-        canonical = serving + torch.repeat_interleave(torch.tensor(shifts), torch.tensor(counts))
-        return torch.stack((torch.cat(rows), self._slots(load.block_ids, serving), canonical,
-                            serving))
+        serving = np.arange(load.load_start, load.load_end, dtype=np.int64)
+        canonical = serving + np.repeat(np.asarray(shifts, dtype=np.int64), counts)
+        packed = np.stack((np.concatenate(rows), self._slots(load.block_ids, serving), canonical,
+                           serving))
+        return torch.from_numpy(packed)
 
     def _fail(self, load: LoadSpec, problem: str, key: int) -> None:
         """Report every block of the load as failed: vLLM recomputes them (never wrong KV)."""
@@ -182,12 +188,12 @@ class InferScaleWorker:
             logger.warning("InferScale: capture of slab key %d refused: %s", capture.slab_key, exc)
             return
         origin = capture.start if self._config.key_origin == "encoded" else 0
-        serving = torch.arange(capture.start, capture.start + capture.num_tokens,
-                               dtype=torch.int64)
-        canonical = serving - capture.start + origin
+        serving = np.arange(capture.start, capture.start + capture.num_tokens, dtype=np.int64)
+        slots = torch.from_numpy(self._slots(capture.block_ids, serving))
+        canonical = torch.from_numpy(serving - capture.start + origin)
         device = self.slab.keys.device
-        self.paged.capture_(self.slab, self._slots(capture.block_ids, serving).to(device),
-                            rows.to(device), serving.to(device), canonical.to(device), self._rope)
+        self.paged.capture_(self.slab, slots.to(device), rows.to(device),
+                            torch.from_numpy(serving).to(device), canonical.to(device), self._rope)
         self.slab.entries[capture.slab_key] = SlabEntry(capture.user_id, rows, capture.num_tokens,
                                                         capture.digest, origin)
         self.counters["captured_tokens"] += capture.num_tokens

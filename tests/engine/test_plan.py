@@ -14,19 +14,22 @@ SECRET = b"k" * 32
 
 def make_plan() -> InjectionPlan:
     segments = (Segment(1, 0, (5, 6, 7)), Segment(9, 3, (8, 9)), Segment(4, 5, (1,)))
-    return InjectionPlan("alice", segments, "salt").signed(SECRET)
+    return InjectionPlan.from_segments("alice", segments, "salt").signed(SECRET)
 
 
 def test_round_trip_and_mac():
     plan = make_plan()
     parsed = from_params(plan.to_params())
     assert parsed == plan and parsed.verify(SECRET) and parsed.num_tokens == 6
+    assert parsed.segments[1] == Segment(9, 3, (8, 9)) and parsed.starts == [0, 3, 5]
+    assert parsed.matches([5, 6, 7, 8, 9, 1, 42]) and not parsed.matches([5, 6, 7, 8, 9, 2, 42])
     save = SavePlan("bob", 3, 10, (1, 2, 3), (0, 1)).signed(SECRET)
     assert from_params(save.to_params()) == save and save.verify(SECRET)
 
 
 @pytest.mark.parametrize("field,value", [("user", "mallory"), ("keys", [1, 9, 5]),
-                                         ("salt", "other"), ("tokens", [[5, 6, 7], [8, 9], [2]])])
+                                         ("salt", "other"), ("lengths", [2, 3, 1]),
+                                         ("tokens", "BQAAAAYAAAAHAAAACAAAAAkAAAACAAAA")])
 def test_tampering_breaks_the_mac(field, value):
     params = make_plan().to_params()
     params["inferscale"][field] = value
@@ -39,16 +42,20 @@ def test_not_ours():
 
 
 @pytest.mark.parametrize("raw", [
-    "str", {"v": 2}, {"v": 1, "kind": "inject"},
-    {"v": 1, "kind": "inject", "user": "u", "salt": "s", "keys": [1], "starts": [1],
-     "tokens": [[1]], "mac": ""},  # does not start at position 0
-    {"v": 1, "kind": "inject", "user": "u", "salt": "s", "keys": [1, 2], "starts": [0],
-     "tokens": [[1]], "mac": ""},
-    {"v": 1, "kind": "save", "user": "u", "key": -1, "start": 0, "tokens": [1], "pages": [0],
+    "str", {"v": 1}, {"v": 2, "kind": "inject"},
+    {"v": 2, "kind": "inject", "user": "u", "salt": "s", "keys": [1], "lengths": [2],
+     "tokens": "AQAAAA==", "mac": ""},  # lengths do not match the tokens
+    {"v": 2, "kind": "inject", "user": "u", "salt": "s", "keys": [1, 2], "lengths": [1],
+     "tokens": "AQAAAA==", "mac": ""},
+    {"v": 2, "kind": "inject", "user": "u", "salt": "s", "keys": [1], "lengths": [1],
+     "tokens": "not base64!", "mac": ""},
+    {"v": 2, "kind": "inject", "user": "u", "salt": "s", "keys": [1], "lengths": [1],
+     "tokens": [1], "mac": ""},
+    {"v": 2, "kind": "save", "user": "u", "key": -1, "start": 0, "tokens": [1], "pages": [0],
      "mac": ""},
-    {"v": 1, "kind": "save", "user": "u", "key": 1, "start": 0, "tokens": [], "pages": [0],
+    {"v": 2, "kind": "save", "user": "u", "key": 1, "start": 0, "tokens": [], "pages": [0],
      "mac": ""},
-    {"v": 1, "kind": "save", "user": "u", "key": True, "start": 0, "tokens": [1], "pages": [],
+    {"v": 2, "kind": "save", "user": "u", "key": True, "start": 0, "tokens": [1], "pages": [],
      "mac": ""},
 ])
 def test_malformed_params_raise_plan_error(raw):
@@ -64,12 +71,13 @@ json_values = st.recursive(
     max_leaves=20,
 )
 plan_like = st.fixed_dictionaries({}, optional={
-    "v": st.sampled_from([1, 1, 1, 2, "1", None]),
+    "v": st.sampled_from([2, 2, 2, 1, "2", None]),
     "kind": st.sampled_from(["inject", "save", "x", 3]),
     "user": st.text(max_size=4) | json_values, "salt": st.text(max_size=4) | json_values,
     "keys": st.lists(st.integers(-3, 50), max_size=4) | json_values,
-    "starts": st.lists(st.integers(-3, 50), max_size=4) | json_values,
-    "tokens": st.lists(st.lists(st.integers(-3, 600), max_size=4), max_size=4) | json_values,
+    "lengths": st.lists(st.integers(-3, 5), max_size=4) | json_values,
+    "tokens": st.lists(st.integers(-3, 600), max_size=8) | json_values
+    | st.binary(max_size=24).map(lambda b: __import__("base64").b64encode(b).decode()),
     "key": st.integers(-3, 50) | json_values, "start": st.integers(-3, 50) | json_values,
     "pages": st.lists(st.integers(-3, 50), max_size=4) | json_values,
     "mac": st.text(max_size=4) | json_values,

@@ -83,8 +83,8 @@ def test_unsalted_prompt_is_not_injected(engine, prepared):
 @pytest.mark.parametrize("params", [
     {"inferscale": "not a mapping"},
     {"inferscale": {"v": 99}},
-    {"inferscale": {"v": 1, "kind": "inject", "user": "u", "salt": "s", "keys": [1],
-                    "starts": [0], "tokens": [[-5]], "mac": "x"}},
+    {"inferscale": {"v": 2, "kind": "inject", "user": "u", "salt": "s", "keys": [1],
+                    "lengths": [1], "tokens": "+////w==", "mac": "x"}},
     {"inferscale": {"v": 1, "kind": "teleport"}},
 ])
 def test_malformed_params_are_rejected_and_the_engine_keeps_serving(engine, prepared, params):
