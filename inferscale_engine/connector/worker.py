@@ -102,13 +102,14 @@ class InferScaleWorker:
         self.counters["injected_tokens"] += int(packed.shape[1])
 
     def finish_step(self, meta: InferScaleMetadata) -> None:
-        """Capture every fact span completed in this step into the slab."""
-        for capture in meta.captures:
-            try:
-                self._capture(capture)
-            except Exception:  # never take the engine down: the app sees the entry missing
-                self.counters["capture_errors"] += 1
-                logger.exception("InferScale: capture of slab key %d failed", capture.slab_key)
+        """Capture every fact span completed in this step into the slab, in one batched copy."""
+        if not meta.captures:
+            return
+        try:
+            self._capture_all(meta.captures)
+        except Exception:  # never take the engine down: the app sees the entries missing
+            self.counters["capture_errors"] += len(meta.captures)
+            logger.exception("InferScale: capture of %d facts failed", len(meta.captures))
 
     def start_load_safely(self, meta: InferScaleMetadata) -> None:
         """start_load, but an unexpected error fails the loads (vLLM recomputes those blocks)
@@ -179,25 +180,33 @@ class InferScaleWorker:
         logger.warning("InferScale: cannot inject request %s (slab key %d: %s); vLLM recomputes "
                        "those tokens", load.req_id, key, problem)
 
-    def _capture(self, capture: CaptureSpec) -> None:
+    def _capture_all(self, captures: list[CaptureSpec]) -> None:
         assert self.slab is not None and self.paged is not None and self._rope is not None
-        try:
-            rows = self.slab.rows_for(capture.pages, capture.num_tokens)
-        except ValueError as exc:
-            self.counters["capture_errors"] += 1
-            logger.warning("InferScale: capture of slab key %d refused: %s", capture.slab_key, exc)
+        parts, entries = [], []
+        for capture in captures:
+            try:
+                rows = self.slab.rows_for(capture.pages, capture.num_tokens)
+            except ValueError as exc:
+                self.counters["capture_errors"] += 1
+                logger.warning("InferScale: capture of slab key %d refused: %s",
+                               capture.slab_key, exc)
+                continue
+            origin = capture.start if self._config.key_origin == "encoded" else 0
+            serving = np.arange(capture.start, capture.start + capture.num_tokens,
+                                dtype=np.int64)
+            parts.append(np.stack((self._slots(capture.block_ids, serving), rows.numpy(),
+                                   serving, serving - capture.start + origin)))
+            entries.append((capture, SlabEntry(capture.user_id, rows, capture.num_tokens,
+                                               capture.digest, origin)))
+        if not parts:
             return
-        origin = capture.start if self._config.key_origin == "encoded" else 0
-        serving = np.arange(capture.start, capture.start + capture.num_tokens, dtype=np.int64)
-        slots = torch.from_numpy(self._slots(capture.block_ids, serving))
-        canonical = torch.from_numpy(serving - capture.start + origin)
-        device = self.slab.keys.device
-        self.paged.capture_(self.slab, slots.to(device), rows.to(device),
-                            torch.from_numpy(serving).to(device), canonical.to(device), self._rope)
-        self.slab.entries[capture.slab_key] = SlabEntry(capture.user_id, rows, capture.num_tokens,
-                                                        capture.digest, origin)
-        self.counters["captured_tokens"] += capture.num_tokens
-        self.counters["captures"] += 1
+        packed = torch.from_numpy(np.concatenate(parts, axis=1)).to(self.slab.keys.device)
+        slots, rows, serving, canonical = packed.unbind(0)
+        self.paged.capture_(self.slab, slots, rows, serving, canonical, self._rope)
+        for capture, entry in entries:
+            self.slab.entries[capture.slab_key] = entry
+            self.counters["captured_tokens"] += capture.num_tokens
+            self.counters["captures"] += 1
 
 
 class _PinnedStaging:
