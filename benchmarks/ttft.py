@@ -16,7 +16,10 @@ the pool) is timed separately and added to kv in the `kv+retrieval` column.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import itertools
+import pstats
 import random
 import sys
 import time
@@ -48,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--multiprocessing", action="store_true",
                         help="vLLM EngineCore in its own process (MP=1)")
     parser.add_argument("--plot", action="store_true", help="write a PNG next to the JSON")
+    parser.add_argument("--profile", action="store_true",
+                        help="cProfile the timed kv requests at the largest k; print the top")
     parser.add_argument("--tag", default="")
     return parser.parse_args(argv)
 
@@ -121,6 +126,7 @@ def main(argv: list[str] | None = None) -> dict:
     injected: dict[int, int] = {}
     prompt_tokens: dict[int, int] = {}
     question_iter = itertools.cycle(questions)
+    profiler = cProfile.Profile()
     for k in ks:
         for mode in modes:
             raw[mode][k] = []
@@ -131,13 +137,18 @@ def main(argv: list[str] | None = None) -> dict:
             handle = MemoryHandle("bench", chosen)
             question, other = next(question_iter), next(question_iter)
             timed = i >= args.warmup
+            profiling = args.profile and timed and k == max(ks)
             for mode in modes:
                 if mode == "resident":
                     engine.generate(handle, other, one_token, mode="text")  # fill prefix cache
+                if profiling and mode == "kv":
+                    profiler.enable()
                 t0 = time.perf_counter()
                 out = engine.generate(handle, question, one_token,
                                       mode="kv" if mode == "kv" else "text")
                 elapsed = (time.perf_counter() - t0) * 1e3
+                if profiling and mode == "kv":
+                    profiler.disable()
                 if timed:
                     raw[mode][k].append(elapsed)
                     if out.ttft_ms is not None:
@@ -173,6 +184,11 @@ def main(argv: list[str] | None = None) -> dict:
         "engine_stats": engine.stats().workers,
     }
     engine.close()
+    if args.profile:
+        stream = io.StringIO()
+        pstats.Stats(profiler, stream=stream).sort_stats("tottime").print_stats(30)
+        record["profile_kv_top"] = stream.getvalue()
+        print(stream.getvalue()[-6000:])
     _print_table(summary, modes)
     name = f"ttft-{args.model}{('-' + args.tag) if args.tag else ''}"
     path = write_record(name, record)
