@@ -17,8 +17,12 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 def resolve_model(name: str) -> tuple[str, str, str]:
     """(model folder, dtype, load_format) for tiny | small | llama-3.1-8b | qwen3-8b | a path."""
-    from inferscale_engine.tiny_model import REFERENCE_CONFIGS, TinyModelSpec, dummy_model_path
-    from inferscale_engine.tiny_model import tiny_model_path
+    from inferscale_engine.tiny_model import (
+        REFERENCE_CONFIGS,
+        TinyModelSpec,
+        dummy_model_path,
+        tiny_model_path,
+    )
 
     if name in ("tiny", "tiny-qwen2"):
         return str(tiny_model_path(TinyModelSpec("qwen2"))), "float32", "auto"

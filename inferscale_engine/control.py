@@ -37,8 +37,10 @@ class SlabControl:
         return [k in entries for k in slab_keys]
 
     def inferscale_read_entry(self, slab_key: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Stored K and V of one entry ([L, n, H, D] each, on the CPU) and the position token
-        0's key is rotated for (its origin)."""
+        """Stored K and V of one entry ([L, n, H, D] each, on the CPU), and its origin.
+
+        The origin is the position token 0's stored key is rotated for.
+        """
         worker = _worker_half()
         entry = worker.slab.entries[slab_key]
         return (worker.slab.keys[:, entry.rows].cpu(), worker.slab.values[:, entry.rows].cpu(),

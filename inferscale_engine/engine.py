@@ -115,6 +115,7 @@ class Engine:
             fact_ids: ids to use (e.g. a durable store's); default: the engine numbers them.
             window: tokens of context to keep (default EngineConfig.context_window_tokens).
             encode: False registers the facts only; their KV is built on first use.
+
         Raises:
             InvalidFactError: a text is empty, not a string, or too long. Nothing is stored.
             SlabFullError: the facts do not fit even after eviction. Nothing is stored.
@@ -262,6 +263,7 @@ class Engine:
             messages: chat messages (role/content dicts) or one user question.
             sampling: vllm.SamplingParams (default: greedy, 64 tokens).
             mode: 'kv' injects the facts' stored KV; 'text' prefills them as text.
+
         Raises:
             HandleError: the handle is not a MemoryHandle or references another user's facts.
             FactNotFoundError: a fact id is unknown.
@@ -320,9 +322,11 @@ class Engine:
 
     def prepare_request(self, handle: MemoryHandle, messages: Messages | str
                         ) -> tuple[MemoryPrompt, InjectionPlan]:
-        """The prompt and signed plan generate() would send in KV mode, for clients that talk
-        to vLLM themselves (send prompt.token_ids() with cache_salt=plan.cache_salt and
-        kv_transfer_params=plan.to_params())."""
+        """The prompt and signed plan generate() would send in KV mode.
+
+        For clients that talk to vLLM themselves: send prompt.token_ids() with
+        cache_salt=plan.cache_salt and kv_transfer_params=plan.to_params().
+        """
         with self._lock:
             self._check_open()
             records = self._resolve(handle)

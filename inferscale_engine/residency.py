@@ -66,6 +66,7 @@ class Residency:
 
         Returns:
             The pages and the records evicted to make room (their worker entries must be freed).
+
         Raises:
             SlabFullError: it does not fit even after evicting everything unpinned; nothing was
                 evicted or allocated.
@@ -82,8 +83,10 @@ class Residency:
                     candidates.append(record)
                     reclaimable += len(record.pages)
             if reclaimable >= needed:
-                for record in candidates:
-                    self.release(record)
+                for record in candidates:  # keep slab_key: the caller frees the worker entry
+                    self._allocator.free(record.pages)
+                    self._lru.pop(record.fact.fact_id, None)
+                    record.pages = None
                 evicted = candidates
         return self._allocator.allocate(num_tokens), evicted
 

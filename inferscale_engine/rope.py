@@ -118,7 +118,7 @@ class RopeSpec:
         rotary_dim = int(getattr(config, "rotary_dim", None) or head_dim * partial)
         if rope_type == "yarn":
             params.setdefault("original_max_position_embeddings",
-                              getattr(config, "max_position_embeddings"))
+                              config.max_position_embeddings)
         keep = _PARAM_KEYS.get(rope_type, ())
         return cls(
             style=RopeStyle(_ARCHITECTURE_STYLES[arch]),
@@ -150,7 +150,8 @@ def _unsupported_message(rope_type: str) -> str:
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, p: dict[str, Any]) -> torch.Tensor:
     """Llama 3.1 frequency smoothing (vLLM Llama3RotaryEmbedding._compute_inv_freq)."""
-    factor, low, high = float(p["factor"]), float(p["low_freq_factor"]), float(p["high_freq_factor"])
+    factor, low = float(p["factor"]), float(p["low_freq_factor"])
+    high = float(p["high_freq_factor"])
     orig = float(p["original_max_position_embeddings"])
     low_freq_wavelen, high_freq_wavelen = orig / low, orig / high
     wave_len = 2 * math.pi / inv_freq

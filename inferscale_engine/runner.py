@@ -48,9 +48,12 @@ class VllmRunner:
 
 
 def _release_vllm_process_state() -> None:
-    """vLLM freezes the garbage collector after start-up and keeps a process-global KV
-    connector and distributed state; without this, GPU memory and the connector outlive the
-    engine and the next in-process (MP=0) engine cannot start."""
+    """Free what an in-process (MP=0) vLLM engine leaves behind.
+
+    vLLM freezes the garbage collector after start-up and keeps a process-global KV connector
+    and distributed state; without this, GPU memory and the connector outlive the engine and
+    the next in-process engine cannot start.
+    """
     try:
         from vllm.distributed.kv_transfer import ensure_kv_transfer_shutdown
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory

@@ -136,6 +136,7 @@ def build_tiny_model(out_dir: str | os.PathLike, spec: TinyModelSpec = TinyModel
     Args:
         out_dir: destination folder (created; an existing complete build is reused).
         spec: model shape and seed.
+
     Returns:
         The folder path.
     """

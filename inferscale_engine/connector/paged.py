@@ -16,8 +16,8 @@ from typing import Protocol
 
 import torch
 
-from inferscale_engine.kernels import reference
 from inferscale_engine.connector.slab import KVSlab
+from inferscale_engine.kernels import reference
 
 
 class RopeTables(Protocol):
@@ -83,6 +83,7 @@ class CpuPackedPagedKV:
         Writes the (offset, dim) index of every element through vLLM's write op, one base-16
         digit per pass (exact in every float dtype), into block 1 of a 2-block scratch cache,
         and reads the digits back; a last pass marks which elements hold V.
+
         Returns:
             key_index, value_index: [block_size, D] int64 offsets into the block-head slab of
             2 * block_size * D elements.

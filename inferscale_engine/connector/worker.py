@@ -82,8 +82,11 @@ class InferScaleWorker:
 
     # ---- hooks -------------------------------------------------------------------------
     def start_load(self, meta: InferScaleMetadata) -> None:
-        """Inject every load of this step: index math on the CPU, one host-to-device copy,
-        one kernel (or one vLLM cache-write call per layer on the CPU)."""
+        """Inject every load of this step.
+
+        Index math on the CPU, one host-to-device copy, one kernel (or one vLLM cache-write
+        call per layer on the CPU).
+        """
         if not meta.loads:
             return
         assert self.slab is not None and self.paged is not None and self._rope is not None
@@ -112,8 +115,10 @@ class InferScaleWorker:
             logger.exception("InferScale: capture of %d facts failed", len(meta.captures))
 
     def start_load_safely(self, meta: InferScaleMetadata) -> None:
-        """start_load, but an unexpected error fails the loads (vLLM recomputes those blocks)
-        instead of failing the engine step."""
+        """start_load, failing the loads (not the engine step) on an unexpected error.
+
+        vLLM then recomputes those blocks.
+        """
         try:
             self.start_load(meta)
         except Exception:
@@ -143,11 +148,11 @@ class InferScaleWorker:
         return blocks * self._block_size + positions % self._block_size
 
     def _load_indices(self, load: LoadSpec) -> torch.Tensor | None:
-        """[4, n] int64 CPU tensor of one load: slab rows, paged slots, the positions the
-        stored keys are rotated for, and the serving positions. None if the load failed.
+        """[4, n] int64 CPU tensor of one load (None if it failed).
 
-        numpy, not torch: ~50 small arrays per load, and torch's per-op overhead on tensors
-        this small would dominate the step (measured 0.7 ms vs 0.15 ms for k=50 on CPU).
+        Rows: slab rows, paged slots, the positions the stored keys are rotated for, and the
+        serving positions. numpy, not torch: ~50 small arrays per load, and torch's per-op
+        overhead on tensors this small would dominate the step (0.7 ms vs 0.3 ms for k=50).
         """
         assert self.slab is not None
         rows, shifts, counts = [], [], []
@@ -213,7 +218,8 @@ class _PinnedStaging:
     """Reusable pinned host buffer for the per-step index upload (no per-step cudaHostAlloc).
 
     The copy is asynchronous; before the buffer is overwritten the previous copy's event is
-    waited on (it finished long ago: a whole engine step has passed)."""
+    waited on (it finished long ago: a whole engine step has passed).
+    """
 
     def __init__(self, device: torch.device) -> None:
         self._device = device

@@ -1,0 +1,1 @@
+"""Chunked RoPE kernels: Triton (chunked_rope) and the plain-torch reference."""

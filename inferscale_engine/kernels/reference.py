@@ -34,6 +34,7 @@ def rerotate_keys(
         cos, sin: [P, R // 2] fp32 tables of the model's RoPE (RopeSpec.cos_sin).
         style: "rotate_half" (pairs i, i + R/2) or "interleaved" (pairs 2i, 2i + 1).
         out_dtype: dtype of the result (default: keys.dtype). One rounding, at the end.
+
     Returns:
         [..., T, H, D] rotated keys; dims >= R pass through unchanged; tokens with from == to
         are copied bit-exactly.

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from inferscale_engine.facts import MemoryHandle
-from tests.conftest import ARCHS, FACTS, QUESTIONS, greedy, max_abs_diff, plain_prefill, running_engine
+from tests.conftest import (
+    ARCHS,
+    FACTS,
+    QUESTIONS,
+    greedy,
+    max_abs_diff,
+    plain_prefill,
+    running_engine,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -43,7 +51,7 @@ def test_salts_differ_between_users_and_plans(engine):
     b = engine.add_facts("ub", [FACTS[0]])
     salt = {
         name: engine.prepare_request(handle, [{"role": "user", "content": "hi"}])[1].cache_salt
-        for name, handle in [("a", MemoryHandle("ua", tuple(a))), ("b", MemoryHandle("ub", tuple(b))),
-                             ("a0", MemoryHandle("ua", ()))]
+        for name, handle in [("a", MemoryHandle("ua", tuple(a))),
+                             ("b", MemoryHandle("ub", tuple(b))), ("a0", MemoryHandle("ua", ()))]
     }
     assert len(set(salt.values())) == 3

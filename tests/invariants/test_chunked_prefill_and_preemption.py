@@ -56,9 +56,10 @@ def test_chunked_and_preempted_requests_match_isolated_runs(engine):
     finally:
         scheduler._preempt_request = preempt
     resumed = scheduler_half(engine).counters["resumed"] - resumed_before
+    pairs = list(zip(isolated, together))
     print(f"\n[{engine.config.model}] 8 concurrent injected requests: {len(preemptions)} "
           f"preemptions, {resumed} re-injections after resumption, worst |dlogprob| vs "
-          f"isolated {max(max_abs_diff(a.logprobs, b.logprobs) for a, b in zip(isolated, together)):.2e}")
+          f"isolated {max(max_abs_diff(a.logprobs, b.logprobs) for a, b in pairs):.2e}")
     assert preemptions and resumed > 0, "the test did not trigger preemption + re-injection"
     for alone, batched in zip(isolated, together):
         assert batched.plan_status == "inject"
@@ -74,7 +75,8 @@ def test_aborted_requests_leave_no_connector_state(engine):
     llm_engine = engine.llm.llm_engine
     request_ids = []
     for i in range(12):  # more than max_num_seqs: some are still waiting when aborted
-        prompt, plan = engine.prepare_request(handle, [{"role": "user", "content": QUESTIONS[i % 3]}])
+        prompt, plan = engine.prepare_request(
+            handle, [{"role": "user", "content": QUESTIONS[i % 3]}])
         sampling = greedy(40)
         sampling.extra_args = {"kv_transfer_params": plan.to_params()}
         request_id = f"abort-{i}"
