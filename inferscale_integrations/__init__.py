@@ -1,0 +1,30 @@
+"""InferScale for LangChain and LlamaIndex: KVMemory, chat-model wrappers, agent middleware.
+
+Names resolve lazily (PEP 562), so importing this package imports no framework; a missing
+framework raises ImportError naming the extra to install.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "KVMemory": "inferscale_integrations.memory",
+    "ChatInferScale": "inferscale_integrations.langchain.chat_model",
+    "KVMemoryMiddleware": "inferscale_integrations.langchain.middleware",
+    "InferScaleLLM": "inferscale_integrations.llamaindex.llm",
+    "register_memory": "inferscale_integrations.registry",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'inferscale_integrations' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

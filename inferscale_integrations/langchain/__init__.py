@@ -1,0 +1,21 @@
+"""LangChain adapters: KVMemory for classic chains, ChatInferScale, the create_agent middleware.
+
+Needs the `langchain` extra: pip install 'inferscale[langchain]'.
+"""
+
+from __future__ import annotations
+
+try:
+    import langchain.agents.middleware  # noqa: F401
+    import langchain_classic.base_memory  # noqa: F401
+    import langchain_core.language_models  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "inferscale_integrations.langchain needs LangChain (langchain-core, langchain-classic, "
+        "langchain); install it with: pip install 'inferscale[langchain]'") from exc
+
+from inferscale_integrations.langchain.chat_model import ChatInferScale
+from inferscale_integrations.langchain.memory import LangChainKVMemory
+from inferscale_integrations.langchain.middleware import KVMemoryMiddleware
+
+__all__ = ["ChatInferScale", "KVMemoryMiddleware", "LangChainKVMemory"]
