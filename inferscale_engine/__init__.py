@@ -16,7 +16,10 @@ _EXPORTS = {
     "ConfigError": "errors", "EngineClosedError": "errors", "FactNotFoundError": "errors",
     "HandleError": "errors", "InferScaleError": "errors", "InvalidFactError": "errors",
     "InvalidRequestError": "errors", "PlanError": "errors", "SlabFullError": "errors",
-    "UnsupportedModelError": "errors",
+    "UnsupportedModelError": "errors", "InvalidTurnError": "errors",
+    "InvalidUserIdError": "errors", "StoreError": "errors",
+    "Memory": "memory", "MemoryConfig": "memory_config", "AddResult": "memory_config",
+    "SearchResult": "memory_config",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -340,7 +340,9 @@ class Engine:
         missing = [r for r in records if not r.resident]
         if not missing:
             return True
-        if self.config.on_evicted == "text":
+        if self.config.on_evicted == "text" or not self._residency.can_fit(
+                [len(r.fact.token_ids) for r in missing], pinned,
+                self.config.on_slab_full == "evict"):
             return False
         try:
             self._make_resident(missing, pinned)

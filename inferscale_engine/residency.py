@@ -90,6 +90,16 @@ class Residency:
                 evicted = candidates
         return self._allocator.allocate(num_tokens), evicted
 
+    def can_fit(self, token_counts: Iterable[int], pinned: set[FactId], evict: bool) -> bool:
+        """True if facts of these lengths fit, evicting every unpinned fact if allowed.
+
+        Checked before a re-encode, so that a request that cannot fit evicts nothing.
+        """
+        needed = sum(self._allocator.pages_needed(n) for n in token_counts)
+        reclaimable = sum(len(r.pages or ()) for fact_id, r in self._lru.items()
+                          if fact_id not in pinned) if evict else 0
+        return needed <= self._allocator.num_free_pages + reclaimable
+
     def admit(self, record: FactRecord, slab_key: int, pages: tuple[int, ...]) -> None:
         """Record that `record`'s KV now lives in `pages` under `slab_key`."""
         record.slab_key, record.pages = slab_key, pages

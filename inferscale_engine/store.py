@@ -147,8 +147,9 @@ class FactStore:
     def add_facts(self, *, user_id: str, texts: Sequence[str],
                   token_ids: Sequence[Sequence[int]], embeddings: Sequence[Any],
                   metadata: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
-                  session_id: str | None = None) -> list[FactId]:
-        """Store facts in one transaction (all or nothing); returns their ids, in order.
+                  session_id: str | None = None,
+                  turns: Sequence[tuple[str, str]] = ()) -> list[FactId]:
+        """Store facts (and the turns they came from) in one transaction; returns fact ids.
 
         Args:
             user_id: owner of the facts.
@@ -158,9 +159,12 @@ class FactStore:
                 or one [num_facts, dim] matrix.
             metadata: None, one JSON-serializable dict for every fact, or one dict per fact.
             session_id: conversation the facts came from, if any.
+            turns: (role, content) messages appended to the session in the same transaction
+                (see add_turns).
 
         Raises:
-            InvalidUserIdError / InvalidFactError: an argument is invalid; nothing is stored.
+            InvalidUserIdError / InvalidFactError / InvalidTurnError: an argument is invalid;
+                nothing is stored.
             StoreError: the database write failed; nothing is stored.
         """
         user_id = _check_user_id(user_id)
@@ -179,8 +183,10 @@ class FactStore:
         metadata_json = _metadata_json(metadata, num_facts)
         if session_id is not None:
             session_id = _check_str(session_id, "session_id", InvalidFactError)
+        turn_rows = _turn_rows(turns)
         now = time.time()
         with self._transaction("add_facts") as conn:
+            _insert_turns(conn, user_id, session_id, turn_rows, now)
             return [FactId(cast(int, conn.execute(
                 "INSERT INTO facts (user_id, session_id, text, token_ids, embedding, metadata, "
                 "created_at, updated_at, content_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -265,19 +271,10 @@ class FactStore:
         user_id = _check_user_id(user_id)
         if session_id is not None:
             session_id = _check_str(session_id, "session_id", InvalidTurnError)
-        rows = []
-        for i, turn in enumerate(_check_list(turns, "turns", InvalidTurnError)):
-            if isinstance(turn, str) or not isinstance(turn, Sequence) or len(turn) != 2:
-                raise InvalidTurnError(f"turns[{i}] is {turn!r:.80}; pass (role, content) pairs")
-            rows.append((_check_str(turn[0], f"turns[{i}] role", InvalidTurnError),
-                         _check_str(turn[1], f"turns[{i}] content", InvalidTurnError,
-                                    allow_empty=True)))
+        rows = _turn_rows(turns)
         now = time.time()
         with self._transaction("add_turns") as conn:
-            return [cast(int, conn.execute(
-                "INSERT INTO turns (user_id, session_id, role, content, created_at) VALUES "
-                "(?, ?, ?, ?, ?)", (user_id, session_id, role, content, now)).lastrowid)
-                for role, content in rows]
+            return _insert_turns(conn, user_id, session_id, rows, now)
 
     def recent_turns(self, *, user_id: str, session_id: str | None,
                      limit: int = 20) -> list[Turn]:
@@ -500,6 +497,25 @@ def _metadata_json(metadata: object, num_facts: int) -> list[str]:
             raise InvalidFactError(f"metadata[{i}] is not JSON-serializable ({exc}); use str, "
                                    "int, finite float, bool, None, lists and dicts") from None
     return out
+
+
+def _turn_rows(turns: object) -> list[tuple[str, str]]:
+    rows = []
+    for i, turn in enumerate(_check_list(turns, "turns", InvalidTurnError)):
+        if isinstance(turn, str) or not isinstance(turn, Sequence) or len(turn) != 2:
+            raise InvalidTurnError(f"turns[{i}] is {turn!r:.80}; pass (role, content) pairs")
+        rows.append((_check_str(turn[0], f"turns[{i}] role", InvalidTurnError),
+                     _check_str(turn[1], f"turns[{i}] content", InvalidTurnError,
+                                allow_empty=True)))
+    return rows
+
+
+def _insert_turns(conn: sqlite3.Connection, user_id: str, session_id: str | None,
+                  rows: list[tuple[str, str]], now: float) -> list[int]:
+    return [cast(int, conn.execute(
+        "INSERT INTO turns (user_id, session_id, role, content, created_at) VALUES "
+        "(?, ?, ?, ?, ?)", (user_id, session_id, role, content, now)).lastrowid)
+        for role, content in rows]
 
 
 def _hash(text: str) -> str:

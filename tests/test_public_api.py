@@ -14,6 +14,9 @@ def test_engine_exports():
         "FactId", "FactNotFoundError", "Generation", "HandleError", "InferScaleError",
         "InvalidFactError", "InvalidRequestError", "MemoryHandle", "PlanError", "SlabFullError",
         "UnsupportedModelError",
+        # the memory layer
+        "AddResult", "InvalidTurnError", "InvalidUserIdError", "Memory", "MemoryConfig",
+        "SearchResult", "StoreError",
     ])
     for name in inferscale_engine.__all__:
         assert getattr(inferscale_engine, name) is not None

@@ -251,6 +251,21 @@ def test_invalid_turns_are_rejected(store, turns, message):
     assert store.recent_turns(user_id="u", session_id="s") == []
 
 
+def test_facts_and_their_turns_are_written_in_one_transaction(store):
+    turns = [("user", "I adopted a turtle."), ("assistant", "")]
+    ids = store.add_facts(user_id="u", session_id="s", texts=["I adopted a turtle."],
+                          token_ids=[[1, 2]], embeddings=[[1.0, 0.0]], turns=turns)
+    assert [(t.role, t.content) for t in store.recent_turns(user_id="u", session_id="s")] == turns
+    with pytest.raises(InvalidFactError):  # a bad fact: its turns are not written either
+        store.add_facts(user_id="u", session_id="s", texts=["x"], token_ids=[[1]],
+                        embeddings=[[float("nan"), 0.0]], turns=[("user", "x")])
+    with pytest.raises(InvalidTurnError):  # a bad turn: no fact is written
+        store.add_facts(user_id="u", session_id="s", texts=["y"], token_ids=[[1]],
+                        embeddings=[[1.0, 0.0]], turns=[("user",)])
+    assert store.count() == len(ids) == 1
+    assert len(store.recent_turns(user_id="u", session_id="s")) == 2
+
+
 def test_users_count_and_iter_all(store):
     ids = add(store, "b", ["b1", "b2"]) + add(store, "a", ["a1"]) + add(store, "c", ["c1", "c2"])
     store.add_turns(user_id="d", session_id="s", turns=[("user", "only turns")])

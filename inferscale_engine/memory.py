@@ -1,0 +1,437 @@
+"""Memory: the user-facing memory API (add, search, get_all, update, delete, reset, generate).
+
+Every verb is scoped by the keyword `user_id=`. A write goes to the durable FactStore first (one
+transaction per call), then to the Engine (registration and KV encoding), then to the retrieval
+index: a crash never loses an acknowledged fact, and search never names a fact the engine does
+not know. KV is a cache: at start-up every stored fact is registered again and its KV is
+re-encoded (startup='encode') or built on first use (startup='lazy').
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from inferscale_engine import memory_ingest as ingest
+from inferscale_engine.engine import Engine, Generation, Messages
+from inferscale_engine.errors import (
+    EngineClosedError,
+    HandleError,
+    InvalidFactError,
+    InvalidRequestError,
+)
+from inferscale_engine.facts import Fact, FactId, MemoryHandle
+from inferscale_engine.memory_config import (
+    DEFAULT_DB_PATH,
+    AddResult,
+    MemoryConfig,
+    MemoryStats,
+    SearchResult,
+    check_dedupe_threshold,
+    check_startup,
+    fingerprint,
+    open_store,
+    refresh,
+    stale_parts,
+)
+from inferscale_engine.retrieval import DEFAULT_EMBEDDING_MODEL, Embedder, RetrievalIndex
+from inferscale_engine.store import FactStore, StoredFact, Turn
+
+logger = logging.getLogger(__name__)
+
+_BATCH = 256
+"""Facts per engine registration call at start-up."""
+
+
+class Memory:
+    """Long-term memory of many users, served as injected KV. Thread-safe."""
+
+    def __init__(self, engine: Engine, store: FactStore | str | os.PathLike[str] = DEFAULT_DB_PATH,
+                 embedder: Embedder | str | None = None, *,
+                 dedupe_threshold: float | None = 0.95, startup: str = "encode",
+                 encode_on_add: bool = True, device: str | torch.device | None = None,
+                 context_turns: int = 16, progress_bar: bool | None = None) -> None:
+        """Open the store and make every stored fact searchable and servable.
+
+        Args:
+            engine: the serving engine. This Memory owns its fact ids: add no facts to it
+                directly.
+            store: a FactStore, or the path of its SQLite file (created if missing).
+            embedder: an Embedder, a sentence-transformers model name, or None (the offline
+                all-MiniLM-L6-v2).
+            dedupe_threshold: cosine similarity at or above which an added fact is reported as a
+                DUPLICATE of an existing one instead of being stored; None stores everything.
+            startup: 'encode' re-encodes every stored fact's KV now (batched, with a progress
+                bar); 'lazy' registers the facts and encodes each on first use.
+            encode_on_add: encode KV in add() (False: on first use).
+            device: where the embedding matrices live; None = the embedder's device.
+            context_turns: stored turns of a session read as the context of a turn fact.
+            progress_bar: show the start-up progress bar (None: only on a terminal).
+        """
+        self._dedupe_threshold = check_dedupe_threshold(dedupe_threshold)
+        check_startup(startup)
+        if isinstance(context_turns, bool) or not isinstance(context_turns, int) or (
+                context_turns < 0):
+            raise InvalidRequestError(f"context_turns={context_turns!r} must be an int >= 0")
+        self._engine = engine
+        self._owns_engine = False
+        self._owns_store = not isinstance(store, FactStore)
+        self._store = open_store(store)
+        try:
+            self._embedder = embedder if isinstance(embedder, Embedder) else Embedder(
+                embedder or DEFAULT_EMBEDDING_MODEL, device=device)
+            self._device = torch.device(device) if device else self._embedder.device
+            self._index = RetrievalIndex(device=self._device)
+            self._encode_on_add = encode_on_add
+            self._context_turns = context_turns
+            self._lock = threading.RLock()
+            self._closed = False
+            self._facts: dict[FactId, Fact] = {}
+            """Facts registered with the engine and indexed: what search may return."""
+            self.counters: Counter[str] = Counter()
+            self._load(startup == "encode", progress_bar)
+        except BaseException:
+            if self._owns_store:
+                self._store.close()
+            raise
+
+    @classmethod
+    def from_config(cls, config: MemoryConfig) -> Memory:
+        """Build the Engine, store and embedder of `config`; close() closes them all."""
+        engine = Engine(config.engine)
+        try:
+            memory = cls(engine, config.db_path,
+                         Embedder(config.embedding_model, device=config.device),
+                         dedupe_threshold=config.dedupe_threshold, startup=config.startup,
+                         encode_on_add=config.encode_on_add, device=config.device)
+        except BaseException:
+            engine.close()
+            raise
+        memory._owns_engine = True
+        return memory
+
+    @property
+    def engine(self) -> Engine:
+        """The serving engine."""
+        return self._engine
+
+    # ---- write verbs -------------------------------------------------------------------
+    def add(self, *, user_id: str, texts: Sequence[str] | None = None,
+            messages: Sequence[Mapping[str, str]] | None = None, session_id: str | None = None,
+            metadata: Mapping[str, Any] | None = None) -> list[AddResult]:
+        """Remember facts, or a conversation's turns; one result per fact, in order.
+
+        With `messages`, every turn is recorded in the session and the content of each user or
+        assistant turn becomes a fact encoded after the turns that precede it in the session
+        (Context-Window Encoding keeps their last W tokens).
+
+        Raises:
+            InvalidUserIdError, InvalidFactError, InvalidTurnError, InvalidRequestError: bad
+                input; nothing is stored.
+        """
+        user_id = ingest.check_user_id(user_id)
+        session_id = ingest.check_session(session_id)
+        metadata = ingest.check_metadata(metadata)
+        if (texts is None) == (messages is None):
+            raise InvalidRequestError("pass exactly one of texts=[...] (facts) or messages=[...] "
+                                      "(conversation turns)")
+        turns = ingest.check_messages(messages) if messages is not None else None
+        if turns is None:
+            facts = [(ingest.check_text(t, f"texts[{i}]"), 0) for i, t in
+                     enumerate(ingest.check_list(texts, "texts", InvalidFactError))]
+        else:
+            facts = ingest.turn_facts(turns)
+        token_ids = [ingest.fact_tokens(self._engine, text) for text, _ in facts]
+        vectors = self._embed([text for text, _ in facts])
+        with self._lock:
+            self._check_open()
+            contexts: list[str | None] = [None] * len(facts)
+            if turns is not None:
+                earlier = self._store.recent_turns(user_id=user_id, session_id=session_id,
+                                                   limit=self._context_turns)
+                contexts = ingest.turn_contexts(earlier, turns, [p for _, p in facts])
+            matches = ingest.find_duplicates(self._index, user_id, vectors, self._dedupe_threshold)
+            keep = [i for i, match in enumerate(matches) if match is None]
+            stored = self._store_facts(user_id, session_id, metadata, [facts[i][0] for i in keep],
+                                       [token_ids[i] for i in keep], vectors[keep],
+                                       [contexts[i] for i in keep], turns or ())
+            self._register(user_id, stored, self._encode_on_add)
+            new_ids = dict(zip(keep, (f.fact_id for f in stored), strict=True))
+            self.counters["added"] += len(keep)
+            self.counters["duplicates"] += len(facts) - len(keep)
+        return ingest.add_results([text for text, _ in facts], matches, new_ids)
+
+    def add_turns(self, *, user_id: str, session_id: str | None,
+                  messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """Record conversation turns only (no facts); returns their turn ids."""
+        user_id = ingest.check_user_id(user_id)
+        session_id = ingest.check_session(session_id)
+        turns = ingest.check_messages(messages)
+        with self._lock:
+            self._check_open()
+            return self._store.add_turns(user_id=user_id, session_id=session_id, turns=turns)
+
+    def update(self, *, user_id: str, fact_id: int, text: str,
+               metadata: Mapping[str, Any] | None = None) -> Fact:
+        """Replace a fact's text (metadata=None keeps the old metadata); its KV is rebuilt.
+
+        Raises:
+            FactNotFoundError: the user has no such fact; nothing changes.
+        """
+        user_id = ingest.check_user_id(user_id)
+        (fact_id,) = ingest.check_fact_ids([fact_id], "fact_id")
+        text = ingest.check_text(text, "text")
+        metadata = ingest.check_metadata(metadata)
+        token_ids = ingest.fact_tokens(self._engine, text)
+        vector = self._embed([text])[0]
+        with self._lock:
+            self._check_open()
+            (old,) = self._store.get(user_id=user_id, fact_ids=[fact_id])
+            context = old.metadata.get(ingest.CONTEXT_KEY)
+            if metadata is not None and context is not None:
+                metadata = {**metadata, ingest.CONTEXT_KEY: context}
+            new = self._store.update(user_id=user_id, fact_id=fact_id, text=text,
+                                     token_ids=token_ids, embedding=vector, metadata=metadata)
+            if fact_id in self._facts:  # drop the old KV: the new version is encoded afresh
+                self._engine.delete(user_id, [fact_id])
+                del self._facts[fact_id]
+            self._register(user_id, [new], self._encode_on_add)
+            self.counters["updated"] += 1
+            return new.to_fact()
+
+    def delete(self, *, user_id: str, fact_ids: Sequence[int]) -> None:
+        """Delete facts (all or nothing) and free their KV.
+
+        Raises:
+            FactNotFoundError: an id is unknown or another user's; nothing is deleted.
+        """
+        user_id = ingest.check_user_id(user_id)
+        ids = list(dict.fromkeys(ingest.check_fact_ids(fact_ids)))
+        with self._lock:
+            self._check_open()
+            self._store.delete(user_id=user_id, fact_ids=ids)
+            self._forget(user_id, ids)
+
+    def reset(self, *, user_id: str) -> int:
+        """Delete every fact and turn of a user; returns the number of facts deleted."""
+        user_id = ingest.check_user_id(user_id)
+        with self._lock:
+            self._check_open()
+            deleted = self._store.reset(user_id=user_id)
+            self._forget(user_id, deleted)
+            return len(deleted)
+
+    # ---- read verbs --------------------------------------------------------------------
+    def search(self, *, user_id: str, query: str, k: int = 5) -> SearchResult:
+        """The user's k facts most similar to `query` (cosine), best first, and their handle.
+
+        A user with no facts gets an empty result.
+        """
+        user_id = ingest.check_user_id(user_id)
+        query = ingest.check_text(query, "query", InvalidRequestError)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise InvalidRequestError(f"k={k!r} must be an int >= 0 (facts to retrieve)")
+        vector = self._embed([query])[0]
+        with self._lock:
+            self._check_open()
+            ranked = self._index.search(user_id=user_id, query_embedding=vector, k=k)
+            hits = tuple((self._facts[fact_id], score) for fact_id, score in ranked)
+        assert all(fact.user_id == user_id for fact, _ in hits), "the index crossed users"
+        return SearchResult(hits, MemoryHandle(user_id, tuple(f.fact_id for f, _ in hits)))
+
+    def generate(self, *, user_id: str, query: str, k: int = 5,
+                 messages: Messages | None = None, sampling: Any = None, mode: str = "kv",
+                 handle: MemoryHandle | None = None) -> Generation:
+        """Answer from the user's memory: search(query, k), then Engine.generate.
+
+        Args:
+            user_id: whose memory to use.
+            query: what to retrieve by; also the question unless `messages` is given.
+            k: facts to retrieve.
+            messages: the chat to answer (role/content dicts); default: `query` as a user turn.
+            sampling: vllm.SamplingParams (default: greedy, 64 tokens).
+            mode: 'kv' injects the facts' KV; 'text' prefills them as text.
+            handle: serve these facts instead of searching; it must be this user's.
+
+        Raises:
+            HandleError: `handle` is not a MemoryHandle of this user.
+        """
+        user_id = ingest.check_user_id(user_id)
+        if handle is None:
+            handle = self.search(user_id=user_id, query=query, k=k).handle
+        elif not isinstance(handle, MemoryHandle):
+            raise HandleError(f"handle must be a MemoryHandle (from search()), got "
+                              f"{type(handle).__name__}")
+        elif handle.user_id != user_id:
+            with self._lock:
+                self.counters["foreign_handles"] += 1
+            raise HandleError(f"the handle belongs to {handle.user_id!r:.40}, not to user_id="
+                              f"{user_id!r:.40}; use a handle from this user's search()")
+        else:
+            query = ingest.check_text(query, "query", InvalidRequestError)
+        return self._engine.generate(handle, query if messages is None else messages,
+                                     sampling, mode)
+
+    def get(self, *, user_id: str, fact_id: int) -> StoredFact:
+        """The durable record of one fact (text, token ids, metadata, timestamps)."""
+        user_id = ingest.check_user_id(user_id)
+        (fact_id,) = ingest.check_fact_ids([fact_id], "fact_id")
+        with self._lock:
+            self._check_open()
+            (stored,) = self._store.get(user_id=user_id, fact_ids=[fact_id])
+        return replace(stored, metadata=ingest.public_metadata(stored.metadata))
+
+    def get_all(self, *, user_id: str) -> list[Fact]:
+        """All facts of a user, oldest first ([] for a user with none)."""
+        user_id = ingest.check_user_id(user_id)
+        with self._lock:
+            self._check_open()
+            return [f.to_fact() for f in self._store.get_all(user_id=user_id)]
+
+    def turns(self, *, user_id: str, session_id: str | None = None,
+              limit: int = 20) -> list[Turn]:
+        """The last `limit` turns of a session, oldest first."""
+        user_id = ingest.check_user_id(user_id)
+        session_id = ingest.check_session(session_id)
+        with self._lock:
+            self._check_open()
+            return self._store.recent_turns(user_id=user_id, session_id=session_id, limit=limit)
+
+    def stats(self) -> MemoryStats:
+        """Sizes and counters (the engine's include evictions, re-encodes and fallbacks)."""
+        with self._lock:
+            self._check_open()
+            engine = self._engine.stats()
+            return MemoryStats(len(self._store.users()), self._store.count(), len(self._facts),
+                               engine.num_resident_facts, engine, dict(self.counters))
+
+    def close(self) -> None:
+        """Close what this Memory opened (a store given as a path, an engine from_config).
+
+        A shared engine only forgets this Memory's facts, which frees their slab pages.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                if self._owns_engine:
+                    self._engine.close()
+                else:
+                    by_user: dict[str, list[FactId]] = defaultdict(list)
+                    for fact in self._facts.values():
+                        by_user[fact.user_id].append(fact.fact_id)
+                    for user_id, ids in by_user.items():
+                        self._engine.delete(user_id, ids)
+            except EngineClosedError:
+                pass  # nothing left to free
+            finally:
+                self._facts.clear()
+                if self._owns_store:
+                    self._store.close()
+
+    def __enter__(self) -> Memory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- internals ---------------------------------------------------------------------
+    def _load(self, encode: bool, progress_bar: bool | None) -> None:
+        """Register every stored fact, per user in batches; first recompute stale data."""
+        current = fingerprint(self._engine.config, self._engine.tokenizer, self._embedder.name)
+        total = self._store.count()
+        stale = stale_parts(self._store.fingerprint(), current) if total else set()
+        pending: dict[str, list[StoredFact]] = defaultdict(list)
+        with tqdm(total=total, unit="fact", disable=None if progress_bar is None else (
+                not progress_bar), desc="InferScale: " + ("encoding" if encode else "loading")
+                + " stored facts") as bar:
+            for batch in self._store.iter_all(_BATCH):
+                if stale:
+                    batch = refresh(self._store, batch, stale, self._engine.prompts, self._embed)
+                    self.counters["startup_refreshed"] += len(batch)
+                for stored in batch:
+                    pending[stored.user_id].append(stored)
+                for user_id in [u for u, facts in pending.items() if len(facts) >= _BATCH]:
+                    facts = pending.pop(user_id)
+                    self._register(user_id, facts, encode)
+                    bar.update(len(facts))
+            for user_id, facts in pending.items():
+                self._register(user_id, facts, encode)
+                bar.update(len(facts))
+        self._store.set_fingerprint(json.dumps(current, sort_keys=True))
+        self.counters["startup_facts"] = len(self._facts)
+
+    def _register(self, user_id: str, stored: list[StoredFact], encode: bool) -> None:
+        """Register durable facts with the engine (encoding their KV if asked), then index them.
+
+        If encoding fails, the facts are registered without KV: it is built on first use. A fact
+        the engine refuses (e.g. over a lowered max_fact_tokens) stays in the store but is not
+        served; it is logged and counted.
+        """
+        if not stored:
+            return
+        texts = [f.text for f in stored]
+        contexts = [f.metadata.get(ingest.CONTEXT_KEY) for f in stored]
+        ids = [f.fact_id for f in stored]
+        try:
+            self._engine.add_facts(user_id, texts, contexts, fact_ids=ids, encode=encode)
+        except EngineClosedError:
+            raise
+        except InvalidFactError as exc:
+            if len(stored) == 1:
+                logger.warning("fact %s of %r is stored but cannot be served: %s", ids[0],
+                               user_id, exc)
+                self.counters["unservable_facts"] += 1
+                return
+            for fact in stored:  # register all but the refused ones
+                self._register(user_id, [fact], encode)
+            return
+        except Exception as exc:  # noqa: BLE001 - whatever failed in encoding: KV comes later
+            logger.warning("encoding %d facts of %r failed (%s); their KV will be built on "
+                           "first use", len(ids), user_id, exc)
+            self.counters["encode_failures"] += len(ids)
+            self._engine.add_facts(user_id, texts, contexts, fact_ids=ids, encode=False)
+        self._index.add(user_id=user_id, fact_ids=ids, embeddings=torch.stack(
+            [torch.from_numpy(f.embedding_array().copy()) for f in stored]))
+        for fact in stored:
+            self._facts[fact.fact_id] = fact.to_fact()
+
+    def _forget(self, user_id: str, fact_ids: Sequence[int]) -> None:
+        """Drop deleted facts from the engine (freeing their KV) and from the index."""
+        known = [FactId(i) for i in fact_ids if i in self._facts]
+        if known:
+            self._engine.delete(user_id, known)
+            self._index.remove(user_id=user_id, fact_ids=known)
+            for fact_id in known:
+                del self._facts[fact_id]
+
+    def _store_facts(self, user_id: str, session_id: str | None,
+                     metadata: dict[str, Any] | None, texts: list[str],
+                     token_ids: list[tuple[int, ...]], vectors: torch.Tensor,
+                     contexts: list[str | None], turns: Sequence[tuple[str, str]]
+                     ) -> list[StoredFact]:
+        """Write facts and turns in one transaction; returns the facts' records as stored."""
+        metas = [{**(metadata or {}), **({ingest.CONTEXT_KEY: c} if c else {})} for c in contexts]
+        ids = self._store.add_facts(user_id=user_id, texts=texts, token_ids=token_ids,
+                                    embeddings=list(vectors), metadata=metas, session_id=session_id,
+                                    turns=turns)
+        return self._store.get(user_id=user_id, fact_ids=ids) if ids else []
+
+    def _embed(self, texts: list[str]) -> torch.Tensor:
+        """[len(texts), dim] float32 on the index's device, rows L2-normalized."""
+        return self._embedder.encode(texts).to(self._device)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosedError("this Memory was closed; build a new Memory")
+
