@@ -94,6 +94,23 @@ def test_llm_chain_with_messages_placeholder_and_llm_kwargs(memory, user_id, pro
     assert probe.kv_requests == 2 and llm.counters["injected"] == 2
 
 
+async def test_llm_chain_async_keeps_the_turns(memory, user_id, probe, sent):
+    memory.add(user_id=user_id, texts=FACTS[:2])
+    prompt = ChatPromptTemplate.from_messages([
+        MessagesPlaceholder("history"), ("human", "{question}")])
+    llm = ChatInferScale(max_tokens=MAX_TOKENS)
+    kv = KVMemory(user_id=user_id, k=2, return_messages=True)
+    chain = LLMChain(llm=llm, prompt=prompt, memory=kv)
+    first = await chain.ainvoke({"question": QUESTIONS[0]})
+    second = await chain.ainvoke({"question": QUESTIONS[1]})
+    probe.report("LLMChain.ainvoke x2")
+    assert probe.kv_requests == 2 and probe.injected_tokens > 0 and llm.counters["injected"] == 2
+    assert [t["content"] for t in kv.turns] == [QUESTIONS[0], first["text"], QUESTIONS[1],
+                                                second["text"]]
+    # The second request's handle ends with the first exchange, in order.
+    assert list(sent[1][0].fact_ids[-2:]) == [t["fact_id"] for t in kv.turns[:2]]
+
+
 def _agent(llm, kv):
     prompt = ChatPromptTemplate.from_messages([
         ("system", "You are a helpful assistant."), MessagesPlaceholder("chat_history"),
