@@ -23,6 +23,7 @@ from inferscale_integrations.handles import make_handle_message
 from inferscale_integrations.registry import DEFAULT_NAME, claim_name, get_memory
 
 if TYPE_CHECKING:
+    from inferscale_engine.engine import Engine
     from inferscale_engine.memory import Memory
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -35,8 +36,9 @@ class TurnRecord(TypedDict):
     role: str
     """system, user, assistant or tool."""
     content: str
-    fact_id: int | None
-    """The fact the memory layer made of the content (None: no fact, e.g. a tool result)."""
+    fact_ids: list[int]
+    """The facts the memory layer made of the content, in order: usually one; several for a
+    turn longer than max_fact_tokens; none for a tool result or a blank message."""
 
 
 class KVMemoryBase(BaseModel):
@@ -110,25 +112,28 @@ class KVMemoryBase(BaseModel):
         Turns are written and appended under one lock, so concurrent writers (LlamaIndex's
         stream_chat thread) keep the conversation order.
         """
-        records = [{"role": _check_role(role), "content": str(content), "fact_id": None}
+        records = [TurnRecord(role=_check_role(role), content=str(content), fact_ids=[])
                    for role, content in messages]
         if not records:
             return []
         with self._lock:
             memory = self.memory
-            payload = [{"role": r["role"], "content": r["content"]} for r in records]
+            parts = [fact_parts(memory.engine, r["content"]) if r["role"] in FACT_ROLES
+                     else [r["content"]] for r in records]
+            payload = [{"role": r["role"], "content": part}
+                       for r, pieces in zip(records, parts, strict=True) for part in pieces]
             if any(r["role"] in FACT_ROLES and r["content"].strip() for r in records):
                 results = iter(memory.add(user_id=self.user_id, session_id=self.session_id,
                                           messages=payload))
-                for record in records:  # Memory.add makes one fact per non-blank user/AI turn
-                    if record["role"] in FACT_ROLES and record["content"].strip():
-                        record["fact_id"] = int(next(results).fact_id)
+                for record, pieces in zip(records, parts, strict=True):
+                    if record["role"] in FACT_ROLES:  # Memory.add: one fact per non-blank part
+                        record["fact_ids"] = [int(next(results).fact_id) for part in pieces
+                                              if part.strip()]
             else:
                 memory.add_turns(user_id=self.user_id, session_id=self.session_id,
                                  messages=payload)
-            typed = [TurnRecord(**r) for r in records]  # type: ignore[typeddict-item]
-            self.turns = [*self.turns, *typed]
-        return typed
+            self.turns = [*self.turns, *records]
+        return records
 
     def clear_turns(self) -> None:
         """Forget the conversation held here; the user's long-term facts stay in the Memory."""
@@ -146,9 +151,10 @@ class KVMemoryBase(BaseModel):
         """
         with self._lock:
             answered = self.turns[:len(self.turns) - pending]
-            skipped = {t["fact_id"] for t in self.turns[len(answered):]}
-        window = [t["fact_id"] for t in answered if t["fact_id"] is not None]
-        window = window[-self.recent_turns:] if self.recent_turns else []
+            skipped = {f for t in self.turns[len(answered):] for f in t["fact_ids"]}
+        with_facts = [t for t in answered if t["fact_ids"]]
+        window = [f for t in with_facts[-self.recent_turns:] for f in t["fact_ids"]
+                  ] if self.recent_turns else []
         recent = list(dict.fromkeys(reversed(window)))[::-1]  # a repeated fact: latest place
         top: list[int] = []
         if query and query.strip() and self.k:
@@ -181,6 +187,22 @@ class KVMemoryBase(BaseModel):
                 if turn["role"] == "user" and turn["content"].strip():
                     return turn["content"]
         return None
+
+
+def fact_parts(engine: Engine, text: str) -> list[str]:
+    """`text` cut into pieces that each fit in one fact (EngineConfig.max_fact_tokens).
+
+    A long turn (a pasted document, a long answer) becomes several facts, encoded in order,
+    instead of being refused by the memory layer.
+    """
+    limit = engine.config.max_fact_tokens
+    if len(engine.prompts.fact_ids(text)) <= limit:
+        return [text]
+    token_ids = engine.prompts.encode(text)
+    # Room for the fact format, and for a cut piece tokenizing a little longer on its own.
+    step = max(1, limit - len(engine.prompts.fact_ids("")) - 8)
+    return [engine.tokenizer.decode(token_ids[i:i + step])
+            for i in range(0, len(token_ids), step)]
 
 
 def _check_role(role: str) -> str:

@@ -59,7 +59,7 @@ def test_reads_return_one_handle_message(memory, user_id):
     kv.save_context({"input": "second"}, {"output": "two"})
     marker = kv.load_memory_variables({"input": FACTS[3]})["history"]
     handle = RECENT_HANDLES.resolve(MARKER_RE.fullmatch(marker).group(1))
-    turn_facts = [t["fact_id"] for t in kv.turns]
+    turn_facts = [f for t in kv.turns for f in t["fact_ids"]]
     assert handle.user_id == user_id and len(handle.fact_ids) == 4
     assert handle.fact_ids[0] == facts[3] and set(handle.fact_ids[:2]) <= set(facts)
     assert list(handle.fact_ids[2:]) == turn_facts[2:]  # the last 2 turns, in order
@@ -79,10 +79,24 @@ def test_chat_memory_writes_through_and_clear_keeps_facts(memory, user_id):
     kv.chat_memory.add_ai_message("What is its name?")
     assert [m.content for m in kv.chat_memory.messages] == ["I adopted a turtle.",
                                                            "What is its name?"]
-    assert all(t["fact_id"] is not None for t in kv.turns)
+    assert all(len(t["fact_ids"]) == 1 for t in kv.turns)
     kv.clear()
     assert kv.turns == [] and kv.buffer_as_str == ""
     assert len(memory.get_all(user_id=user_id)) == 2  # long-term facts stay
+
+
+def test_a_turn_longer_than_one_fact_becomes_several(memory, engine, user_id):
+    limit = engine.config.max_fact_tokens
+    long_input = " ".join(f"word{i}" for i in range(2 * limit))  # ~2-3 facts' worth
+    kv = KVMemory(user_id=user_id, recent_turns=2)
+    kv.save_context({"input": long_input}, {"output": "noted"})
+    (user_turn, ai_turn) = kv.turns
+    assert user_turn["content"] == long_input and len(user_turn["fact_ids"]) >= 2
+    texts = [memory.get(user_id=user_id, fact_id=f).text for f in user_turn["fact_ids"]]
+    assert all(len(engine.prompts.fact_ids(t)) <= limit for t in texts)
+    assert "".join(texts).replace(" ", "") == long_input.replace(" ", "")
+    # The window keeps whole turns: every piece of the long turn, then the answer.
+    assert kv.handle_for(None).fact_ids == (*user_turn["fact_ids"], *ai_turn["fact_ids"])
 
 
 def test_llamaindex_verbs(memory, user_id):
@@ -95,8 +109,8 @@ def test_llamaindex_verbs(memory, user_id):
     assert MARKER_RE.fullmatch(handle_message.content) and handle_message.role == "user"
     assert pending.content == "What is my cat's name?"
     handle = MemoryHandle.from_dict(handle_message.additional_kwargs[HANDLES_KEY][0])
-    assert kv.turns[2]["fact_id"] not in handle.fact_ids  # sent as text, not as a fact
-    assert handle.fact_ids[-2:] == (kv.turns[0]["fact_id"], kv.turns[1]["fact_id"])
+    assert kv.turns[2]["fact_ids"][0] not in handle.fact_ids  # sent as text, not as a fact
+    assert handle.fact_ids[-2:] == (*kv.turns[0]["fact_ids"], *kv.turns[1]["fact_ids"])
     kv.put(handle_message)  # a handle message is never stored
     assert len(kv.turns) == 3
     kv.set([ChatMessage(role="user", content="Start over.")])

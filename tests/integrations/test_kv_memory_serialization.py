@@ -97,7 +97,8 @@ def test_put_is_thread_safe(memory, user_id):
     for thread in threads:
         thread.join()
     contents = [t["content"] for t in kv.turns]
-    assert sorted(contents) == sorted(texts) and len({t["fact_id"] for t in kv.turns}) == 8
+    assert sorted(contents) == sorted(texts)
+    assert len({f for t in kv.turns for f in t["fact_ids"]}) == 8
     # The memory layer recorded the turns in the same order as the KVMemory.
     assert [t.content for t in memory.turns(user_id=user_id)] == contents
     for n in range(4):  # each thread's own order is kept
@@ -118,4 +119,4 @@ def test_one_memory_serves_langchain_and_llamaindex_alternately(memory, user_id,
     assert [t["content"] for t in kv.turns][::2] == QUESTIONS[:3]
     assert kv.turns[3]["content"] == from_llamaindex.response
     # Both frameworks see the whole conversation: the last handle holds every turn before it.
-    assert set(kv.handle_for(None).fact_ids) == {t["fact_id"] for t in kv.turns}
+    assert set(kv.handle_for(None).fact_ids) == {f for t in kv.turns for f in t["fact_ids"]}

@@ -29,7 +29,7 @@ def lookup(query: str) -> str:
 
 
 def _fact_ids(kv: KVMemory) -> list[int]:
-    return [t["fact_id"] for t in kv.turns]
+    return [f for t in kv.turns for f in t["fact_ids"]]
 
 
 def test_conversation_chain_serves_from_injected_kv(memory, user_id, probe, sent):
@@ -108,7 +108,7 @@ async def test_llm_chain_async_keeps_the_turns(memory, user_id, probe, sent):
     assert [t["content"] for t in kv.turns] == [QUESTIONS[0], first["text"], QUESTIONS[1],
                                                 second["text"]]
     # The second request's handle ends with the first exchange, in order.
-    assert list(sent[1][0].fact_ids[-2:]) == [t["fact_id"] for t in kv.turns[:2]]
+    assert list(sent[1][0].fact_ids[-2:]) == [f for t in kv.turns[:2] for f in t["fact_ids"]]
 
 
 def _agent(llm, kv):

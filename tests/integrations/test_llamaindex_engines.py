@@ -53,7 +53,7 @@ def test_simple_chat_engine_gets_without_input(memory, user_id, probe, sent, mon
     # get() ran without input: the question came from the memory's own pending turn.
     assert messages[-1] == {"role": "user", "content": QUESTIONS[0]}
     assert all("[[inferscale:" not in m["content"] for m in messages)
-    assert len(handle.fact_ids) == 2 and kv.turns[0]["fact_id"] not in handle.fact_ids
+    assert len(handle.fact_ids) == 2 and kv.turns[0]["fact_ids"][0] not in handle.fact_ids
     writers = []
     real_put = KVMemory.put
     monkeypatch.setattr(KVMemory, "put", lambda self, message: (
@@ -66,7 +66,7 @@ def test_simple_chat_engine_gets_without_input(memory, user_id, probe, sent, mon
     assert [(t["role"], t["content"]) for t in kv.turns] == [
         ("user", QUESTIONS[0]), ("assistant", answer.response),
         ("user", QUESTIONS[1]), ("assistant", text)]
-    assert sent[-1][0].fact_ids[-2:] == tuple(t["fact_id"] for t in kv.turns[:2])
+    assert sent[-1][0].fact_ids[-2:] == tuple(f for t in kv.turns[:2] for f in t["fact_ids"])
 
 
 async def test_simple_chat_engine_async(memory, user_id, probe):
