@@ -62,20 +62,18 @@ def find_duplicates(index: RetrievalIndex, user_id: str, vectors: torch.Tensor,
     A fact duplicates the most similar of the user's indexed facts and the earlier facts of the
     same call when that similarity is >= threshold; None disables detection.
     """
-    if threshold is None:
+    if threshold is None or not len(vectors):
         return [None] * len(vectors)
+    within = vectors @ vectors.T  # [n, n]
     matches: list[Match | None] = []
-    for i, vector in enumerate(vectors):
-        best: Match | None = None
-        nearest = index.nearest(user_id=user_id, embedding=vector)
-        if nearest is not None and nearest[1] >= threshold:
-            best = nearest
+    for i, nearest in enumerate(index.nearest_many(user_id=user_id, embeddings=vectors)):
+        best: Match | None = nearest if nearest is not None and nearest[1] >= threshold else None
         if i:
-            scores = vectors[:i] @ vector  # [i]
-            j = int(torch.argmax(scores))
-            if scores[j] >= threshold and (best is None or scores[j] > best[1]):
+            j = int(torch.argmax(within[i, :i]))
+            score = float(within[i, j])
+            if score >= threshold and (best is None or score > best[1]):
                 earlier = matches[j]  # a duplicate of a duplicate names the original
-                best = (earlier[0] if earlier else (j,), float(scores[j]))
+                best = (earlier[0] if earlier else (j,), score)
         matches.append(best)
     return matches
 

@@ -108,6 +108,20 @@ def test_search_ranks_by_cosine_and_returns_scores():
     assert UserIndex(DIM).nearest(query) is None and UserIndex(DIM).search(query, 3) == []
 
 
+def test_nearest_many_equals_nearest_row_by_row():
+    index = UserIndex(DIM)
+    generator = torch.Generator().manual_seed(3)
+    index.add(list(range(1, 601)), torch.randn(600, DIM, generator=generator))
+    queries = torch.randn(300, DIM, generator=generator)  # more rows than one chunk
+    many = index.nearest_many(queries)
+    assert len(many) == 300
+    for query, (fact_id, score) in zip(queries, many, strict=True):
+        assert index.nearest(query) == (fact_id, pytest.approx(score, abs=1e-6))
+    assert UserIndex(DIM).nearest_many(queries[:2]) == [None, None]
+    with pytest.raises(RetrievalError):
+        index.nearest_many(torch.zeros(1, DIM))
+
+
 def test_ties_break_by_fact_id_including_at_the_cut():
     index = UserIndex(DIM)
     index.add([40, 7, 25, 3, 99], basis(0, 0, 1, 0, 1))
@@ -173,6 +187,8 @@ def test_users_are_isolated_and_unknown_users_get_nothing():
     assert index.search(user_id="carol", query_embedding=query, k=10) == []
     assert index.nearest(user_id="carol", embedding=query) is None
     assert index.nearest(user_id="alice", embedding=basis(1)[0]) == (2, 1.0)
+    assert index.nearest_many(user_id="alice", embeddings=basis(1, 0)) == [(2, 1.0), (1, 1.0)]
+    assert index.nearest_many(user_id="carol", embeddings=basis(0, 1)) == [None, None]
     assert index.users() == ["alice", "bob"] and index.count() == 3
     with pytest.raises(FactNotFoundError):
         index.remove(user_id="alice", fact_ids=[3])  # bob's id
