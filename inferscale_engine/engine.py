@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,9 +95,11 @@ class Engine:
         self._runner = VllmRunner(config, ConnectorConfig(
             num_pages, config.slab_page_tokens, config.max_model_len, config.key_origin))
         self._facts: dict[FactId, FactRecord] = {}
-        self._preambles: dict[str, int] = {}
+        self._preambles: OrderedDict[str, tuple[int, tuple[int, ...]]] = OrderedDict()
+        self._batch_preambles: set[str] = set()
         self._next_fact_id = 1
         self.counters: Counter[str] = Counter()
+        self._default_preamble = token_digest(self.prompts.preamble())
         self._preamble_key(self.prompts.preamble())  # fail now, not on the first request
 
     # ---- write path --------------------------------------------------------------------
@@ -235,23 +237,56 @@ class Engine:
                 raise RuntimeError(f"worker {rank} did not capture {resident.count(False)} facts")
         self.counters["encoded_facts"] += len(plans)
 
-    def _preamble_key(self, preamble: tuple[int, ...]) -> int:
-        """Slab key of a preamble (encoded on first use; never evicted)."""
+    MAX_PREAMBLES = 16
+    """Distinct system-prompt preambles kept in the slab (LRU; the configured one always stays).
+    Agents and chat engines send one per tool set or per retrieved context, so they must not
+    accumulate until the slab is full."""
+
+    def _preamble_key(self, preamble: tuple[int, ...], pinned: set[FactId] | None = None) -> int:
+        """Slab key of a preamble, encoded on first use.
+
+        The configured preamble is never evicted; others are kept least recently used, at most
+        MAX_PREAMBLES, and are the first to go when the slab is full. Preambles of the batch
+        being built (and the batch's facts, `pinned`) are never evicted for another.
+        """
         digest = token_digest(preamble)
-        key = self._preambles.get(digest)
-        if key is None:
-            key = self._residency.next_slab_key()
-            pages, evicted = self._residency.allocate(len(preamble), set(),
-                                                      self.config.on_slab_full == "evict")
-            self._free_entries(evicted)
-            plan = SavePlan(SYSTEM_OWNER, key, 0, preamble, pages).signed(self._secret)
-            try:
-                self._run_saves([plan], [list(preamble)])
-            except BaseException:
-                self._residency.free_pages(pages)
-                raise
-            self._preambles[digest] = key
+        self._batch_preambles.add(digest)
+        entry = self._preambles.get(digest)
+        if entry is not None:
+            self._preambles.move_to_end(digest)
+            return entry[0]
+        self._evict_preambles(self.MAX_PREAMBLES - 1)
+        evict = self.config.on_slab_full == "evict"
+        try:
+            pages, evicted = self._residency.allocate(len(preamble), set(pinned or ()), evict)
+        except SlabFullError:
+            self._evict_preambles(0)
+            pages, evicted = self._residency.allocate(len(preamble), set(pinned or ()), evict)
+        self._free_entries(evicted)
+        key = self._residency.next_slab_key()
+        plan = SavePlan(SYSTEM_OWNER, key, 0, preamble, pages).signed(self._secret)
+        try:
+            self._run_saves([plan], [list(preamble)])
+        except BaseException:
+            self._residency.free_pages(pages)
+            raise
+        self._preambles[digest] = (key, pages)
         return key
+
+    def _evict_preambles(self, keep: int) -> None:
+        """Free least recently used preambles until at most `keep` evictable ones remain."""
+        evictable = [d for d in self._preambles
+                     if d != self._default_preamble and d not in self._batch_preambles]
+        victims = evictable[:max(0, len(evictable) - keep)]
+        if not victims:
+            return
+        keys = []
+        for digest in victims:
+            key, pages = self._preambles.pop(digest)
+            self._residency.free_pages(pages)
+            keys.append(key)
+        self._runner.rpc("inferscale_free", keys)
+        self.counters["evicted_preambles"] += len(keys)
 
     # ---- read path ---------------------------------------------------------------------
     def generate(self, handle: MemoryHandle | None, messages: Messages | str,
@@ -273,7 +308,7 @@ class Engine:
     def generate_many(self, requests: Sequence[tuple[MemoryHandle | None, Messages | str]],
                       sampling: Any = None, mode: str = "kv") -> list[Generation]:
         """generate() for many requests in one vLLM batch."""
-        from vllm import SamplingParams, TokensPrompt
+        from vllm import SamplingParams
 
         if mode not in ("kv", "text"):
             raise InvalidRequestError(f"mode must be 'kv' or 'text', got {mode!r}")
@@ -282,35 +317,49 @@ class Engine:
             raise InvalidRequestError("sampling must be a vllm.SamplingParams, got "
                                       f"{type(sampling).__name__}")
         with self._lock:  # held through the run: vllm.LLM is not thread-safe
-            self._check_open()
-            resolved = [(self._resolve(h), _as_messages(m)) for h, m in requests]
-            pinned = {r.fact.fact_id for records, _ in resolved for r in records}
-            prompts, params, modes, lengths = [], [], [], []
-            for (records, messages), (handle, _) in zip(resolved, requests):
-                prompt = self.prompts.build(messages, [r.fact.token_ids for r in records])
-                ids = prompt.token_ids()
-                if len(ids) >= self.config.max_model_len:
-                    raise InvalidRequestError(
-                        f"prompt of {len(ids)} tokens exceeds max_model_len="
-                        f"{self.config.max_model_len}; retrieve fewer facts")
-                request_mode = mode if handle is not None else "text"
-                if request_mode == "kv" and not self._ready_for_kv(records, pinned):
+            try:
+                return self._generate_locked(requests, sampling, mode)
+            finally:
+                self._batch_preambles.clear()
+
+    def _generate_locked(self, requests: Sequence[tuple[MemoryHandle | None, Messages | str]],
+                         sampling: Any, mode: str) -> list[Generation]:
+        from vllm import TokensPrompt
+
+        self._check_open()
+        resolved = [(self._resolve(h), _as_messages(m)) for h, m in requests]
+        pinned = {r.fact.fact_id for records, _ in resolved for r in records}
+        prompts, params, modes, lengths = [], [], [], []
+        for (records, messages), (handle, _) in zip(resolved, requests):
+            prompt = self.prompts.build(messages, [r.fact.token_ids for r in records])
+            ids = prompt.token_ids()
+            if len(ids) >= self.config.max_model_len:
+                raise InvalidRequestError(
+                    f"prompt of {len(ids)} tokens exceeds max_model_len="
+                    f"{self.config.max_model_len}; retrieve fewer facts")
+            request_mode = mode if handle is not None else "text"
+            if request_mode == "kv" and not self._ready_for_kv(records, pinned):
+                request_mode = "text"
+            request_params = sampling.clone()
+            plan = None
+            if request_mode == "kv":
+                try:
+                    plan = self._plan(handle, prompt, records, pinned)
+                except SlabFullError:  # not even the preamble fits: this one goes as text
                     request_mode = "text"
-                request_params = sampling.clone()
-                if request_mode == "kv":
-                    plan = self._plan(handle, prompt, records)
-                    request_params.extra_args = {**(request_params.extra_args or {}),
-                                                 "kv_transfer_params": plan.to_params()}
-                    prompts.append(TokensPrompt(prompt_token_ids=ids, cache_salt=plan.cache_salt))
-                else:
-                    prompts.append(TokensPrompt(prompt_token_ids=ids))
-                self._residency.touch(records)
-                params.append(request_params)
-                modes.append(request_mode)
-                lengths.append(len(ids))
-            start = time.perf_counter()
-            outputs = self._runner.run(prompts, params)
-            latency_ms = (time.perf_counter() - start) * 1e3
+            if plan is not None:
+                request_params.extra_args = {**(request_params.extra_args or {}),
+                                             "kv_transfer_params": plan.to_params()}
+                prompts.append(TokensPrompt(prompt_token_ids=ids, cache_salt=plan.cache_salt))
+            else:
+                prompts.append(TokensPrompt(prompt_token_ids=ids))
+            self._residency.touch(records)
+            params.append(request_params)
+            modes.append(request_mode)
+            lengths.append(len(ids))
+        start = time.perf_counter()
+        outputs = self._runner.run(prompts, params)
+        latency_ms = (time.perf_counter() - start) * 1e3
         results = [_generation(out, m, n, latency_ms) for out, m, n in zip(outputs, modes, lengths)]
         for asked, g in zip((mode if h is not None else "text" for h, _ in requests), results):
             self.counters[f"requests_{g.mode}"] += 1
@@ -333,7 +382,10 @@ class Engine:
             if not self._ready_for_kv(records, {r.fact.fact_id for r in records}):
                 raise SlabFullError("the handle's facts do not fit in the slab")
             prompt = self.prompts.build(_as_messages(messages), [r.fact.token_ids for r in records])
-            return prompt, self._plan(handle, prompt, records)
+            try:
+                return prompt, self._plan(handle, prompt, records)
+            finally:
+                self._batch_preambles.clear()
 
     def _ready_for_kv(self, records: list[FactRecord], pinned: set[FactId]) -> bool:
         """Make evicted facts resident again (or say the request must go as text)."""
@@ -351,9 +403,10 @@ class Engine:
         self.counters["reencoded_facts"] += len(missing)
         return True
 
-    def _plan(self, handle: MemoryHandle, prompt: MemoryPrompt, records: list[FactRecord]
-              ) -> InjectionPlan:
-        segments = [Segment(self._preamble_key(prompt.preamble), 0, prompt.preamble)]
+    def _plan(self, handle: MemoryHandle, prompt: MemoryPrompt, records: list[FactRecord],
+              pinned: set[FactId] | None = None) -> InjectionPlan:
+        pinned = pinned if pinned is not None else {r.fact.fact_id for r in records}
+        segments = [Segment(self._preamble_key(prompt.preamble, pinned), 0, prompt.preamble)]
         segments += [Segment(r.slab_key or 0, start, r.fact.token_ids)
                      for r, start in zip(records, prompt.fact_starts())]
         salt = hashlib.sha256(
