@@ -39,8 +39,8 @@ class PlanAuditor:
         self.salt_owner: dict[str, str] = {}
         self._plan = engine._plan
 
-    def __call__(self, handle, prompt, records):
-        plan = self._plan(handle, prompt, records)
+    def __call__(self, handle, prompt, records, *args, **kwargs):
+        plan = self._plan(handle, prompt, records, *args, **kwargs)
         owner_of_key = {r.slab_key: r.fact.user_id for r in self.engine._facts.values()
                         if r.slab_key is not None}
         assert plan.user_id == handle.user_id
