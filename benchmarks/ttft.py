@@ -27,7 +27,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import environment, resolve_model, summarize, synthetic_texts, write_record  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    environment,
+    locomo_facts,
+    resolve_model,
+    summarize,
+    synthetic_texts,
+    write_record,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "serving TTFT of token ids; detokenizing adds ~1 ms to every mode)")
     parser.add_argument("--profile", action="store_true",
                         help="cProfile the timed kv requests at the largest k; print the top")
+    parser.add_argument("--facts", default="auto", choices=("auto", "synthetic", "locomo"),
+                        help="auto: LoCoMo observations (~30 tokens) for a real tokenizer when "
+                             "the data is present, else synthetic texts of --fact-tokens")
     parser.add_argument("--tag", default="")
     return parser.parse_args(argv)
 
@@ -115,7 +125,18 @@ def main(argv: list[str] | None = None) -> dict:
     modes = args.modes.split(",")
     engine, config = build_engine(args)
     tokenizer = engine.tokenizer
-    facts = synthetic_texts(tokenizer, max(args.pool, max(ks) + 1), args.fact_tokens, seed=1)
+    pool = max(args.pool, max(ks) + 1)
+    facts = None
+    if args.facts == "locomo" or (args.facts == "auto" and not args.model.startswith("tiny")):
+        facts = locomo_facts(pool, 20, tokenizer)
+        if facts is None and args.facts == "locomo":
+            raise SystemExit("LoCoMo data not found (benchmarks/locomo_data.DEFAULT_DATA)")
+    args.facts = "locomo" if facts is not None else "synthetic"
+    if facts is None:
+        facts = synthetic_texts(tokenizer, pool, args.fact_tokens, seed=1)
+    fact_lengths = sorted(len(tokenizer.encode("- " + f + "\n")) for f in facts)
+    print(f"{len(facts)} {args.facts} facts, median {fact_lengths[len(facts) // 2]} tokens",
+          flush=True)
     questions = synthetic_texts(tokenizer, 2 * (args.repeats + args.warmup) + 1,
                                 args.question_tokens, seed=2, fmt="{text}")
     start = time.perf_counter()
@@ -184,6 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
             f: getattr(config, f) for f in ("model", "dtype", "load_format", "max_model_len",
                                             "block_size", "enforce_eager", "key_origin")},
         "environment": environment(), "ingest_seconds": ingest_s, "num_facts": len(facts),
+        "fact_tokens_median": fact_lengths[len(facts) // 2],
         "summary": summary, "raw_ms": raw, "raw_engine_ttft_ms": engine_ttft,
         "engine_stats": engine.stats().workers,
     }
