@@ -146,7 +146,7 @@ def _launch(cache: PagedKVPointers, slab_keys: torch.Tensor, slab_values: torch.
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows_ptr", "slots_ptr", "from_ptr", "to_ptr", "num_tokens"])
 def _move_kernel(
     cache_ptr, layer_offsets_ptr, slab_keys_ptr, slab_values_ptr,
     rows_ptr, slots_ptr, from_ptr, to_ptr, cos_ptr, sin_ptr,
