@@ -36,7 +36,6 @@ class CaptureSpec:
     req_id: str
     user_id: str
     slab_key: int
-    digest: str
     start: int
     num_tokens: int
     pages: list[int]

@@ -22,7 +22,6 @@ from inferscale_engine.plan import (
     Plan,
     SavePlan,
     from_params,
-    token_digest,
 )
 
 if TYPE_CHECKING:
@@ -144,7 +143,7 @@ class InferScaleScheduler:
             plan = save.plan
             meta.captures.append(CaptureSpec(
                 req_id=rid, user_id=plan.user_id, slab_key=plan.slab_key,
-                digest=token_digest(plan.token_ids), start=plan.start,
+                start=plan.start,
                 num_tokens=len(plan.token_ids), pages=list(plan.pages),
                 block_ids=list(save.block_ids),
             ))

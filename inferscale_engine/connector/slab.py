@@ -23,8 +23,6 @@ class SlabEntry:
     rows: torch.Tensor
     """[num_tokens] int64 slab rows (CPU), token i of the fact in rows[i]."""
     num_tokens: int
-    digest: str
-    """token_digest of the fact's token ids."""
     origin: int
     """Position whose rotation token 0's stored key carries (token i: origin + i)."""
 

@@ -202,7 +202,7 @@ class InferScaleWorker:
             parts.append(np.stack((self._slots(capture.block_ids, serving), rows.numpy(),
                                    serving, serving - capture.start + origin)))
             entries.append((capture, SlabEntry(capture.user_id, rows, capture.num_tokens,
-                                               capture.digest, origin)))
+                                               origin)))
         if not parts:
             return
         packed = torch.from_numpy(np.concatenate(parts, axis=1)).to(self.slab.keys.device)

@@ -80,8 +80,7 @@ def apply_rotation(keys: torch.Tensor, cos_d: torch.Tensor, sin_d: torch.Tensor,
         rotated = torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
     out = rotated.to(out_dtype)
     if bool(same.any()):
-        keep = same.view(-1, 1, 1).expand_as(out[..., :, :, :1]).expand_as(out)
-        out = torch.where(keep, keys.to(out_dtype), out)
+        out = torch.where(same.view(-1, 1, 1), keys.to(out_dtype), out)
     return out
 
 
