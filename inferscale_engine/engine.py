@@ -9,7 +9,6 @@ token ids with no plan: the baseline of every benchmark and the fallback.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -17,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferscale_engine.checks import check_text, check_user_id
 from inferscale_engine.config import ConnectorConfig, EngineConfig, plan_secret
 from inferscale_engine.connector.slab import SlabAllocator
 from inferscale_engine.errors import (
@@ -29,7 +29,14 @@ from inferscale_engine.errors import (
     UnsupportedModelError,
 )
 from inferscale_engine.facts import Fact, FactId, MemoryHandle
-from inferscale_engine.plan import SYSTEM_OWNER, InjectionPlan, SavePlan, Segment, token_digest
+from inferscale_engine.plan import (
+    SYSTEM_OWNER,
+    InjectionPlan,
+    SavePlan,
+    Segment,
+    cache_salt,
+    token_digest,
+)
 from inferscale_engine.prompt import MemoryPrompt, PromptBuilder
 from inferscale_engine.residency import FactRecord, Residency
 from inferscale_engine.rope import RopeSpec
@@ -122,7 +129,7 @@ class Engine:
             InvalidFactError: a text is empty, not a string, or too long. Nothing is stored.
             SlabFullError: the facts do not fit even after eviction. Nothing is stored.
         """
-        _check_user(user_id)
+        user_id = check_user_id(user_id)
         if isinstance(texts, str) or not isinstance(texts, Sequence):
             raise InvalidFactError(f"texts must be a list of strings, got {type(texts).__name__}")
         contexts = list(contexts) if contexts is not None else [None] * len(texts)
@@ -159,11 +166,8 @@ class Engine:
         return ids
 
     def _fact_tokens(self, text: object) -> tuple[int, ...]:
-        if not isinstance(text, str):
-            raise InvalidFactError(f"a fact must be a string, got {type(text).__name__}")
-        if not text.strip():
-            raise InvalidFactError("a fact is empty or whitespace; pass text with content")
-        ids = self.prompts.fact_ids(text.strip())
+        text = check_text(text, "a fact")
+        ids = self.prompts.fact_ids(text)
         if len(ids) > self.config.max_fact_tokens:
             raise InvalidFactError(
                 f"a fact has {len(ids)} tokens, over max_fact_tokens="
@@ -195,11 +199,11 @@ class Engine:
                                                           evict)
                 self._free_entries(evicted)
                 allocated.append((record, self._residency.next_slab_key(), pages))
-            plans = [SavePlan(r.fact.user_id, key, len(preamble) + len(r.context_ids),
-                              r.fact.token_ids, pages).signed(self._secret)
-                     for r, key, pages in allocated]
             prompts = [list(preamble) + list(r.context_ids) + list(r.fact.token_ids)
                        for r, _, _ in allocated]
+            plans = [SavePlan(r.fact.user_id, key, len(preamble) + len(r.context_ids),
+                              len(r.fact.token_ids), pages).signed(self._secret, prompt)
+                     for (r, key, pages), prompt in zip(allocated, prompts)]
             self._run_saves(plans, prompts)
         except BaseException:
             for _, _, pages in allocated:
@@ -264,7 +268,8 @@ class Engine:
             pages, evicted = self._residency.allocate(len(preamble), set(pinned or ()), evict)
         self._free_entries(evicted)
         key = self._residency.next_slab_key()
-        plan = SavePlan(SYSTEM_OWNER, key, 0, preamble, pages).signed(self._secret)
+        plan = SavePlan(SYSTEM_OWNER, key, 0, len(preamble), pages).signed(self._secret,
+                                                                          preamble)
         try:
             self._run_saves([plan], [list(preamble)])
         except BaseException:
@@ -409,9 +414,9 @@ class Engine:
         segments = [Segment(self._preamble_key(prompt.preamble, pinned), 0, prompt.preamble)]
         segments += [Segment(r.slab_key or 0, start, r.fact.token_ids)
                      for r, start in zip(records, prompt.fact_starts())]
-        salt = hashlib.sha256(
-            f"{handle.user_id}|{[s.slab_key for s in segments]}".encode()).hexdigest()[:32]
-        return InjectionPlan.from_segments(handle.user_id, segments, salt).signed(self._secret)
+        user_id = check_user_id(handle.user_id)
+        salt = cache_salt(self._secret, user_id, [s.slab_key for s in segments])
+        return InjectionPlan.from_segments(user_id, segments, salt).signed(self._secret)
 
     def _resolve(self, handle: MemoryHandle | None) -> list[FactRecord]:
         """Records of a handle, in handle order; refuses foreign or unknown facts."""
@@ -419,16 +424,16 @@ class Engine:
             return []
         if not isinstance(handle, MemoryHandle):
             raise HandleError(f"expected a MemoryHandle, got {type(handle).__name__}")
-        _check_user(handle.user_id)
+        user_id = check_user_id(handle.user_id)
         out = []
         for fact_id in handle.fact_ids:
             record = self._facts.get(fact_id)
             if record is None:
                 raise FactNotFoundError(f"fact {fact_id} does not exist (deleted or never added)")
-            if record.fact.user_id != handle.user_id:
+            if record.fact.user_id != user_id:
                 self.counters["foreign_handles"] += 1
                 raise HandleError(f"fact {fact_id} does not belong to user "
-                                  f"{handle.user_id!r}; a handle may only name its own user's "
+                                  f"{user_id!r}; a handle may only name its own user's "
                                   "facts")
             out.append(record)
         return out
@@ -436,6 +441,7 @@ class Engine:
     # ---- management --------------------------------------------------------------------
     def get_facts(self, user_id: str) -> list[Fact]:
         """All facts of a user, oldest first."""
+        user_id = check_user_id(user_id)
         with self._lock:
             return [r.fact for r in self._facts.values() if r.fact.user_id == user_id]
 
@@ -497,18 +503,12 @@ class Engine:
 
 def _as_messages(messages: Messages | str) -> Messages:
     if isinstance(messages, str):
-        if not messages.strip():
-            raise InvalidRequestError("the question is empty")
-        return [{"role": "user", "content": messages}]
+        return [{"role": "user", "content": check_text(messages, "the question",
+                                                       InvalidRequestError)}]
     if not isinstance(messages, Sequence) or not messages:
         raise InvalidRequestError("messages must be a non-empty list of role/content dicts or "
                                   "a question string")
     return messages
-
-
-def _check_user(user_id: object) -> None:
-    if not isinstance(user_id, str) or not user_id.strip():
-        raise HandleError(f"user_id must be a non-empty string, got {user_id!r}")
 
 
 def _generation(out: Any, mode: str, num_prompt_tokens: int, latency_ms: float) -> Generation:

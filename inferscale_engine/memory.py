@@ -159,7 +159,10 @@ class Memory:
                 earlier = self._store.recent_turns(user_id=user_id, session_id=session_id,
                                                    limit=self._context_turns)
                 contexts = ingest.turn_contexts(earlier, turns, [p for _, p in facts])
-            matches = ingest.find_duplicates(self._index, user_id, vectors, self._dedupe_threshold)
+            matches = ingest.find_duplicates(
+                self._index, user_id, vectors, self._dedupe_threshold,
+                [text for text, _ in facts],
+                lambda fact_id: fact.text if (fact := self._facts.get(fact_id)) else None)
             keep = [i for i, match in enumerate(matches) if match is None]
             stored = self._store_facts(user_id, session_id, metadata, [facts[i][0] for i in keep],
                                        [token_ids[i] for i in keep], vectors[keep],

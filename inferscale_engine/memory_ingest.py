@@ -5,18 +5,13 @@ Each check raises the specific InferScaleError, with a message that says what to
 
 from __future__ import annotations
 
-import json
-import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from inferscale_engine.errors import (
-    InvalidFactError,
-    InvalidTurnError,
-    InvalidUserIdError,
-)
+from inferscale_engine import checks
+from inferscale_engine.errors import InvalidFactError
 from inferscale_engine.facts import FactId
 from inferscale_engine.memory_config import AddResult
 from inferscale_engine.retrieval import RetrievalIndex
@@ -28,9 +23,10 @@ if TYPE_CHECKING:
 CONTEXT_KEY = "inferscale.context"
 """Metadata key holding the conversation a turn fact was encoded after (Context-Window
 Encoding), so that its KV is rebuilt exactly. Keys starting with 'inferscale.' are reserved."""
-ROLES = ("system", "user", "assistant", "tool")
-FACT_ROLES = ("user", "assistant")
-"""Turns whose content becomes a fact."""
+FACT_ROLES = checks.FACT_ROLES
+
+_DUPLICATE_CANDIDATES = 8
+"""Most similar indexed facts compared by text per new fact."""
 
 Match = tuple[FactId | tuple[int], float]
 """What a new fact duplicates: an existing fact id, or (position,) of an earlier fact of the
@@ -41,7 +37,7 @@ same call; and the cosine similarity."""
 def turn_facts(turns: list[tuple[str, str]]) -> list[tuple[str, int]]:
     """(fact text, turn position) of every user/assistant turn with content."""
     return [(content.strip(), i) for i, (role, content) in enumerate(turns)
-            if role in FACT_ROLES and content.strip()]
+            if role in FACT_ROLES and checks.has_visible(content)]
 
 
 def turn_contexts(earlier: list[Turn], turns: list[tuple[str, str]],
@@ -56,22 +52,33 @@ def turn_contexts(earlier: list[Turn], turns: list[tuple[str, str]],
 
 
 def find_duplicates(index: RetrievalIndex, user_id: str, vectors: torch.Tensor,
-                    threshold: float | None) -> list[Match | None]:
+                    threshold: float | None, texts: Sequence[str],
+                    text_of: Callable[[FactId], str | None]) -> list[Match | None]:
     """Per new fact (vectors: [n, dim], L2-normalized): None, or the fact it duplicates.
 
-    A fact duplicates the most similar of the user's indexed facts and the earlier facts of the
-    same call when that similarity is >= threshold; None disables detection.
+    A fact duplicates one of the user's indexed facts, or an earlier fact of the same call,
+    when BOTH their cosine similarity is >= threshold AND their texts say the same words
+    (checks.same_text). The embedding alone never drops a fact: models map texts they cannot
+    read (emoji, rare scripts) to one vector. threshold None disables detection.
+
+    Args:
+        texts: the new facts' texts, one per row of `vectors`.
+        text_of: text of an indexed fact id (None if unknown).
     """
     if threshold is None or not len(vectors):
         return [None] * len(vectors)
     within = vectors @ vectors.T  # [n, n]
+    candidates = index.similar_many(user_id=user_id, embeddings=vectors, threshold=threshold,
+                                    limit=_DUPLICATE_CANDIDATES)
     matches: list[Match | None] = []
-    for i, nearest in enumerate(index.nearest_many(user_id=user_id, embeddings=vectors)):
-        best: Match | None = nearest if nearest is not None and nearest[1] >= threshold else None
-        if i:
-            j = int(torch.argmax(within[i, :i]))
+    for i, similar in enumerate(candidates):
+        best: Match | None = next(((fact_id, score) for fact_id, score in similar
+                                   if (known := text_of(fact_id)) is not None
+                                   and checks.same_text(known, texts[i])), None)
+        for j in range(i):
             score = float(within[i, j])
-            if score >= threshold and (best is None or score > best[1]):
+            if score >= threshold and (best is None or score > best[1]) and checks.same_text(
+                    texts[j], texts[i]):
                 earlier = matches[j]  # a duplicate of a duplicate names the original
                 best = (earlier[0] if earlier else (j,), score)
         matches.append(best)
@@ -108,90 +115,11 @@ def public_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in metadata.items() if not k.startswith("inferscale.")}
 
 
-# ---- argument checks ---------------------------------------------------------------------
-def check_str(value: object, what: str, error: type[Exception]) -> str:
-    """`value` if it is a str of valid Unicode (possibly blank)."""
-    if isinstance(value, bytes | bytearray | memoryview):
-        raise error(f"{what} is {type(value).__name__}, not text; decode it first, e.g. "
-                    "data.decode('utf-8', errors='replace')")
-    if not isinstance(value, str):
-        raise error(f"{what} must be a str, got {type(value).__name__} {value!r:.60}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise error(f"{what} is not valid Unicode: a lone surrogate at index {exc.start} "
-                    "(bytes decoded with 'surrogateescape'?); decode the source with its real "
-                    "encoding or errors='replace'") from None
-    return value
-
-
-def check_text(value: object, what: str, error: type[Exception] = InvalidFactError) -> str:
-    """`value` stripped, if it is valid Unicode text with content."""
-    if not check_str(value, what, error).strip():
-        raise error(f"{what} is empty or whitespace ({value!r:.20}); pass text with content")
-    return str(value).strip()
-
-
-def check_user_id(user_id: object) -> str:
-    """A user id: any non-blank str of valid Unicode, used as given."""
-    check_str(user_id, "user_id", InvalidUserIdError)
-    if not str(user_id).strip():
-        raise InvalidUserIdError(f"user_id is empty or blank ({user_id!r:.20}); pass the same "
-                                 "non-empty id for every call of one user")
-    return str(user_id)
-
-
-def check_session(session_id: object) -> str | None:
-    """None or a non-blank session id."""
-    if session_id is None:
-        return None
-    check_text(session_id, "session_id", InvalidTurnError)
-    return str(session_id)
-
-
-def check_list(values: object, what: str, error: type[Exception]) -> Sequence[Any]:
-    """`values` if it is a list-like sequence (not a str, bytes or dict)."""
-    if isinstance(values, str | bytes | bytearray | Mapping) or not isinstance(values, Sequence):
-        raise error(f"{what} must be a list, got {type(values).__name__} {values!r:.60}; wrap "
-                    f"a single item: {what}=[...]")
-    return values
-
-
-def check_messages(messages: object) -> list[tuple[str, str]]:
-    """(role, content) of role/content dicts; content may be blank (it is not made a fact)."""
-    turns = []
-    for i, message in enumerate(check_list(messages, "messages", InvalidTurnError)):
-        if not isinstance(message, Mapping) or message.get("role") not in ROLES:
-            raise InvalidTurnError(f"messages[{i}] is {message!r:.80}; pass dicts with role in "
-                                   f"{ROLES} and str content")
-        content = check_str(message.get("content"), f"messages[{i}] content", InvalidTurnError)
-        turns.append((str(message["role"]), content))
-    return turns
-
-
-def check_metadata(metadata: object) -> dict[str, Any] | None:
-    """None or a JSON-serializable dict with str keys, none of them reserved."""
-    if metadata is None:
-        return None
-    if not isinstance(metadata, Mapping) or not all(isinstance(k, str) for k in metadata):
-        raise InvalidFactError(f"metadata is {metadata!r:.80}; pass a dict with string keys")
-    if any(k.startswith("inferscale.") for k in metadata):
-        raise InvalidFactError("metadata keys starting with 'inferscale.' are reserved; rename "
-                               "them")
-    try:
-        json.dumps(dict(metadata), allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidFactError(f"metadata is not JSON-serializable ({exc}); use str, int, "
-                               "finite float, bool, None, lists and dicts") from None
-    return dict(metadata)
-
-
-def check_fact_ids(fact_ids: object, what: str = "fact_ids") -> list[FactId]:
-    """Fact ids as add() returned them: a list of positive ints (`what`: a single one's name)."""
-    ids = check_list(fact_ids, what, InvalidFactError)
-    for i, fact_id in enumerate(ids):
-        if isinstance(fact_id, bool) or not isinstance(fact_id, numbers.Integral) or fact_id < 1:
-            name = what if what != "fact_ids" else f"fact_ids[{i}]"
-            raise InvalidFactError(f"{name} is {fact_id!r:.40}; pass fact ids as returned by "
-                                   "add() (positive ints)")
-    return [FactId(int(f)) for f in ids]
+# ---- argument checks (one implementation: inferscale_engine.checks) ------------------------
+check_user_id = checks.check_user_id
+check_session = checks.check_session
+check_messages = checks.check_messages
+check_metadata = checks.check_metadata
+check_fact_ids = checks.check_fact_ids
+check_list = checks.check_list
+check_text = checks.check_text

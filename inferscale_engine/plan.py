@@ -19,7 +19,7 @@ from typing import Any
 
 from inferscale_engine.errors import PlanError
 
-PLAN_VERSION = 2
+PLAN_VERSION = 3
 PARAMS_KEY = "inferscale"
 SYSTEM_OWNER = ""
 """Owner of shared entries (the preamble): readable by every user, writable by the engine only."""
@@ -30,6 +30,16 @@ _MAX_TOKEN_ID = 2**31 - 1
 def token_digest(token_ids: Sequence[int]) -> str:
     """Stable 16-hex-digit digest of a token id sequence."""
     return hashlib.blake2b(array("q", token_ids).tobytes(), digest_size=8).hexdigest()
+
+
+def cache_salt(secret: bytes, user_id: str, slab_keys: Sequence[int]) -> str:
+    """The cache_salt of an injected prompt: an HMAC of its user and slab entries.
+
+    Keyed by the engine's secret, so nobody who knows only a user id and slab keys can compute
+    it and address that user's blocks in vLLM's prefix cache.
+    """
+    payload = _utf8(f"salt|{PLAN_VERSION}|{user_id}|{','.join(map(str, slab_keys))}")
+    return _mac(secret, payload)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,32 +138,50 @@ class InjectionPlan:
 
 @dataclass(frozen=True, slots=True)
 class SavePlan:
-    """Write path: capture prompt[start:] (the fact) into slab pages under `slab_key`."""
+    """Write path: capture prompt[start:] (the fact) into slab pages under `slab_key`.
+
+    Bound to the one save prompt and the one slab allocation it was issued for: the MAC covers
+    the WHOLE prompt (a replay under another prefix does not verify), and a worker captures
+    only if `slab_key` is newer than the last capture into every one of `pages` (slab keys are
+    never reused, so a plan is single use and a stale plan cannot overwrite a page that was
+    freed and handed to another fact).
+    """
 
     user_id: str
     slab_key: int
     start: int
-    token_ids: tuple[int, ...]
+    num_tokens: int
+    """Fact tokens: the last num_tokens of the save prompt."""
     pages: tuple[int, ...]
     mac: str = ""
 
     @property
     def end(self) -> int:
         """One past the last fact token: the save prompt's length."""
-        return self.start + len(self.token_ids)
+        return self.start + self.num_tokens
 
-    def _payload(self) -> bytes:
-        return _utf8(f"save|{PLAN_VERSION}|{self.user_id}|{self.slab_key}|{self.start}|"
-                     f"{token_digest(self.token_ids)}|{','.join(map(str, self.pages))}")
+    def _payload(self, prompt_token_ids: Sequence[int]) -> bytes:
+        header = _utf8(f"save|{PLAN_VERSION}|{self.user_id}|{self.slab_key}|{self.start}|"
+                       f"{self.num_tokens}|{','.join(map(str, self.pages))}|")
+        return header + array("i", prompt_token_ids).tobytes()
 
-    def signed(self, secret: bytes) -> SavePlan:
-        """Copy with the MAC set."""
-        return replace(self, mac=_mac(secret, self._payload()))
+    def signed(self, secret: bytes, prompt_token_ids: Sequence[int]) -> SavePlan:
+        """Copy with the MAC set for this save prompt.
 
-    def verify(self, secret: bytes) -> bool:
-        """True if the MAC is valid for this content."""
+        Raises:
+            PlanError: the prompt does not end at `end`.
+        """
+        if len(prompt_token_ids) != self.end:
+            raise PlanError(f"save prompt has {len(prompt_token_ids)} tokens; the plan needs "
+                            f"{self.end} (fact at [{self.start}, {self.end}))")
+        return replace(self, mac=_mac(secret, self._payload(prompt_token_ids)))
+
+    def verify(self, secret: bytes, prompt_token_ids: Sequence[int]) -> bool:
+        """True if the MAC is valid for this content and exactly this prompt."""
+        if len(prompt_token_ids) != self.end:
+            return False
         try:
-            payload = self._payload()
+            payload = self._payload(prompt_token_ids)
         except (TypeError, OverflowError):
             return False
         return hmac.compare_digest(_utf8(self.mac), _utf8(_mac(secret, payload)))
@@ -162,7 +190,7 @@ class SavePlan:
         """kv_transfer_params of the save request."""
         return {PARAMS_KEY: {
             "v": PLAN_VERSION, "kind": "save", "user": self.user_id, "key": self.slab_key,
-            "start": self.start, "tokens": list(self.token_ids), "pages": list(self.pages),
+            "start": self.start, "num_tokens": self.num_tokens, "pages": list(self.pages),
             "mac": self.mac,
         }}
 
@@ -200,12 +228,11 @@ def from_params(params: Mapping[str, Any] | None) -> Plan | None:
                             f"{len(tokens) // 4} token ids")
         return InjectionPlan(user, tuple(keys), tuple(lengths), tokens, _str(raw, "salt"), mac)
     if kind == "save":
-        token_ids = tuple(_token_list(raw.get("tokens"), "tokens"))
         pages = tuple(_ints(raw, "pages"))
-        key, start = _int(raw, "key"), _int(raw, "start")
-        if not token_ids:
-            raise PlanError("save plan has no tokens")
-        return SavePlan(user, key, start, token_ids, pages, mac)
+        key, start, num_tokens = _int(raw, "key"), _int(raw, "start"), _int(raw, "num_tokens")
+        if not num_tokens or not pages:
+            raise PlanError("save plan needs num_tokens > 0 and at least one page")
+        return SavePlan(user, key, start, num_tokens, pages, mac)
     raise PlanError(f"plan kind {kind!r} is unknown; expected 'inject' or 'save'")
 
 

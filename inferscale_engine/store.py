@@ -14,6 +14,7 @@ import os
 import sqlite3
 import threading
 import time
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,12 +22,12 @@ from typing import Any, cast
 
 import numpy as np
 
+from inferscale_engine.checks import check_user_id
 from inferscale_engine.errors import (
     ConfigError,
     FactNotFoundError,
     InvalidFactError,
     InvalidTurnError,
-    InvalidUserIdError,
     StoreError,
 )
 from inferscale_engine.facts import Fact, FactId
@@ -94,9 +95,18 @@ def _create_v1(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX turns_session ON turns (user_id, session_id, turn_id)")
 
 
+def _nfc_user_ids_v2(conn: sqlite3.Connection) -> None:
+    """User ids are NFC from this version on: two spellings of one name become one user."""
+    conn.create_function("inferscale_nfc", 1, lambda v: unicodedata.normalize("NFC", v),
+                         deterministic=True)
+    for table in ("facts", "turns"):
+        conn.execute(f"UPDATE {table} SET user_id = inferscale_nfc(user_id) "
+                     "WHERE user_id != inferscale_nfc(user_id)")
+
+
 # Migration hook: _MIGRATIONS[v] upgrades schema version v to v + 1 inside the opening
 # transaction; version 0 is an empty file. Append a step to change the schema, never edit one.
-_MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_create_v1]
+_MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_create_v1, _nfc_user_ids_v2]
 
 
 class FactStore:
@@ -167,7 +177,7 @@ class FactStore:
                 nothing is stored.
             StoreError: the database write failed; nothing is stored.
         """
-        user_id = _check_user_id(user_id)
+        user_id = check_user_id(user_id)
         texts = _check_list(texts, "texts", InvalidFactError)
         num_facts = len(texts)
         texts = [_check_str(t, f"texts[{i}]", InvalidFactError) for i, t in enumerate(texts)]
@@ -200,7 +210,7 @@ class FactStore:
         Raises:
             FactNotFoundError: an id is unknown, deleted, or another user's.
         """
-        user_id = _check_user_id(user_id)
+        user_id = check_user_id(user_id)
         ids = _check_fact_ids(fact_ids)
         with self._reading("get") as conn:
             found = {row[0]: _fact_from_row(row)
@@ -210,7 +220,7 @@ class FactStore:
 
     def get_all(self, *, user_id: str) -> list[StoredFact]:
         """All facts of a user, oldest first (by fact id, which only grows)."""
-        user_id = _check_user_id(user_id)
+        user_id = check_user_id(user_id)
         with self._reading("get_all") as conn:
             return [_fact_from_row(row) for row in conn.execute(
                 f"SELECT {_FACT_COLUMNS} FROM facts WHERE user_id = ? ORDER BY fact_id",
@@ -223,7 +233,7 @@ class FactStore:
         Raises:
             FactNotFoundError: the id is unknown or another user's; nothing changes.
         """
-        user_id = _check_user_id(user_id)
+        user_id = check_user_id(user_id)
         (fact_id,) = _check_fact_ids([fact_id])
         text = _check_str(text, "text", InvalidFactError)
         tokens = _token_blob(token_ids, "token_ids")
@@ -247,7 +257,7 @@ class FactStore:
         Raises:
             FactNotFoundError: an id is unknown or another user's; nothing is deleted.
         """
-        user_id = _check_user_id(user_id)
+        user_id = check_user_id(user_id)
         ids = list(dict.fromkeys(_check_fact_ids(fact_ids)))
         with self._transaction("delete") as conn:
             existing = {row[0] for row in _select_facts(conn, "fact_id", user_id, ids)}
@@ -256,7 +266,7 @@ class FactStore:
 
     def reset(self, *, user_id: str) -> list[FactId]:
         """Delete all facts and turns of a user; returns the deleted fact ids."""
-        user_id = _check_user_id(user_id)
+        user_id = check_user_id(user_id)
         with self._transaction("reset") as conn:
             fact_ids = [FactId(r[0]) for r in conn.execute(
                 "SELECT fact_id FROM facts WHERE user_id = ? ORDER BY fact_id", (user_id,))]
@@ -268,7 +278,7 @@ class FactStore:
     def add_turns(self, *, user_id: str, session_id: str | None,
                   turns: Sequence[tuple[str, str]]) -> list[int]:
         """Append (role, content) messages to a session in one transaction; returns turn ids."""
-        user_id = _check_user_id(user_id)
+        user_id = check_user_id(user_id)
         if session_id is not None:
             session_id = _check_str(session_id, "session_id", InvalidTurnError)
         rows = _turn_rows(turns)
@@ -279,7 +289,7 @@ class FactStore:
     def recent_turns(self, *, user_id: str, session_id: str | None,
                      limit: int = 20) -> list[Turn]:
         """The last `limit` turns of a session, oldest first."""
-        user_id = _check_user_id(user_id)
+        user_id = check_user_id(user_id)
         _check_int(limit, "limit", 0, InvalidTurnError)
         with self._reading("recent_turns") as conn:
             rows = conn.execute(f"SELECT {_TURN_COLUMNS} FROM turns WHERE user_id = ? AND "
@@ -300,7 +310,7 @@ class FactStore:
             if user_id is None:
                 return conn.execute("SELECT COUNT(*) FROM facts").fetchone()[0]
             return conn.execute("SELECT COUNT(*) FROM facts WHERE user_id = ?",
-                                (_check_user_id(user_id),)).fetchone()[0]
+                                (check_user_id(user_id),)).fetchone()[0]
 
     def iter_all(self, batch_size: int = 256) -> Iterator[list[StoredFact]]:
         """Every fact of every user in id order, in batches (to rebuild KV and the index).
@@ -416,10 +426,6 @@ def _check_int(value: object, what: str, minimum: int, error: type[Exception]) -
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise error(f"{what}={value!r} must be an int >= {minimum}")
     return value
-
-
-def _check_user_id(user_id: object) -> str:
-    return _check_str(user_id, "user_id", InvalidUserIdError)
 
 
 def _check_list(values: object, what: str, error: type[Exception],

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from typing_extensions import TypedDict
 
+from inferscale_engine.checks import FACT_ROLES, ROLES, has_visible
 from inferscale_engine.facts import FactId, MemoryHandle
 from inferscale_integrations.handles import make_handle_message
 from inferscale_integrations.registry import DEFAULT_NAME, claim_name, get_memory
@@ -26,8 +27,6 @@ if TYPE_CHECKING:
     from inferscale_engine.engine import Engine
     from inferscale_engine.memory import Memory
 
-ROLES = ("system", "user", "assistant", "tool")
-FACT_ROLES = ("user", "assistant")
 
 
 class TurnRecord(TypedDict):
@@ -122,13 +121,13 @@ class KVMemoryBase(BaseModel):
                      else [r["content"]] for r in records]
             payload = [{"role": r["role"], "content": part}
                        for r, pieces in zip(records, parts, strict=True) for part in pieces]
-            if any(r["role"] in FACT_ROLES and r["content"].strip() for r in records):
+            if any(r["role"] in FACT_ROLES and has_visible(r["content"]) for r in records):
                 results = iter(memory.add(user_id=self.user_id, session_id=self.session_id,
                                           messages=payload))
                 for record, pieces in zip(records, parts, strict=True):
                     if record["role"] in FACT_ROLES:  # Memory.add: one fact per non-blank part
                         record["fact_ids"] = [int(next(results).fact_id) for part in pieces
-                                              if part.strip()]
+                                              if has_visible(part)]
             else:
                 memory.add_turns(user_id=self.user_id, session_id=self.session_id,
                                  messages=payload)
@@ -157,7 +156,7 @@ class KVMemoryBase(BaseModel):
                   ] if self.recent_turns else []
         recent = list(dict.fromkeys(reversed(window)))[::-1]  # a repeated fact: latest place
         top: list[int] = []
-        if query and query.strip() and self.k:
+        if query and has_visible(query) and self.k:
             # Ask for more: facts already in the window or still pending do not count.
             found = self.memory.search(user_id=self.user_id, query=query,
                                        k=self.k + len(recent) + len(skipped))
@@ -184,7 +183,7 @@ class KVMemoryBase(BaseModel):
         """Content of the latest user turn, if any."""
         with self._lock:
             for turn in reversed(self.turns):
-                if turn["role"] == "user" and turn["content"].strip():
+                if turn["role"] == "user" and has_visible(turn["content"]):
                     return turn["content"]
         return None
 

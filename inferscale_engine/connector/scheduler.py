@@ -143,8 +143,7 @@ class InferScaleScheduler:
             plan = save.plan
             meta.captures.append(CaptureSpec(
                 req_id=rid, user_id=plan.user_id, slab_key=plan.slab_key,
-                start=plan.start,
-                num_tokens=len(plan.token_ids), pages=list(plan.pages),
+                start=plan.start, num_tokens=plan.num_tokens, pages=list(plan.pages),
                 block_ids=list(save.block_ids),
             ))
             self.counters["captures"] += 1
@@ -170,10 +169,9 @@ class InferScaleScheduler:
             return _Checked(None, "none")
         prompt = request.prompt_token_ids or []
         if isinstance(plan, SavePlan):
-            if not plan.verify(self._secret):
-                return _Checked(None, "rejected", "save plan MAC does not verify")
-            if plan.end != len(prompt) or prompt[plan.start:] != list(plan.token_ids):
-                return _Checked(None, "mismatch", "save prompt does not end with the fact tokens")
+            if not plan.verify(self._secret, prompt):
+                return _Checked(None, "rejected", "save plan MAC does not verify for this "
+                                                  "prompt (forged, or replayed with another one)")
             return _Checked(plan, "save")
         if not plan.verify(self._secret):
             return _Checked(None, "rejected", "inject plan MAC does not verify (forged or stale)")

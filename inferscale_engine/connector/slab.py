@@ -46,6 +46,26 @@ class KVSlab:
         self.values = torch.zeros_like(self.keys)
         """[L, num_rows, H, D]"""
         self.entries: dict[int, SlabEntry] = {}
+        self.page_keys = np.zeros(num_pages, dtype=np.int64)
+        """Slab key of the last capture into each page (0: never written). Keys grow with every
+        allocation, so a capture must carry a newer key than every page it writes."""
+
+    def claim_pages(self, slab_key: int, pages: list[int]) -> list[int] | None:
+        """Let `slab_key` write `pages` if it is newer than every page's last capture.
+
+        Returns:
+            The keys of entries those pages held (superseded: their rows are about to be
+            overwritten, so they are dropped), or None if the capture must be refused: the key
+            was captured before, or a page has since been given to a newer allocation.
+        """
+        index = np.asarray(pages, dtype=np.int64)
+        if slab_key in self.entries or (self.page_keys[index] >= slab_key).any():
+            return None
+        superseded = [int(k) for k in np.unique(self.page_keys[index]) if k in self.entries]
+        for key in superseded:
+            del self.entries[key]
+        self.page_keys[index] = slab_key
+        return superseded
 
     @property
     def bytes_per_token(self) -> int:

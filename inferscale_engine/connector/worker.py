@@ -188,7 +188,9 @@ class InferScaleWorker:
     def _capture_all(self, captures: list[CaptureSpec]) -> None:
         assert self.slab is not None and self.paged is not None and self._rope is not None
         parts, entries = [], []
-        for capture in captures:
+        # Newest allocation first: when two captures of one step name the same page, the
+        # older one is refused instead of racing it inside one batched copy.
+        for capture in sorted(captures, key=lambda c: -c.slab_key):
             try:
                 rows = self.slab.rows_for(capture.pages, capture.num_tokens)
             except ValueError as exc:
@@ -196,6 +198,14 @@ class InferScaleWorker:
                 logger.warning("InferScale: capture of slab key %d refused: %s",
                                capture.slab_key, exc)
                 continue
+            superseded = self.slab.claim_pages(capture.slab_key, capture.pages)
+            if superseded is None:
+                self.counters["captures_refused_stale"] += 1
+                logger.warning("InferScale: capture of slab key %d refused: the key was used "
+                               "before or its pages belong to a newer allocation (a replayed "
+                               "or stale save plan)", capture.slab_key)
+                continue
+            self.counters["superseded_entries"] += len(superseded)
             origin = capture.start if self._config.key_origin == "encoded" else 0
             serving = np.arange(capture.start, capture.start + capture.num_tokens,
                                 dtype=np.int64)

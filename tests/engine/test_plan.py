@@ -23,8 +23,25 @@ def test_round_trip_and_mac():
     assert parsed == plan and parsed.verify(SECRET) and parsed.num_tokens == 6
     assert parsed.segments[1] == Segment(9, 3, (8, 9)) and parsed.starts == [0, 3, 5]
     assert parsed.matches([5, 6, 7, 8, 9, 1, 42]) and not parsed.matches([5, 6, 7, 8, 9, 2, 42])
-    save = SavePlan("bob", 3, 10, (1, 2, 3), (0, 1)).signed(SECRET)
-    assert from_params(save.to_params()) == save and save.verify(SECRET)
+    prompt = list(range(100, 110)) + [1, 2, 3]
+    save = SavePlan("bob", 3, 10, 3, (0, 1)).signed(SECRET, prompt)
+    assert from_params(save.to_params()) == save and save.verify(SECRET, prompt)
+
+
+def test_save_mac_covers_the_whole_prompt():
+    prompt = list(range(100, 110)) + [1, 2, 3]
+    save = SavePlan("bob", 3, 10, 3, (0, 1)).signed(SECRET, prompt)
+    other_prefix = [7] * 10 + [1, 2, 3]
+    assert not save.verify(SECRET, other_prefix)
+    assert not save.verify(SECRET, prompt[:-1]) and not save.verify(SECRET, prompt + [4])
+    assert not save.verify(b"x" * 32, prompt)
+    for field, value in [("user", "mallory"), ("key", 4), ("start", 9), ("num_tokens", 2),
+                         ("pages", [0, 2])]:
+        params = save.to_params()
+        params["inferscale"][field] = value
+        assert not from_params(params).verify(SECRET, prompt), field
+    with pytest.raises(PlanError, match="save prompt has 12 tokens"):
+        SavePlan("bob", 3, 10, 3, (0, 1)).signed(SECRET, prompt[:-1])
 
 
 @pytest.mark.parametrize("field,value", [("user", "mallory"), ("keys", [1, 9, 5]),
@@ -42,21 +59,25 @@ def test_not_ours():
 
 
 @pytest.mark.parametrize("raw", [
-    "str", {"v": 1}, {"v": 2, "kind": "inject"},
-    {"v": 2, "kind": "inject", "user": "u", "salt": "s", "keys": [1], "lengths": [2],
+    "str", {"v": 1}, {"v": 3, "kind": "inject"},
+    {"v": 3, "kind": "inject", "user": "u", "salt": "s", "keys": [1], "lengths": [2],
      "tokens": "AQAAAA==", "mac": ""},  # lengths do not match the tokens
-    {"v": 2, "kind": "inject", "user": "u", "salt": "s", "keys": [1, 2], "lengths": [1],
+    {"v": 3, "kind": "inject", "user": "u", "salt": "s", "keys": [1, 2], "lengths": [1],
      "tokens": "AQAAAA==", "mac": ""},
-    {"v": 2, "kind": "inject", "user": "u", "salt": "s", "keys": [1], "lengths": [1],
+    {"v": 3, "kind": "inject", "user": "u", "salt": "s", "keys": [1], "lengths": [1],
      "tokens": "not base64!", "mac": ""},
-    {"v": 2, "kind": "inject", "user": "u", "salt": "s", "keys": [1], "lengths": [1],
+    {"v": 3, "kind": "inject", "user": "u", "salt": "s", "keys": [1], "lengths": [1],
      "tokens": [1], "mac": ""},
-    {"v": 2, "kind": "save", "user": "u", "key": -1, "start": 0, "tokens": [1], "pages": [0],
+    {"v": 3, "kind": "save", "user": "u", "key": -1, "start": 0, "num_tokens": 1, "pages": [0],
      "mac": ""},
-    {"v": 2, "kind": "save", "user": "u", "key": 1, "start": 0, "tokens": [], "pages": [0],
+    {"v": 3, "kind": "save", "user": "u", "key": 1, "start": 0, "num_tokens": 0, "pages": [0],
      "mac": ""},
-    {"v": 2, "kind": "save", "user": "u", "key": True, "start": 0, "tokens": [1], "pages": [],
+    {"v": 3, "kind": "save", "user": "u", "key": 1, "start": 0, "num_tokens": 1, "pages": [],
      "mac": ""},
+    {"v": 3, "kind": "save", "user": "u", "key": True, "start": 0, "num_tokens": 1,
+     "pages": [1], "mac": ""},
+    {"v": 2, "kind": "save", "user": "u", "key": 1, "start": 0, "tokens": [1], "pages": [0],
+     "mac": ""},  # the version before saves were bound to their whole prompt
 ])
 def test_malformed_params_raise_plan_error(raw):
     with pytest.raises(PlanError):
@@ -71,7 +92,7 @@ json_values = st.recursive(
     max_leaves=20,
 )
 plan_like = st.fixed_dictionaries({}, optional={
-    "v": st.sampled_from([2, 2, 2, 1, "2", None]),
+    "v": st.sampled_from([3, 3, 3, 2, "3", None]),
     "kind": st.sampled_from(["inject", "save", "x", 3]),
     "user": st.text(max_size=4) | json_values, "salt": st.text(max_size=4) | json_values,
     "keys": st.lists(st.integers(-3, 50), max_size=4) | json_values,
@@ -79,6 +100,7 @@ plan_like = st.fixed_dictionaries({}, optional={
     "tokens": st.lists(st.integers(-3, 600), max_size=8) | json_values
     | st.binary(max_size=24).map(lambda b: __import__("base64").b64encode(b).decode()),
     "key": st.integers(-3, 50) | json_values, "start": st.integers(-3, 50) | json_values,
+    "num_tokens": st.integers(-3, 50) | json_values,
     "pages": st.lists(st.integers(-3, 50), max_size=4) | json_values,
     "mac": st.text(max_size=4) | json_values,
 })
@@ -92,4 +114,7 @@ def test_parser_raises_only_plan_error(raw):
     except PlanError:
         return
     assert isinstance(plan, InjectionPlan | SavePlan)
-    assert not plan.verify(SECRET)  # nothing random is ever authentic
+    if isinstance(plan, SavePlan):  # nothing random is ever authentic
+        assert not plan.verify(SECRET, list(range(plan.end)))
+    else:
+        assert not plan.verify(SECRET)

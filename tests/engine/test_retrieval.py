@@ -65,9 +65,9 @@ def test_embedder_is_deterministic_across_batching(embedder):
 
 
 def test_embedder_rejects_bad_input(embedder):
-    with pytest.raises(RetrievalError, match="wrap a single text"):
+    with pytest.raises(RetrievalError, match="wrap a single item"):
         embedder.encode("Alice likes chess")
-    with pytest.raises(RetrievalError, match=r"texts\[1\] is int"):
+    with pytest.raises(RetrievalError, match=r"texts\[1\] must be a str, got int"):
         embedder.encode(["ok", 3])
     with pytest.raises(RetrievalError, match="lone surrogate"):
         embedder.encode(["bad \ud800"])
@@ -108,18 +108,23 @@ def test_search_ranks_by_cosine_and_returns_scores():
     assert UserIndex(DIM).nearest(query) is None and UserIndex(DIM).search(query, 3) == []
 
 
-def test_nearest_many_equals_nearest_row_by_row():
+def test_similar_many_equals_search_row_by_row():
     index = UserIndex(DIM)
     generator = torch.Generator().manual_seed(3)
     index.add(list(range(1, 601)), torch.randn(600, DIM, generator=generator))
     queries = torch.randn(300, DIM, generator=generator)  # more rows than one chunk
-    many = index.nearest_many(queries)
+    many = index.similar_many(queries, threshold=-1.0, limit=3)
     assert len(many) == 300
-    for query, (fact_id, score) in zip(queries, many, strict=True):
-        assert index.nearest(query) == (fact_id, pytest.approx(score, abs=1e-6))
-    assert UserIndex(DIM).nearest_many(queries[:2]) == [None, None]
+    for query, similar in zip(queries, many, strict=True):
+        expected = index.search(query, 3)
+        assert [f for f, _ in similar] == [f for f, _ in expected]
+        assert [s for _, s in similar] == pytest.approx([s for _, s in expected], abs=1e-6)
+    above = index.similar_many(queries, threshold=0.99, limit=5)
+    assert all(s >= 0.99 for row in above for _, s in row)
+    assert sum(map(len, above)) < 5 * 300  # the threshold cut some
+    assert UserIndex(DIM).similar_many(queries[:2], 0.0, 4) == [[], []]
     with pytest.raises(RetrievalError):
-        index.nearest_many(torch.zeros(1, DIM))
+        index.similar_many(torch.zeros(1, DIM), 0.0, 4)
 
 
 def test_ties_break_by_fact_id_including_at_the_cut():
@@ -187,8 +192,9 @@ def test_users_are_isolated_and_unknown_users_get_nothing():
     assert index.search(user_id="carol", query_embedding=query, k=10) == []
     assert index.nearest(user_id="carol", embedding=query) is None
     assert index.nearest(user_id="alice", embedding=basis(1)[0]) == (2, 1.0)
-    assert index.nearest_many(user_id="alice", embeddings=basis(1, 0)) == [(2, 1.0), (1, 1.0)]
-    assert index.nearest_many(user_id="carol", embeddings=basis(0, 1)) == [None, None]
+    assert index.similar_many(user_id="alice", embeddings=basis(1, 0), threshold=0.5) == [
+        [(2, 1.0)], [(1, 1.0)]]
+    assert index.similar_many(user_id="carol", embeddings=basis(0, 1), threshold=0.5) == [[], []]
     assert index.users() == ["alice", "bob"] and index.count() == 3
     with pytest.raises(FactNotFoundError):
         index.remove(user_id="alice", fact_ids=[3])  # bob's id

@@ -96,7 +96,7 @@ def test_empty_add_returns_nothing(store):
 # ---- validation ------------------------------------------------------------------------------
 GOOD = dict(user_id="u", texts=["a fact"], token_ids=[[1, 2]], embeddings=[[0.1, 0.2]])
 BAD_CALLS = [
-    (dict(user_id=5), InvalidUserIdError, "user_id must be a string"),
+    (dict(user_id=5), InvalidUserIdError, "user_id must be a str"),
     (dict(user_id="  "), InvalidUserIdError, "user_id is empty"),
     (dict(user_id="u\udcff"), InvalidUserIdError, "lone surrogate"),
     (dict(texts="a fact"), InvalidFactError, "wrap a single item"),
@@ -300,7 +300,7 @@ def test_pragmas_and_schema(tmp_path):
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
         assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
         assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
-        assert fact_store.schema_version == 1
+        assert fact_store.schema_version == 2
     with FactStore(path, synchronous="normal", busy_timeout_ms=250) as fact_store:
         assert fact_store._conn.execute("PRAGMA synchronous").fetchone()[0] == 1
     raw = sqlite3.connect(path)
@@ -335,14 +335,37 @@ def test_migration_hook_upgrades_once_and_newer_schema_is_refused(tmp_path, monk
 
     monkeypatch.setattr(store_module, "_MIGRATIONS", [*store_module._MIGRATIONS, add_pinned])
     with FactStore(path) as fact_store:
-        assert fact_store.schema_version == 2
+        assert fact_store.schema_version == 3
         assert [f.text for f in fact_store.get_all(user_id="u")] == ["before upgrade"]
     with FactStore(path) as fact_store:
-        assert fact_store.schema_version == 2
+        assert fact_store.schema_version == 3
     assert calls == [1]
     monkeypatch.undo()
-    with pytest.raises(StoreError, match="schema version 2, newer than"):
+    with pytest.raises(StoreError, match="schema version 3, newer than"):
         FactStore(path)
+
+
+def test_a_version_1_store_gets_nfc_user_ids(tmp_path):
+    path = tmp_path / "v1.db"
+    raw = sqlite3.connect(path)
+    raw.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    store_module._create_v1(raw)
+    raw.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    blob = np.asarray([1, 2], dtype="<i4").tobytes()
+    for user in ("cafe\u0301", "caf\u00e9"):
+        raw.execute("INSERT INTO facts (user_id, text, token_ids, embedding, created_at, "
+                    "updated_at, content_hash) VALUES (?, 't', ?, ?, 0, 0, '')",
+                    (user, blob, np.ones(3, dtype="<f4").tobytes()))
+    raw.execute("INSERT INTO turns (user_id, role, content, created_at) VALUES "
+                "('cafe\u0301', 'user', 'hi', 0)")
+    raw.commit()
+    raw.close()
+    with FactStore(path) as fact_store:
+        assert fact_store.schema_version == 2
+        assert len(fact_store.get_all(user_id="caf\u00e9")) == 2
+        assert fact_store.users() == ["caf\u00e9"]
+        assert [t.content for t in fact_store.recent_turns(user_id="cafe\u0301",
+                                                           session_id=None, limit=5)] == ["hi"]
 
 
 def test_failure_inside_the_transaction_rolls_back_the_whole_call(tmp_path):
