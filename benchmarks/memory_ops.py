@@ -70,7 +70,7 @@ def random_embedder(dim: int):
     """An Embedder whose vectors are seeded random unit vectors (no model cost)."""
     import torch
 
-    from inferscale_engine.retrieval import Embedder
+    from inferscale_engine.memory.embedder import Embedder
 
     class RandomEmbedder(Embedder):
         def __init__(self) -> None:
@@ -136,7 +136,7 @@ def run_size(engine, embedder, size: int, encode: bool, args, db: str) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     from inferscale_engine import Engine, EngineConfig
-    from inferscale_engine.retrieval import Embedder
+    from inferscale_engine.memory.embedder import Embedder
 
     args = parse_args(argv)
     load_before = os.getloadavg()  # other jobs on a shared machine slow every number down

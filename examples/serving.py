@@ -13,8 +13,7 @@ from collections.abc import Iterator
 
 from inferscale_engine.cli import DEMO_FACTS, resolve_model
 from inferscale_engine.config import EngineConfig
-from inferscale_engine.memory import Memory
-from inferscale_engine.memory_config import MemoryConfig
+from inferscale_engine.memory import Memory, MemoryConfig
 from inferscale_integrations import register_memory
 
 USER_ID = "caroline"

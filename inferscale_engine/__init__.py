@@ -10,7 +10,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "Engine": "engine", "EngineStats": "engine", "Generation": "engine",
+    "Engine": "engine", "EngineStats": "generation", "Generation": "generation",
     "EngineConfig": "config",
     "Fact": "facts", "FactId": "facts", "MemoryHandle": "facts",
     "ConfigError": "errors", "EngineClosedError": "errors", "FactNotFoundError": "errors",
@@ -18,8 +18,8 @@ _EXPORTS = {
     "InvalidRequestError": "errors", "PlanError": "errors", "SlabFullError": "errors",
     "UnsupportedModelError": "errors", "InvalidTurnError": "errors",
     "InvalidUserIdError": "errors", "StoreError": "errors",
-    "Memory": "memory", "MemoryConfig": "memory_config", "AddResult": "memory_config",
-    "SearchResult": "memory_config",
+    "Memory": "memory.main", "MemoryConfig": "memory.config", "AddResult": "memory.types",
+    "SearchResult": "memory.types",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -12,7 +12,7 @@ import json
 import numbers
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from inferscale_engine.errors import (
     InvalidFactError,
@@ -67,13 +67,14 @@ def check_str(value: object, what: str, error: type[Exception]) -> str:
     return value
 
 
-def check_text(value: object, what: str, error: type[Exception] = InvalidFactError) -> str:
-    """`value` stripped, if it is valid Unicode text with at least one visible character."""
-    text = check_str(value, what, error).strip()
+def check_text(value: object, what: str, error: type[Exception] = InvalidFactError, *,
+               strip: bool = True) -> str:
+    """`value` (stripped unless strip=False) if it is valid Unicode with a visible character."""
+    text = check_str(value, what, error)
     if not has_visible(text):
         raise error(f"{what} is empty or has no visible character ({value!r:.20}); pass text "
                     "with content")
-    return text
+    return text.strip() if strip else text
 
 
 def check_user_id(user_id: object, error: type[Exception] = InvalidUserIdError) -> str:
@@ -102,13 +103,19 @@ def check_session(session_id: object) -> str | None:
 
 def check_list(values: object, what: str, error: type[Exception],
                num_expected: int | None = None) -> Sequence[Any]:
-    """`values` if it is a list-like sequence (not a str, bytes or dict) of the expected length."""
-    if isinstance(values, str | bytes | bytearray | Mapping) or not isinstance(values, Sequence):
+    """`values` if it is list-like (a sequence or an array; not a str, bytes or dict).
+
+    With num_expected, it must also have that length.
+    """
+    array_like = hasattr(values, "__len__") and hasattr(values, "__getitem__")
+    if isinstance(values, str | bytes | bytearray | Mapping) or not (
+            isinstance(values, Sequence) or array_like):
         raise error(f"{what} must be a list, got {type(values).__name__} {values!r:.60}; wrap "
                     f"a single item: {what}=[...]")
-    if num_expected is not None and len(values) != num_expected:
-        raise error(f"{len(values)} {what} for {num_expected} facts; pass one per fact")
-    return values
+    sized = cast(Sequence[Any], values)
+    if num_expected is not None and len(sized) != num_expected:
+        raise error(f"{len(sized)} {what} for {num_expected} facts; pass one per fact")
+    return sized
 
 
 def check_role(role: object, what: str) -> str:
@@ -163,7 +170,7 @@ def check_fact_ids(fact_ids: object, what: str = "fact_ids",
     ids = list(fact_ids)
     for i, fact_id in enumerate(ids):
         if isinstance(fact_id, bool) or not isinstance(fact_id, numbers.Integral) or not (
-                1 <= fact_id <= _MAX_FACT_ID):
+                1 <= int(fact_id) <= _MAX_FACT_ID):
             name = what if what != "fact_ids" else f"fact_ids[{i}]"
             raise error(f"{name} is {fact_id!r:.40}; pass fact ids as returned by add() "
                         "(positive ints)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -76,13 +77,16 @@ def demo(args: argparse.Namespace) -> int:
             out = engine.generate(handle, args.question, answer, mode=mode)
             ttft = _ttft_ms(engine, handle, args.question, mode, args.repeats)
             rows.append((mode, ttft, out))
-        print(f"\nquestion: {args.question}")
-        for mode, ttft, out in rows:
-            print(f"[{mode:4s}] TTFT {ttft:7.1f} ms | injected {out.num_injected_tokens:4d} of "
-                  f"{out.num_prompt_tokens} prompt tokens | answer: {out.text.strip()!r}")
         stats = engine.stats()
-        print(f"\nslab: {stats.workers[0]['num_tokens']} tokens stored, "
-              f"{stats.workers[0]['injected_tokens']} injected so far")
+    # The result last, after vLLM's start-up lines: the answers and TTFTs side by side.
+    print(f"\nslab: {stats.workers[0]['num_tokens']} tokens stored, "
+          f"{stats.workers[0]['injected_tokens']} injected so far")
+    print(f"question: {args.question}\n")
+    print("| mode | TTFT ms | prompt tokens injected | answer |")
+    print("|------|--------:|-----------------------:|--------|")
+    for mode, ttft, out in rows:
+        print(f"| {mode} | {ttft:,.1f} | {out.num_injected_tokens} of {out.num_prompt_tokens} | "
+              f"{out.text.strip()} |")
     return 0
 
 
@@ -104,10 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--max-tokens", type=int, default=24)
     run.add_argument("--repeats", type=int, default=5, help="TTFT samples per mode")
     run.set_defaults(func=demo)
+    run.add_argument("--verbose", action="store_true", help="show vLLM's INFO log")
     build = sub.add_parser("build-model", help="build a model into the cache, print its path")
     build.add_argument("--model", default="auto", help="auto | small | tiny")
     build.set_defaults(func=build_model)
     args = parser.parse_args(argv)
+    if not getattr(args, "verbose", False):  # vLLM reads it when first imported
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     return int(args.func(args))
 
 

@@ -1,84 +1,43 @@
 """Engine: a co-located vLLM whose prompts start with injected fact KV.
 
-Write path: add_facts() encodes facts through batched vLLM "save" requests
+Write path (write_path.py): add_facts() encodes facts through batched vLLM "save" requests
 ([preamble][<= W context tokens][fact], max_tokens=1); the connector keeps only the fact's KV.
-Read path: generate() assembles [preamble][fact_1]..[fact_k][rest] from token ids, signs an
-InjectionPlan and salts the prompt; the connector verifies and injects. Text mode sends the same
-token ids with no plan: the baseline of every benchmark and the fallback.
+Read path (read_path.py): generate() prepares [preamble][fact_1]..[fact_k][rest] from token
+ids with a signed InjectionPlan and a salted prompt, runs the batch, collects the answers.
+Text mode sends the same token ids with no plan: the baseline of every benchmark and the
+fallback. The preambles' KV lives in the slab too (preambles.py).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import Counter, OrderedDict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from inferscale_engine.checks import check_text, check_user_id
 from inferscale_engine.config import ConnectorConfig, EngineConfig, plan_secret
-from inferscale_engine.connector.slab import SlabAllocator
 from inferscale_engine.errors import (
     EngineClosedError,
     FactNotFoundError,
-    HandleError,
     InvalidFactError,
     InvalidRequestError,
     SlabFullError,
     UnsupportedModelError,
 )
 from inferscale_engine.facts import Fact, FactId, MemoryHandle
-from inferscale_engine.plan import (
-    SYSTEM_OWNER,
-    InjectionPlan,
-    SavePlan,
-    Segment,
-    cache_salt,
-    token_digest,
-)
+from inferscale_engine.generation import EngineStats, Generation
+from inferscale_engine.model_check import check_model, kv_bytes_per_token, load_tokenizer
+from inferscale_engine.plan import InjectionPlan
+from inferscale_engine.preambles import PreambleCache
 from inferscale_engine.prompt import MemoryPrompt, PromptBuilder
-from inferscale_engine.residency import FactRecord, Residency
-from inferscale_engine.rope import RopeSpec
-from inferscale_engine.runner import RESULT_KEY, VllmRunner
+from inferscale_engine.read_path import Messages, RequestPlanner, as_messages, collect
+from inferscale_engine.residency import FactRecord, Residency, SlabAllocator
+from inferscale_engine.runner import VllmRunner, WorkerClient
+from inferscale_engine.write_path import FactWriter
 
-Messages = Sequence[dict[str, str]]
-
-
-@dataclass(frozen=True, slots=True)
-class Generation:
-    """One generated answer and how its prompt was served."""
-
-    text: str
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    """Log-probability of each sampled token (empty unless SamplingParams.logprobs is set)."""
-    first_token_logprobs: dict[int, float]
-    """Top-N log-probabilities of the first answer token (N = SamplingParams.logprobs)."""
-    mode: str
-    """'kv' (facts injected) or 'text' (facts prefilled as text)."""
-    num_prompt_tokens: int
-    num_injected_tokens: int
-    """Prompt tokens whose KV came from the slab (0 in text mode or after a fallback)."""
-    num_cached_tokens: int
-    """Prompt tokens vLLM did not compute (injected + prefix-cache hits)."""
-    plan_status: str
-    """Connector verdict: inject, mismatch, rejected, or none (text mode / fallback)."""
-    latency_ms: float
-    """Wall time of the whole generate call (all requests of a batch)."""
-    ttft_ms: float | None = None
-    """vLLM's own arrival-to-first-token time (needs vllm_overrides disable_log_stats=False)."""
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    """Counters of the app side and of every worker's slab."""
-
-    num_facts: int
-    num_resident_facts: int
-    num_free_pages: int
-    workers: list[dict[str, int]] = field(default_factory=list)
-    counters: dict[str, int] = field(default_factory=dict)
+__all__ = ["Engine", "EngineStats", "Generation", "Messages"]
 
 
 class Engine:
@@ -88,26 +47,32 @@ class Engine:
         self.config = config
         self._lock = threading.RLock()
         self._closed = False
-        hf_config, self.rope = _check_model(config)
-        self.tokenizer = _load_tokenizer(config)
+        hf_config, self.rope = check_model(config)
+        self.tokenizer = load_tokenizer(config)
         self.prompts = PromptBuilder(self.tokenizer, config.system_prompt)
         self._secret = plan_secret()
-        bytes_per_token = _kv_bytes_per_token(hf_config, config)
+        bytes_per_token = kv_bytes_per_token(hf_config, config)
         num_pages = config.slab_capacity_bytes // (config.slab_page_tokens * bytes_per_token)
         if num_pages < 1:
             raise UnsupportedModelError(
                 f"slab_capacity_bytes={config.slab_capacity_bytes} cannot hold one page of "
                 f"{config.slab_page_tokens} tokens ({bytes_per_token} bytes each); raise it")
-        self._residency = Residency(SlabAllocator(num_pages, config.slab_page_tokens))
         self._runner = VllmRunner(config, ConnectorConfig(
             num_pages, config.slab_page_tokens, config.max_model_len, config.key_origin))
+        self._residency = Residency(SlabAllocator(num_pages, config.slab_page_tokens))
         self._facts: dict[FactId, FactRecord] = {}
-        self._preambles: OrderedDict[str, tuple[int, tuple[int, ...]]] = OrderedDict()
-        self._batch_preambles: set[str] = set()
         self._next_fact_id = 1
         self.counters: Counter[str] = Counter()
-        self._default_preamble = token_digest(self.prompts.preamble())
-        self._preamble_key(self.prompts.preamble())  # fail now, not on the first request
+        self._writer = FactWriter(config, self._runner, self._residency, self._secret,
+                                  self.counters)
+        default_preamble = self.prompts.preamble()
+        self._preambles = PreambleCache(self._writer, self._residency, self.workers,
+                                        self.counters, default_preamble)
+        self._planner = RequestPlanner(config, self.prompts, self._facts, self._residency,
+                                       self._writer, self._preambles, self._secret,
+                                       self.counters)
+        self._preambles.key(default_preamble)  # fail now, not on the first request
+        self._preambles.end_batch()
 
     # ---- write path --------------------------------------------------------------------
     def add_facts(self, user_id: str, texts: Sequence[str],
@@ -132,47 +97,101 @@ class Engine:
         user_id = check_user_id(user_id)
         if isinstance(texts, str) or not isinstance(texts, Sequence):
             raise InvalidFactError(f"texts must be a list of strings, got {type(texts).__name__}")
-        contexts = list(contexts) if contexts is not None else [None] * len(texts)
-        if len(contexts) != len(texts):
-            raise InvalidFactError(f"{len(contexts)} contexts for {len(texts)} facts; pass one "
+        texts = [check_text(t, f"texts[{i}]") for i, t in enumerate(texts)]
+        token_ids = [self.tokenize_fact(t) for t in texts]
+        with self._lock:
+            ids = self._new_fact_ids(fact_ids, len(texts))
+            self.add_tokenized_facts([Fact(i, user_id, t, toks) for i, t, toks in
+                                      zip(ids, texts, token_ids, strict=True)],
+                                     contexts, window=window, encode=encode)
+        return ids
+
+    def add_tokenized_facts(self, facts: Sequence[Fact],
+                            contexts: Sequence[str | None] | None = None, *,
+                            window: int | None = None, encode: bool = True) -> None:
+        """Register facts whose ids and token ids are already known (a durable store's).
+
+        The engine encodes exactly `fact.token_ids` (tokenize them with tokenize_fact). All
+        facts must be one user's.
+
+        Raises:
+            InvalidFactError: ids already registered, mixed users, or contexts of another
+                length. Nothing is stored.
+            SlabFullError: the facts do not fit even after eviction. Nothing is stored.
+        """
+        users = {check_user_id(f.user_id) for f in facts}
+        if len(users) > 1:
+            raise InvalidFactError(f"facts of {len(users)} users in one call; add each user's "
+                                   "facts separately")
+        contexts = list(contexts) if contexts is not None else [None] * len(facts)
+        if len(contexts) != len(facts):
+            raise InvalidFactError(f"{len(contexts)} contexts for {len(facts)} facts; pass one "
                                    "context (or None) per fact")
+        window = self._window(window)
+        for fact in facts:
+            if not fact.token_ids:
+                raise InvalidFactError(f"fact {fact.fact_id} has no token ids")
+            self._check_length(fact.token_ids, fact.text)
+        records = [FactRecord(Fact(f.fact_id, check_user_id(f.user_id), f.text,
+                                   tuple(f.token_ids)), self._context_tokens(c, window))
+                   for f, c in zip(facts, contexts, strict=True)]
+        with self._lock:
+            self._check_open()
+            if clash := [r.fact.fact_id for r in records if r.fact.fact_id in self._facts]:
+                raise InvalidFactError(f"fact ids {clash[:5]} are already registered")
+            self._next_fact_id = max([self._next_fact_id - 1,
+                                      *(r.fact.fact_id for r in records)]) + 1
+            if encode:
+                self._writer.make_resident(records, self.prompts.preamble(),
+                                           {r.fact.fact_id for r in records})
+            for record in records:
+                self._facts[record.fact.fact_id] = record
+
+    def tokenize_fact(self, text: str, *, check_length: bool = True) -> tuple[int, ...]:
+        """A fact's token ids as they appear in prompts (stored once, encoded as they are).
+
+        Raises:
+            InvalidFactError: the text has nothing visible, or (check_length) it exceeds
+                max_fact_tokens.
+        """
+        text = check_text(text, "a fact")
+        ids = self.prompts.fact_ids(text)
+        if check_length:
+            self._check_length(ids, text)
+        return ids
+
+    def _check_length(self, token_ids: Sequence[int], text: str) -> None:
+        if len(token_ids) > self.config.max_fact_tokens:
+            raise InvalidFactError(
+                f"a fact has {len(token_ids)} tokens, over max_fact_tokens="
+                f"{self.config.max_fact_tokens}; split it (Memory splits turns) or raise "
+                f"EngineConfig.max_fact_tokens: {text[:60]!r}...")
+
+    def split_text(self, text: str) -> list[str]:
+        """`text` cut into pieces that each fit in one fact (max_fact_tokens), in order."""
+        limit = self.config.max_fact_tokens
+        if len(self.prompts.fact_ids(text)) <= limit:
+            return [text]
+        token_ids = self.prompts.encode(text)
+        # Room for the fact format, and for a cut piece tokenizing a little longer on its own.
+        step = max(1, limit - len(self.prompts.fact_ids("")) - 8)
+        return [self.tokenizer.decode(token_ids[i:i + step])
+                for i in range(0, len(token_ids), step)]
+
+    def _new_fact_ids(self, fact_ids: Sequence[FactId] | None, count: int) -> list[FactId]:
+        if fact_ids is None:
+            return [FactId(self._next_fact_id + i) for i in range(count)]
+        ids = [FactId(int(f)) for f in fact_ids]
+        if len(ids) != count or len(set(ids)) != count:
+            raise InvalidFactError("fact_ids must hold one distinct id per text")
+        return ids
+
+    def _window(self, window: int | None) -> int:
         window = self.config.context_window_tokens if window is None else window
         if not 0 <= window <= self.config.context_window_tokens:
             raise InvalidFactError(f"window must be in [0, {self.config.context_window_tokens}] "
                                    "(EngineConfig.context_window_tokens)")
-        token_ids = [self._fact_tokens(t) for t in texts]
-        context_ids = [self._context_tokens(c, window) for c in contexts]
-        with self._lock:
-            self._check_open()
-            ids = self._new_fact_ids(fact_ids, len(texts))
-            records = [FactRecord(Fact(fid, user_id, text.strip(), toks), ctx)
-                       for fid, text, toks, ctx in zip(ids, texts, token_ids, context_ids)]
-            if encode:
-                self._make_resident(records, pinned={r.fact.fact_id for r in records})
-            for record in records:
-                self._facts[record.fact.fact_id] = record
-        return ids
-
-    def _new_fact_ids(self, fact_ids: Sequence[FactId] | None, count: int) -> list[FactId]:
-        if fact_ids is None:
-            ids = [FactId(self._next_fact_id + i) for i in range(count)]
-        else:
-            ids = [FactId(int(f)) for f in fact_ids]
-            if len(ids) != count or len(set(ids)) != count:
-                raise InvalidFactError("fact_ids must hold one distinct id per text")
-            if clash := [f for f in ids if f in self._facts]:
-                raise InvalidFactError(f"fact ids {clash[:5]} are already registered")
-        self._next_fact_id = max([self._next_fact_id - 1, *ids]) + 1
-        return ids
-
-    def _fact_tokens(self, text: object) -> tuple[int, ...]:
-        text = check_text(text, "a fact")
-        ids = self.prompts.fact_ids(text)
-        if len(ids) > self.config.max_fact_tokens:
-            raise InvalidFactError(
-                f"a fact has {len(ids)} tokens, over max_fact_tokens="
-                f"{self.config.max_fact_tokens}; split it or raise the limit: {text[:60]!r}...")
-        return ids
+        return window
 
     def _context_tokens(self, context: object, window: int) -> tuple[int, ...]:
         if context is None or window == 0:
@@ -181,117 +200,6 @@ class Engine:
             raise InvalidFactError(f"a context must be a string or None, got "
                                    f"{type(context).__name__}")
         return self.prompts.encode(context)[-window:]
-
-    def _make_resident(self, records: list[FactRecord], pinned: set[FactId]) -> None:
-        """Give non-resident records slab pages (evicting LRU facts if allowed) and encode them.
-
-        All or nothing: on failure no record becomes resident and no page stays allocated.
-        """
-        todo = [r for r in records if not r.resident]
-        if not todo:
-            return
-        preamble = self.prompts.preamble()
-        evict = self.config.on_slab_full == "evict"
-        allocated: list[tuple[FactRecord, int, tuple[int, ...]]] = []
-        try:
-            for record in todo:
-                pages, evicted = self._residency.allocate(len(record.fact.token_ids), pinned,
-                                                          evict)
-                self._free_entries(evicted)
-                allocated.append((record, self._residency.next_slab_key(), pages))
-            prompts = [list(preamble) + list(r.context_ids) + list(r.fact.token_ids)
-                       for r, _, _ in allocated]
-            plans = [SavePlan(r.fact.user_id, key, len(preamble) + len(r.context_ids),
-                              len(r.fact.token_ids), pages).signed(self._secret, prompt)
-                     for (r, key, pages), prompt in zip(allocated, prompts)]
-            self._run_saves(plans, prompts)
-        except BaseException:
-            for _, _, pages in allocated:
-                self._residency.free_pages(pages)
-            self._runner.rpc("inferscale_free", [key for _, key, _ in allocated])
-            raise
-        for record, key, pages in allocated:
-            self._residency.admit(record, key, pages)
-
-    def _free_entries(self, records: Iterable[FactRecord]) -> None:
-        keys = [r.slab_key for r in records if r.slab_key is not None]
-        for record in records:
-            self._residency.release(record)
-        if keys:
-            self._runner.rpc("inferscale_free", keys)
-            self.counters["evicted_facts"] += len(keys)
-
-    def _run_saves(self, plans: list[SavePlan], prompts: list[list[int]]) -> None:
-        from vllm import SamplingParams, TokensPrompt
-
-        batch = self.config.save_batch_size
-        for lo in range(0, len(plans), batch):
-            chunk = slice(lo, lo + batch)
-            params = [SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": p.to_params()})
-                      for p in plans[chunk]]
-            outputs = self._runner.run([TokensPrompt(prompt_token_ids=p) for p in prompts[chunk]],
-                                       params, use_tqdm=len(plans) > batch)
-            for out in outputs:
-                result = (out.kv_transfer_params or {}).get(RESULT_KEY, {})
-                if result.get("status") != "save":
-                    raise RuntimeError(f"fact encoding was refused by the connector: {result}")
-        keys = [p.slab_key for p in plans]
-        for rank, resident in enumerate(self._runner.rpc("inferscale_resident", keys)):
-            if not all(resident):
-                raise RuntimeError(f"worker {rank} did not capture {resident.count(False)} facts")
-        self.counters["encoded_facts"] += len(plans)
-
-    MAX_PREAMBLES = 16
-    """Distinct system-prompt preambles kept in the slab (LRU; the configured one always stays).
-    Agents and chat engines send one per tool set or per retrieved context, so they must not
-    accumulate until the slab is full."""
-
-    def _preamble_key(self, preamble: tuple[int, ...], pinned: set[FactId] | None = None) -> int:
-        """Slab key of a preamble, encoded on first use.
-
-        The configured preamble is never evicted; others are kept least recently used, at most
-        MAX_PREAMBLES, and are the first to go when the slab is full. Preambles of the batch
-        being built (and the batch's facts, `pinned`) are never evicted for another.
-        """
-        digest = token_digest(preamble)
-        self._batch_preambles.add(digest)
-        entry = self._preambles.get(digest)
-        if entry is not None:
-            self._preambles.move_to_end(digest)
-            return entry[0]
-        self._evict_preambles(self.MAX_PREAMBLES - 1)
-        evict = self.config.on_slab_full == "evict"
-        try:
-            pages, evicted = self._residency.allocate(len(preamble), set(pinned or ()), evict)
-        except SlabFullError:
-            self._evict_preambles(0)
-            pages, evicted = self._residency.allocate(len(preamble), set(pinned or ()), evict)
-        self._free_entries(evicted)
-        key = self._residency.next_slab_key()
-        plan = SavePlan(SYSTEM_OWNER, key, 0, len(preamble), pages).signed(self._secret,
-                                                                          preamble)
-        try:
-            self._run_saves([plan], [list(preamble)])
-        except BaseException:
-            self._residency.free_pages(pages)
-            raise
-        self._preambles[digest] = (key, pages)
-        return key
-
-    def _evict_preambles(self, keep: int) -> None:
-        """Free least recently used preambles until at most `keep` evictable ones remain."""
-        evictable = [d for d in self._preambles
-                     if d != self._default_preamble and d not in self._batch_preambles]
-        victims = evictable[:max(0, len(evictable) - keep)]
-        if not victims:
-            return
-        keys = []
-        for digest in victims:
-            key, pages = self._preambles.pop(digest)
-            self._residency.free_pages(pages)
-            keys.append(key)
-        self._runner.rpc("inferscale_free", keys)
-        self.counters["evicted_preambles"] += len(keys)
 
     # ---- read path ---------------------------------------------------------------------
     def generate(self, handle: MemoryHandle | None, messages: Messages | str,
@@ -312,7 +220,7 @@ class Engine:
 
     def generate_many(self, requests: Sequence[tuple[MemoryHandle | None, Messages | str]],
                       sampling: Any = None, mode: str = "kv") -> list[Generation]:
-        """generate() for many requests in one vLLM batch."""
+        """generate() for many requests in one vLLM batch: prepare, run, collect."""
         from vllm import SamplingParams
 
         if mode not in ("kv", "text"):
@@ -322,57 +230,20 @@ class Engine:
             raise InvalidRequestError("sampling must be a vllm.SamplingParams, got "
                                       f"{type(sampling).__name__}")
         with self._lock:  # held through the run: vllm.LLM is not thread-safe
+            self._check_open()
             try:
-                return self._generate_locked(requests, sampling, mode)
+                resolved = [(self._planner.resolve(h), as_messages(m)) for h, m in requests]
+                pinned = {r.fact.fact_id for records, _ in resolved for r in records}
+                prepared = [self._planner.prepare(handle, records, messages, sampling, mode,
+                                                  pinned)
+                            for (handle, _), (records, messages) in zip(requests, resolved,
+                                                                        strict=True)]
             finally:
-                self._batch_preambles.clear()
-
-    def _generate_locked(self, requests: Sequence[tuple[MemoryHandle | None, Messages | str]],
-                         sampling: Any, mode: str) -> list[Generation]:
-        from vllm import TokensPrompt
-
-        self._check_open()
-        resolved = [(self._resolve(h), _as_messages(m)) for h, m in requests]
-        pinned = {r.fact.fact_id for records, _ in resolved for r in records}
-        prompts, params, modes, lengths = [], [], [], []
-        for (records, messages), (handle, _) in zip(resolved, requests):
-            prompt = self.prompts.build(messages, [r.fact.token_ids for r in records])
-            ids = prompt.token_ids()
-            if len(ids) >= self.config.max_model_len:
-                raise InvalidRequestError(
-                    f"prompt of {len(ids)} tokens exceeds max_model_len="
-                    f"{self.config.max_model_len}; retrieve fewer facts")
-            request_mode = mode if handle is not None else "text"
-            if request_mode == "kv" and not self._ready_for_kv(records, pinned):
-                request_mode = "text"
-            request_params = sampling.clone()
-            plan = None
-            if request_mode == "kv":
-                try:
-                    plan = self._plan(handle, prompt, records, pinned)
-                except SlabFullError:  # not even the preamble fits: this one goes as text
-                    request_mode = "text"
-            if plan is not None:
-                request_params.extra_args = {**(request_params.extra_args or {}),
-                                             "kv_transfer_params": plan.to_params()}
-                prompts.append(TokensPrompt(prompt_token_ids=ids, cache_salt=plan.cache_salt))
-            else:
-                prompts.append(TokensPrompt(prompt_token_ids=ids))
-            self._residency.touch(records)
-            params.append(request_params)
-            modes.append(request_mode)
-            lengths.append(len(ids))
-        start = time.perf_counter()
-        outputs = self._runner.run(prompts, params)
-        latency_ms = (time.perf_counter() - start) * 1e3
-        results = [_generation(out, m, n, latency_ms) for out, m, n in zip(outputs, modes, lengths)]
-        for asked, g in zip((mode if h is not None else "text" for h, _ in requests), results):
-            self.counters[f"requests_{g.mode}"] += 1
-            if asked == "kv" and g.mode == "text":
-                self.counters["fallback_text_evicted"] += 1
-            elif g.mode == "kv" and g.plan_status != "inject":
-                self.counters[f"fallback_{g.plan_status}"] += 1
-        return results
+                self._preambles.end_batch()
+            start = time.perf_counter()
+            outputs = self._runner.run([p.prompt for p in prepared], [p.params for p in prepared])
+            latency_ms = (time.perf_counter() - start) * 1e3
+            return collect(prepared, outputs, latency_ms, self.counters)
 
     def prepare_request(self, handle: MemoryHandle, messages: Messages | str
                         ) -> tuple[MemoryPrompt, InjectionPlan]:
@@ -383,60 +254,33 @@ class Engine:
         """
         with self._lock:
             self._check_open()
-            records = self._resolve(handle)
-            if not self._ready_for_kv(records, {r.fact.fact_id for r in records}):
+            records = self._planner.resolve(handle)
+            pinned = {r.fact.fact_id for r in records}
+            if not self._planner.ready_for_kv(records, pinned):
                 raise SlabFullError("the handle's facts do not fit in the slab")
-            prompt = self.prompts.build(_as_messages(messages), [r.fact.token_ids for r in records])
+            prompt = self.prompts.build(as_messages(messages),
+                                        [r.fact.token_ids for r in records])
             try:
-                return prompt, self._plan(handle, prompt, records)
+                return prompt, self._planner.plan(handle, prompt, records, pinned)
             finally:
-                self._batch_preambles.clear()
+                self._preambles.end_batch()
 
-    def _ready_for_kv(self, records: list[FactRecord], pinned: set[FactId]) -> bool:
-        """Make evicted facts resident again (or say the request must go as text)."""
-        missing = [r for r in records if not r.resident]
-        if not missing:
-            return True
-        if self.config.on_evicted == "text" or not self._residency.can_fit(
-                [len(r.fact.token_ids) for r in missing], pinned,
-                self.config.on_slab_full == "evict"):
-            return False
-        try:
-            self._make_resident(missing, pinned)
-        except SlabFullError:
-            return False
-        self.counters["reencoded_facts"] += len(missing)
-        return True
+    def text_pieces(self, generation: Generation) -> list[str]:
+        """The answer as per-token text pieces whose concatenation is exactly its text.
 
-    def _plan(self, handle: MemoryHandle, prompt: MemoryPrompt, records: list[FactRecord],
-              pinned: set[FactId] | None = None) -> InjectionPlan:
-        pinned = pinned if pinned is not None else {r.fact.fact_id for r in records}
-        segments = [Segment(self._preamble_key(prompt.preamble, pinned), 0, prompt.preamble)]
-        segments += [Segment(r.slab_key or 0, start, r.fact.token_ids)
-                     for r, start in zip(records, prompt.fact_starts())]
-        user_id = check_user_id(handle.user_id)
-        salt = cache_salt(self._secret, user_id, [s.slab_key for s in segments])
-        return InjectionPlan.from_segments(user_id, segments, salt).signed(self._secret)
-
-    def _resolve(self, handle: MemoryHandle | None) -> list[FactRecord]:
-        """Records of a handle, in handle order; refuses foreign or unknown facts."""
-        if handle is None:
-            return []
-        if not isinstance(handle, MemoryHandle):
-            raise HandleError(f"expected a MemoryHandle, got {type(handle).__name__}")
-        user_id = check_user_id(handle.user_id)
-        out = []
-        for fact_id in handle.fact_ids:
-            record = self._facts.get(fact_id)
-            if record is None:
-                raise FactNotFoundError(f"fact {fact_id} does not exist (deleted or never added)")
-            if record.fact.user_id != user_id:
-                self.counters["foreign_handles"] += 1
-                raise HandleError(f"fact {fact_id} does not belong to user "
-                                  f"{user_id!r}; a handle may only name its own user's "
-                                  "facts")
-            out.append(record)
-        return out
+        For streaming replays: vLLM's offline engine returns whole answers.
+        """
+        pieces, emitted = [], ""
+        for end in range(1, len(generation.token_ids) + 1):
+            prefix = self.tokenizer.decode(generation.token_ids[:end], skip_special_tokens=True)
+            if prefix.endswith("\ufffd") or not generation.text.startswith(prefix):
+                continue  # a partial UTF-8 sequence, or a stop string vLLM cut off
+            if len(prefix) > len(emitted):
+                pieces.append(prefix[len(emitted):])
+                emitted = prefix
+        if len(generation.text) > len(emitted):
+            pieces.append(generation.text[len(emitted):])
+        return pieces
 
     # ---- management --------------------------------------------------------------------
     def get_facts(self, user_id: str) -> list[Fact]:
@@ -462,10 +306,8 @@ class Engine:
         """
         with self._lock:
             self._check_open()
-            records = self._resolve(MemoryHandle(user_id, tuple(fact_ids)))
-            keys = [r.slab_key for r in records if r.slab_key is not None]
-            if keys:
-                self._runner.rpc("inferscale_free", keys)
+            records = self._planner.resolve(MemoryHandle(user_id, tuple(fact_ids)))
+            self.workers.free([r.slab_key for r in records if r.slab_key is not None])
             for record in records:
                 self._residency.release(record)
                 del self._facts[record.fact.fact_id]
@@ -475,8 +317,13 @@ class Engine:
         with self._lock:
             self._check_open()
             return EngineStats(len(self._facts), self._residency.num_resident,
-                               self._residency.num_free_pages, self._runner.rpc("inferscale_stats"),
+                               self._residency.num_free_pages, self.workers.stats(),
                                dict(self.counters))
+
+    @property
+    def workers(self) -> WorkerClient:
+        """Typed control calls on every vLLM worker (stats, free, read back entries)."""
+        return self._runner.workers
 
     @property
     def llm(self) -> Any:
@@ -490,6 +337,11 @@ class Engine:
                 self._closed = True
                 self._runner.close()
 
+    @property
+    def closed(self) -> bool:
+        """True once close() was called."""
+        return self._closed
+
     def _check_open(self) -> None:
         if self._closed:
             raise EngineClosedError("the engine was closed; build a new Engine")
@@ -499,65 +351,3 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _as_messages(messages: Messages | str) -> Messages:
-    if isinstance(messages, str):
-        return [{"role": "user", "content": check_text(messages, "the question",
-                                                       InvalidRequestError)}]
-    if not isinstance(messages, Sequence) or not messages:
-        raise InvalidRequestError("messages must be a non-empty list of role/content dicts or "
-                                  "a question string")
-    return messages
-
-
-def _generation(out: Any, mode: str, num_prompt_tokens: int, latency_ms: float) -> Generation:
-    completion = out.outputs[0]
-    logprobs: tuple[float, ...] = ()
-    first: dict[int, float] = {}
-    if completion.logprobs:
-        logprobs = tuple(step[tok].logprob for step, tok in zip(completion.logprobs,
-                                                                 completion.token_ids))
-        first = {tok: lp.logprob for tok, lp in completion.logprobs[0].items()}
-    result = (out.kv_transfer_params or {}).get(RESULT_KEY, {})
-    status = result.get("status", "none")
-    injected = int(result.get("claimed", 0)) if status == "inject" else 0
-    metrics = getattr(out, "metrics", None)
-    first_token_s = getattr(metrics, "first_token_latency", 0.0) if metrics else 0.0
-    return Generation(completion.text, tuple(completion.token_ids), logprobs, first, mode,
-                      num_prompt_tokens, injected, int(out.num_cached_tokens or 0), status,
-                      latency_ms, first_token_s * 1e3 if first_token_s else None)
-
-
-def _check_model(config: EngineConfig) -> tuple[Any, RopeSpec]:
-    from transformers import AutoConfig
-
-    hf_config = AutoConfig.from_pretrained(config.model)
-    rope = RopeSpec.from_hf_config(hf_config)
-    text_config = getattr(hf_config, "get_text_config", lambda: hf_config)()
-    if getattr(text_config, "sliding_window", None) and getattr(
-            text_config, "use_sliding_window", True):
-        raise UnsupportedModelError(
-            f"model {config.model!r} uses sliding-window attention; injected facts would fall "
-            "out of the window. Use a full-attention model.")
-    return hf_config, rope
-
-
-def _load_tokenizer(config: EngineConfig) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(config.tokenizer or config.model)
-
-
-def _kv_bytes_per_token(hf_config: Any, config: EngineConfig) -> int:
-    """Bytes one token takes in one worker's slab (keys + values, all layers)."""
-    heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
-    head_dim = getattr(hf_config, "head_dim", None) or (
-        hf_config.hidden_size // hf_config.num_attention_heads)
-    dtype = config.dtype
-    if dtype == "auto":
-        dtype = str(getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
-                    or "bfloat16").replace("torch.", "")
-    heads_per_rank = max(1, heads // config.tensor_parallel_size)
-    return 2 * hf_config.num_hidden_layers * heads_per_rank * head_dim * (
-        4 if dtype == "float32" else 2)

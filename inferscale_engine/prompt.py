@@ -8,15 +8,15 @@ ids of a stored fact are exactly the ids in the prompt, in KV mode and in text m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from inferscale_engine.checks import ROLES
 from inferscale_engine.errors import InvalidRequestError, UnsupportedModelError
 
 FACT_FORMAT = "- {text}\n"
 _MARK = "<<INFERSCALE-MEMORY-BLOCK>>"
-_ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +64,7 @@ class PromptBuilder:
         """Token ids of one fact as it appears in the memory block."""
         return self.encode(FACT_FORMAT.format(text=text))
 
-    def build(self, messages: Sequence[dict[str, str]], facts: Sequence[Sequence[int]]
+    def build(self, messages: Sequence[Mapping[str, str]], facts: Sequence[Sequence[int]]
               ) -> MemoryPrompt:
         """Prompt for `messages` (role/content dicts) with `facts` in the system message."""
         head, tail = self._render(messages)
@@ -83,11 +83,12 @@ class PromptBuilder:
             ids = self._preambles[head] = self.encode(head)
         return ids
 
-    def _render(self, messages: Sequence[dict[str, str]]) -> tuple[str, str]:
+    def _render(self, messages: Sequence[Mapping[str, str]]) -> tuple[str, str]:
         chat = [dict(m) for m in messages]
         for m in chat:
-            if m.get("role") not in _ROLES or not isinstance(m.get("content"), str):
-                raise InvalidRequestError(f"message {m!r} needs role in {_ROLES} and text content")
+            if m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+                raise InvalidRequestError(f"message {m!r:.80} needs role in {ROLES} and text "
+                                          "content")
         system = self._system_prompt
         if chat and chat[0]["role"] == "system":
             system = chat.pop(0)["content"].rstrip() + "\n\n" + system

@@ -2,7 +2,8 @@
 
 Facts are known to the engine whether or not their KV is resident: KV is a cache that can
 always be rebuilt from the fact's token ids and the context it was encoded after. This module
-is pure bookkeeping (no vLLM): the engine runs the save requests and frees worker entries.
+is pure bookkeeping (no torch, no vLLM): the engine runs the save requests and frees worker
+entries. SlabAllocator hands out slab pages; the worker only learns them from save plans.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from inferscale_engine.connector.slab import SlabAllocator
+from inferscale_engine.errors import SlabFullError
 from inferscale_engine.facts import Fact, FactId
 
 
@@ -84,7 +85,7 @@ class Residency:
                     reclaimable += len(record.pages)
             if reclaimable >= needed:
                 for record in candidates:  # keep slab_key: the caller frees the worker entry
-                    self._allocator.free(record.pages)
+                    self._allocator.free(record.pages or ())
                     self._lru.pop(record.fact.fact_id, None)
                     record.pages = None
                 evicted = candidates
@@ -122,3 +123,40 @@ class Residency:
         used = [p for r in self._lru.values() for p in (r.pages or ())]
         assert len(used) == len(set(used)), "a page belongs to two facts"
         assert self._allocator.num_free_pages + len(used) <= self._allocator.num_pages
+
+
+class SlabAllocator:
+    """App-side page allocator of the slab; mirrors what every worker stores."""
+
+    def __init__(self, num_pages: int, page_tokens: int) -> None:
+        self.num_pages = num_pages
+        self.page_tokens = page_tokens
+        self._free = list(range(num_pages - 1, -1, -1))  # pop() hands out low pages first
+
+    @property
+    def num_free_pages(self) -> int:
+        """Pages not allocated."""
+        return len(self._free)
+
+    def pages_needed(self, num_tokens: int) -> int:
+        """Pages a run of `num_tokens` tokens takes."""
+        return -(-num_tokens // self.page_tokens)
+
+    def allocate(self, num_tokens: int) -> tuple[int, ...]:
+        """Pages for `num_tokens` tokens.
+
+        Raises:
+            SlabFullError: not enough free pages; nothing is allocated.
+        """
+        needed = self.pages_needed(num_tokens)
+        if needed > len(self._free):
+            raise SlabFullError(
+                f"the KV slab is full: {num_tokens} tokens need {needed} pages, "
+                f"{len(self._free)} of {self.num_pages} are free. Delete facts you no longer "
+                "need or raise EngineConfig.slab_capacity_bytes."
+            )
+        return tuple(self._free.pop() for _ in range(needed))
+
+    def free(self, pages: tuple[int, ...]) -> None:
+        """Return pages to the free list."""
+        self._free.extend(reversed(pages))

@@ -1,4 +1,8 @@
-"""VllmRunner: the co-located vllm.LLM with InferScale's connector, and how to drive it."""
+"""VllmRunner: the co-located vllm.LLM with InferScale's connector, and how to drive it.
+
+WorkerClient is the one typed way to call the worker extension (connector/control.py) on every
+worker: the method names vLLM's collective_rpc needs are spelled here only.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,42 @@ import os
 from typing import Any
 
 from inferscale_engine.config import ConnectorConfig, EngineConfig
-from inferscale_engine.plan import PARAMS_KEY
 
-RESULT_KEY = PARAMS_KEY + "_result"
-"""Key of the connector's per-request verdict in RequestOutput.kv_transfer_params."""
+_EXTENSION = "inferscale_engine.connector.control.SlabControl"
+
+
+class WorkerClient:
+    """Typed calls to SlabControl on every worker; each returns one result per worker."""
+
+    def __init__(self, llm: Any) -> None:
+        self._llm = llm
+
+    def _call(self, method: str, *args: Any) -> list[Any]:
+        return list(self._llm.collective_rpc(method, args=args))
+
+    def stats(self) -> list[dict[str, int]]:
+        """Slab occupancy and connector counters of each worker."""
+        return self._call("inferscale_stats")
+
+    def free(self, slab_keys: list[int]) -> list[int]:
+        """Drop slab entries; per worker, how many were resident."""
+        return self._call("inferscale_free", list(slab_keys)) if slab_keys else []
+
+    def resident(self, slab_keys: list[int]) -> list[list[bool]]:
+        """Per worker, whether each slab key has a captured entry."""
+        return self._call("inferscale_resident", list(slab_keys))
+
+    def read_entry(self, slab_key: int) -> list[tuple[Any, Any, int]]:
+        """Per worker, the stored K, V ([L, n, H, D] on the CPU) and origin of one entry."""
+        return self._call("inferscale_read_entry", slab_key)
+
+    def read_slots(self, slots: list[int]) -> list[tuple[Any, Any]]:
+        """Per worker, K and V in paged `slots` of every layer ([L, T, H, D], CPU)."""
+        return self._call("inferscale_read_slots", list(slots))
+
+    def recent_loads(self) -> list[list[tuple[str, list[int]]]]:
+        """Per worker, (request id, paged slots written) of its last few injections."""
+        return self._call("inferscale_recent_loads")
 
 
 class VllmRunner:
@@ -18,6 +54,7 @@ class VllmRunner:
 
     def __init__(self, config: EngineConfig, connector: ConnectorConfig) -> None:
         self.llm = _build_llm(config, connector)
+        self.workers = WorkerClient(self.llm)
 
     def run(self, prompts: list[Any], params: list[Any], use_tqdm: bool = False) -> list[Any]:
         """llm.generate; if it fails, abort what it left in the engine so it keeps serving."""
@@ -31,10 +68,6 @@ class VllmRunner:
             while engine.has_unfinished_requests():
                 engine.step()
             raise
-
-    def rpc(self, method: str, *args: Any) -> list[Any]:
-        """Call a SlabControl method on every worker; one result per worker."""
-        return self.llm.collective_rpc(method, args=args)
 
     def close(self) -> None:
         """Shut vLLM down and free what an in-process engine leaves behind."""
@@ -92,7 +125,7 @@ def _build_llm(config: EngineConfig, connector: ConnectorConfig) -> Any:
             kv_load_failure_policy="recompute",
             kv_connector_extra_config=connector.to_dict(),
         ),
-        worker_extension_cls="inferscale_engine.control.SlabControl",
+        worker_extension_cls=_EXTENSION,
     )
     if on_cpu:
         kwargs["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes or 2**30

@@ -13,6 +13,7 @@ import os
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -100,7 +101,7 @@ def build_tokenizer(out_dir: Path, vocab_size: int) -> None:
 def _hf_config(spec: TinyModelSpec, vocab_size: int, eos_id: int, pad_id: int):
     from transformers import LlamaConfig, Qwen2Config
 
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -116,17 +117,16 @@ def _hf_config(spec: TinyModelSpec, vocab_size: int, eos_id: int, pad_id: int):
         torch_dtype="float32",
     )
     if spec.architecture == "llama":
-        return LlamaConfig(
-            head_dim=spec.head_dim,
-            rope_theta=10000.0,
-            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                          "high_freq_factor": 4.0, "original_max_position_embeddings": 256},
-            **common,
-        )
+        rope: dict[str, Any] = {  # legacy keys: transformers 5 maps them to rope_parameters
+            "rope_theta": 10000.0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 256}}
+        return LlamaConfig(head_dim=spec.head_dim, **rope, **common)
     if spec.architecture == "qwen2":
         if spec.hidden_size // spec.num_heads != spec.head_dim:
             raise ValueError("qwen2 derives head_dim from hidden_size // num_heads")
-        return Qwen2Config(rope_theta=1_000_000.0, use_sliding_window=False, **common)
+        qwen_rope: dict[str, Any] = {"rope_theta": 1_000_000.0}
+        return Qwen2Config(use_sliding_window=False, **qwen_rope, **common)
     raise ValueError(f"unknown tiny architecture {spec.architecture!r}; use 'llama' or 'qwen2'")
 
 

@@ -18,13 +18,12 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from typing_extensions import TypedDict
 
-from inferscale_engine.checks import FACT_ROLES, ROLES, has_visible
+from inferscale_engine.checks import FACT_ROLES, check_role, has_visible
 from inferscale_engine.facts import FactId, MemoryHandle
 from inferscale_integrations.handles import make_handle_message
 from inferscale_integrations.registry import DEFAULT_NAME, claim_name, get_memory
 
 if TYPE_CHECKING:
-    from inferscale_engine.engine import Engine
     from inferscale_engine.memory import Memory
 
 
@@ -111,13 +110,13 @@ class KVMemoryBase(BaseModel):
         Turns are written and appended under one lock, so concurrent writers (LlamaIndex's
         stream_chat thread) keep the conversation order.
         """
-        records = [TurnRecord(role=_check_role(role), content=str(content), fact_ids=[])
+        records = [TurnRecord(role=check_role(role, "turn role"), content=str(content), fact_ids=[])
                    for role, content in messages]
         if not records:
             return []
         with self._lock:
             memory = self.memory
-            parts = [fact_parts(memory.engine, r["content"]) if r["role"] in FACT_ROLES
+            parts = [memory.split_text(r["content"]) if r["role"] in FACT_ROLES
                      else [r["content"]] for r in records]
             payload = [{"role": r["role"], "content": part}
                        for r, pieces in zip(records, parts, strict=True) for part in pieces]
@@ -186,25 +185,3 @@ class KVMemoryBase(BaseModel):
                 if turn["role"] == "user" and has_visible(turn["content"]):
                     return turn["content"]
         return None
-
-
-def fact_parts(engine: Engine, text: str) -> list[str]:
-    """`text` cut into pieces that each fit in one fact (EngineConfig.max_fact_tokens).
-
-    A long turn (a pasted document, a long answer) becomes several facts, encoded in order,
-    instead of being refused by the memory layer.
-    """
-    limit = engine.config.max_fact_tokens
-    if len(engine.prompts.fact_ids(text)) <= limit:
-        return [text]
-    token_ids = engine.prompts.encode(text)
-    # Room for the fact format, and for a cut piece tokenizing a little longer on its own.
-    step = max(1, limit - len(engine.prompts.fact_ids("")) - 8)
-    return [engine.tokenizer.decode(token_ids[i:i + step])
-            for i in range(0, len(token_ids), step)]
-
-
-def _check_role(role: str) -> str:
-    if role not in ROLES:
-        raise ValueError(f"turn role {role!r} is not one of {ROLES}")
-    return role

@@ -25,7 +25,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without an extra
 from llama_index.core.schema import BaseComponent
 
 
-class KVMemory(LangChainKVMemory, LlamaIndexKVMemory):
+# Both bases define to_json (LangChain: a dict, LlamaIndex: a str); LangChain's wins by MRO and
+# json() returns LlamaIndex's string (see frameworks.md).
+class KVMemory(LangChainKVMemory, LlamaIndexKVMemory):  # type: ignore[misc]
     """Long-term memory served as injected KV, for LangChain and LlamaIndex alike."""
 
     @classmethod
@@ -37,7 +39,8 @@ class KVMemory(LangChainKVMemory, LlamaIndexKVMemory):
         return BaseComponent.to_json(self, **kwargs)
 
     @classmethod
-    def from_json(cls, data: str | Mapping[str, Any], **kwargs: Any) -> KVMemory:
+    def from_json(cls, data: str | Mapping[str, Any],  # type: ignore[override]
+                  **kwargs: Any) -> KVMemory:
         """Rebuild from LlamaIndex's JSON string (json()) or LangChain's to_json() dict."""
         if isinstance(data, Mapping):
             if data.get("type") != "constructor" or "kwargs" not in data:

@@ -1,9 +1,8 @@
-"""One chat through the co-located engine: the handle's facts injected as KV, text as fallback.
+"""The serving pipeline both chat-model wrappers share (ChatInferScale, InferScaleLLM).
 
-Both chat-model wrappers (ChatInferScale, InferScaleLLM) end here. A request with a handle is
-sent in KV mode. If the engine cannot inject (it raises for a reason other than a bad handle,
-or its connector refuses the plan and prefills the facts itself) the answer is still produced
-with the same facts as text, and the event is counted, never hidden.
+call_options() merges a call's keyword arguments over the wrapper's fields; answer_chat()
+collects the memory handles, offers tools, serves through Memory.answer (KV when possible,
+the same facts as text when not: counted, never hidden) and reads tool calls back.
 """
 
 from __future__ import annotations
@@ -11,24 +10,21 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from inferscale_engine.errors import (
-    EngineClosedError,
-    FactNotFoundError,
-    HandleError,
-    InvalidRequestError,
-)
+from inferscale_engine.errors import InvalidRequestError
 from inferscale_engine.facts import MemoryHandle
-from inferscale_integrations.handles import HANDLES_KEY, ChatTurn, PreparedChat, prepare_chat
+from inferscale_engine.generation import Generation
+from inferscale_integrations.handles import HANDLES_KEY, ChatTurn, prepare_chat
 from inferscale_integrations.registry import MemoryNotRegisteredError, get_memory
-from inferscale_integrations.tools import ToolCall, add_tools_prompt, tool_choice_name
-
-if TYPE_CHECKING:  # the engine module imports vLLM: only a running engine needs it
-    from inferscale_engine.engine import Engine, Generation
+from inferscale_integrations.tools import (
+    ToolCall,
+    add_tools_prompt,
+    get_tool_parser,
+    tool_choice_name,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +54,6 @@ class ServeCounters:
         """A copy of the counts."""
         with self._lock:
             return dict(self._counts)
-
-
-def engine_for(memory_name: str) -> Engine:
-    """The engine of the Memory registered as `memory_name`."""
-    return get_memory(memory_name).engine
 
 
 def sampling_params(*, max_tokens: int | None, temperature: float, top_p: float,
@@ -141,44 +132,36 @@ def check_options(*, max_tokens: object, temperature: object, top_p: object,
                                   "'text' (prefill them as text)")
 
 
-ToolCallParser = Callable[[str, CallOptions, list[dict[str, str]]], tuple[str, list[ToolCall]]]
-"""(answer text, options, chat sent) -> (text without the calls, the calls)."""
+@dataclass(frozen=True, slots=True)
+class ChatAnswer:
+    """One wrapper call's result: the generation, its text without tool calls, the calls."""
+
+    generation: Generation
+    content: str
+    """The answer's text with tool calls cut out."""
+    calls: list[ToolCall]
+    pieces: list[str]
+    """`content` as per-token pieces, for streaming replays."""
 
 
 def answer_chat(memory_name: str, turns: Sequence[ChatTurn], options: CallOptions,
-                user_id: str | None, counters: ServeCounters, parse_tool_calls: ToolCallParser
-                ) -> tuple[Generation, str, list[ToolCall]]:
-    """One wrapper call: handles collected, tools offered, served, tool calls read back.
+                user_id: str | None, counters: ServeCounters,
+                tool_parser: str = "hermes") -> ChatAnswer:
+    """One wrapper call: handles collected, tools offered, served by Memory, calls read back.
 
-    Returns:
-        The engine's generation, the answer's text without tool calls, and the calls.
-    """
-    chat = prepare_chat(turns, options.handles, user_id)
-    if options.tools:
-        chat.messages = add_tools_prompt(chat.messages, options.tools, options.tool_choice)
-    generation = serve(engine_for(memory_name), chat, options.sampling, options.mode, counters)
-    content, calls = parse_tool_calls(generation.text, options, chat.messages)
-    return generation, content, calls if options.parallel_tool_calls else calls[:1]
+    The same pipeline serves ChatInferScale and InferScaleLLM; Memory.answer (the one front
+    door) handles stale facts and falls back to text when injection fails.
 
-
-def model_label(memory_name: str, model_name: str | None) -> str:
-    """The name a wrapper reports: its model_name, else the engine's model folder name."""
-    if model_name:
-        return model_name
-    try:
-        return Path(get_memory(memory_name).engine.config.model).name
-    except MemoryNotRegisteredError:
-        return "inferscale"
-
-
-def serve(engine: Engine, chat: PreparedChat, sampling: Any, mode: str,
-          counters: ServeCounters) -> Generation:
-    """Answer a prepared chat; fall back to text mode when the facts cannot be injected.
+    Args:
+        tool_parser: name of the parser that reads tool calls (tools.get_tool_parser).
 
     Raises:
-        HandleError: the handle names another user's facts (never served as text instead).
+        HandleError: the handles name another user (or several users).
         InvalidRequestError: the chat is empty or too long even as text.
     """
+    memory = get_memory(memory_name)
+    parse = get_tool_parser(tool_parser)
+    chat = prepare_chat(turns, options.handles, user_id)
     if not chat.messages:
         raise InvalidRequestError("nothing to answer: the messages held only memory handles; "
                                   "add the user's question")
@@ -188,55 +171,41 @@ def serve(engine: Engine, chat: PreparedChat, sampling: Any, mode: str,
         logger.warning("%d memory marker(s) name handles this process does not know (made in "
                        "another process, or dropped from the recent-handle registry); pass "
                        "the handle in additional_kwargs or kv_handles=", chat.num_unknown_markers)
-    handle = chat.handle
+    if options.tools:
+        chat.messages = add_tools_prompt(chat.messages, options.tools, options.tool_choice)
+    generation = memory.answer(messages=chat.messages, handle=chat.handle,
+                               sampling=options.sampling, mode=options.mode)
+    _count(counters, generation, chat.handle, options.mode)
+    content, calls = (parse(generation.text, options.tools, chat.messages) if options.tools
+                      else (generation.text, []))
+    if not options.parallel_tool_calls:
+        calls = calls[:1]
+    pieces = (memory.text_pieces(generation) if content == generation.text
+              else [content] if content else [])
+    return ChatAnswer(generation, content, calls, pieces)
+
+
+def _count(counters: ServeCounters, generation: Generation, handle: MemoryHandle | None,
+           mode: str) -> None:
     if handle is None or not handle.fact_ids:
-        return engine.generate(None, chat.messages, sampling, mode="text")
+        return
     counters.add("requests_with_handle")
-    try:
-        generation = _generate(engine, handle, chat, sampling, mode, counters)
-    except (HandleError, EngineClosedError, InvalidRequestError):
-        raise
-    except Exception as exc:  # noqa: BLE001 - any failure to inject: serve the facts as text
-        if mode == "text":
-            raise
-        logger.warning("KV injection failed (%s: %s); answering with the facts as text",
-                       type(exc).__name__, exc)
+    if generation.num_stale_facts:
+        counters.add("stale_facts", generation.num_stale_facts)
+    if generation.fallback == "injection_error":
         counters.add("fallback_text")
-        generation = engine.generate(handle, chat.messages, sampling, mode="text")
-    if mode == "kv" and generation.plan_status == "inject":
+    elif mode == "kv" and generation.plan_status == "inject":
         counters.add("injected")
         counters.add("injected_tokens", generation.num_injected_tokens)
     elif mode == "kv":
         counters.add("fallback_refused")  # the engine prefilled the facts itself
-    return generation
 
 
-def _generate(engine: Engine, handle: MemoryHandle, chat: PreparedChat, sampling: Any,
-              mode: str, counters: ServeCounters) -> Generation:
+def model_label(memory_name: str, model_name: str | None) -> str:
+    """The name a wrapper reports: its model_name, else the served model's folder name."""
+    if model_name:
+        return model_name
     try:
-        return engine.generate(handle, chat.messages, sampling, mode=mode)
-    except FactNotFoundError:
-        # A fact was deleted after the handle was made: serve the ones that still exist.
-        known = {f.fact_id for f in engine.get_facts(handle.user_id)}
-        kept = tuple(f for f in handle.fact_ids if f in known)
-        counters.add("stale_facts", len(handle.fact_ids) - len(kept))
-        return engine.generate(MemoryHandle(handle.user_id, kept) if kept else None,
-                               chat.messages, sampling, mode=mode if kept else "text")
-
-
-def text_deltas(tokenizer: Any, generation: Generation) -> Iterator[str]:
-    """The answer as per-token text pieces whose concatenation is exactly generation.text.
-
-    The engine returns whole answers (vLLM's offline API), so streaming replays the tokens
-    after generation; it is not incremental.
-    """
-    emitted = ""
-    for end in range(1, len(generation.token_ids) + 1):
-        prefix = tokenizer.decode(generation.token_ids[:end], skip_special_tokens=True)
-        if prefix.endswith("\ufffd") or not generation.text.startswith(prefix):
-            continue  # a partial UTF-8 sequence, or a stop string vLLM cut off
-        if len(prefix) > len(emitted):
-            yield prefix[len(emitted):]
-            emitted = prefix
-    if len(generation.text) > len(emitted):
-        yield generation.text[len(emitted):]
+        return get_memory(memory_name).model_name
+    except MemoryNotRegisteredError:
+        return "inferscale"

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +88,45 @@ def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
 
     rest = _CALL_RE.sub(take, text)
     return (rest.strip() if calls else text), calls
+
+
+ToolParser = Callable[[str, Sequence[Mapping[str, Any]], Sequence[Mapping[str, str]]],
+                      tuple[str, list[ToolCall]]]
+"""(answer text, offered tool schemas, chat sent) -> (text without the calls, the calls)."""
+
+
+def hermes_parser(text: str, tools: Sequence[Mapping[str, Any]],
+                  chat: Sequence[Mapping[str, str]]) -> tuple[str, list[ToolCall]]:
+    """Hermes / Qwen2.5 <tool_call> blocks (see parse_tool_calls)."""
+    return parse_tool_calls(text)
+
+
+_parsers: dict[str, ToolParser] = {"hermes": hermes_parser}
+_parsers_lock = threading.Lock()
+
+
+def register_tool_parser(name: str, parser: ToolParser) -> None:
+    """Make `parser` selectable as a wrapper's tool_parser=name (replacing one of that name)."""
+    if not isinstance(name, str) or not name.strip() or not callable(parser):
+        raise ValueError("register_tool_parser needs a name and a callable "
+                         "(text, tools, chat) -> (text, calls)")
+    with _parsers_lock:
+        _parsers[name] = parser
+
+
+def get_tool_parser(name: str) -> ToolParser:
+    """The tool-call parser registered as `name`.
+
+    Raises:
+        ValueError: no parser has that name.
+    """
+    with _parsers_lock:
+        parser = _parsers.get(name)
+        known = sorted(_parsers)
+    if parser is None:
+        raise ValueError(f"tool_parser={name!r} is unknown; known: {known} (add one with "
+                         "register_tool_parser)")
+    return parser
 
 
 def add_tools_prompt(messages: list[dict[str, str]], schemas: Sequence[Mapping[str, Any]],

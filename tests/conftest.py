@@ -66,7 +66,7 @@ def plain_prefill(engine, token_ids: list[int], sampling):
 
     from vllm import TokensPrompt
 
-    from inferscale_engine.engine import _generation
+    from inferscale_engine.generation import from_output as _generation
 
     prompt = TokensPrompt(prompt_token_ids=token_ids, cache_salt=uuid.uuid4().hex)
     out = engine.llm.generate([prompt], [sampling], use_tqdm=False)[0]

@@ -52,7 +52,9 @@ class InferScaleConnector(KVConnectorBase_V1):
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
                  kv_cache_config: KVCacheConfig | None = None) -> None:
-        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        # vLLM 0.26 may pass kv_cache_config=None; the base class stores it as given.
+        super().__init__(vllm_config=vllm_config, role=role,
+                         kv_cache_config=kv_cache_config)  # type: ignore[arg-type]
         config = ConnectorConfig.from_dict(self._kv_transfer_config.kv_connector_extra_config)
         self.scheduler = (InferScaleScheduler(vllm_config, config)
                           if role == KVConnectorRole.SCHEDULER else None)

@@ -23,9 +23,12 @@ from inferscale_engine.kernels import reference
 class RopeTables(Protocol):
     """fp32 cos/sin tables and the pairing style of the model's RoPE."""
 
-    cos: torch.Tensor
-    sin: torch.Tensor
-    style: str
+    @property
+    def cos(self) -> torch.Tensor: ...
+    @property
+    def sin(self) -> torch.Tensor: ...
+    @property
+    def style(self) -> str: ...
 
 
 class PagedKV(Protocol):

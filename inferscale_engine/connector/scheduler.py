@@ -140,10 +140,10 @@ class InferScaleScheduler:
         save.block_ids = block_ids if replaces_blocks else save.block_ids + block_ids
         if not save.captured and num_computed + num_scheduled >= save.plan.end:
             save.captured = True
-            plan = save.plan
+            saved = save.plan
             meta.captures.append(CaptureSpec(
-                req_id=rid, user_id=plan.user_id, slab_key=plan.slab_key,
-                start=plan.start, num_tokens=plan.num_tokens, pages=list(plan.pages),
+                req_id=rid, user_id=saved.user_id, slab_key=saved.slab_key,
+                start=saved.start, num_tokens=saved.num_tokens, pages=list(saved.pages),
                 block_ids=list(save.block_ids),
             ))
             self.counters["captures"] += 1

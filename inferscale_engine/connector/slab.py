@@ -1,8 +1,9 @@
 """The KV slab: fixed-capacity storage of fact KV inside each vLLM worker, and its allocator.
 
 The slab is paged (`page_tokens` rows per page) so facts of any length pack without
-fragmentation. Pages are allocated by the app (`SlabAllocator`, deterministic, so every tensor
-parallel rank agrees) and sent in the SavePlan; the worker only records who owns which rows.
+fragmentation. Pages are allocated by the app (residency.SlabAllocator, deterministic, so every
+tensor parallel rank agrees) and sent in the SavePlan; the worker only records who owns which
+rows and which allocation last wrote each page.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-from inferscale_engine.errors import SlabFullError
 
 
 @dataclass(slots=True)
@@ -93,40 +92,3 @@ class KVSlab:
             "bytes_per_token": self.bytes_per_token,
             "capacity_bytes": self.num_pages * self.page_tokens * self.bytes_per_token,
         }
-
-
-class SlabAllocator:
-    """App-side page allocator of the slab; mirrors what every worker stores."""
-
-    def __init__(self, num_pages: int, page_tokens: int) -> None:
-        self.num_pages = num_pages
-        self.page_tokens = page_tokens
-        self._free = list(range(num_pages - 1, -1, -1))  # pop() hands out low pages first
-
-    @property
-    def num_free_pages(self) -> int:
-        """Pages not allocated."""
-        return len(self._free)
-
-    def pages_needed(self, num_tokens: int) -> int:
-        """Pages a run of `num_tokens` tokens takes."""
-        return -(-num_tokens // self.page_tokens)
-
-    def allocate(self, num_tokens: int) -> tuple[int, ...]:
-        """Pages for `num_tokens` tokens.
-
-        Raises:
-            SlabFullError: not enough free pages; nothing is allocated.
-        """
-        needed = self.pages_needed(num_tokens)
-        if needed > len(self._free):
-            raise SlabFullError(
-                f"the KV slab is full: {num_tokens} tokens need {needed} pages, "
-                f"{len(self._free)} of {self.num_pages} are free. Delete facts you no longer "
-                "need or raise EngineConfig.slab_capacity_bytes."
-            )
-        return tuple(self._free.pop() for _ in range(needed))
-
-    def free(self, pages: tuple[int, ...]) -> None:
-        """Return pages to the free list."""
-        self._free.extend(reversed(pages))

@@ -216,8 +216,9 @@ class InferScaleWorker:
         if not parts:
             return
         packed = torch.from_numpy(np.concatenate(parts, axis=1)).to(self.slab.keys.device)
-        slots, rows, serving, canonical = packed.unbind(0)
-        self.paged.capture_(self.slab, slots, rows, serving, canonical, self._rope)
+        slots, slab_rows, serving_positions, canonical = packed.unbind(0)
+        self.paged.capture_(self.slab, slots, slab_rows, serving_positions, canonical,
+                            self._rope)
         for capture, entry in entries:
             self.slab.entries[capture.slab_key] = entry
             self.counters["captured_tokens"] += capture.num_tokens

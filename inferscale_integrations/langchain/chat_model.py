@@ -29,19 +29,18 @@ from pydantic import ConfigDict, Field, PrivateAttr
 from inferscale_engine.errors import InvalidRequestError
 from inferscale_integrations.handles import HANDLES_KEY, ChatTurn
 from inferscale_integrations.langchain.memory import LangChainSerializable, message_role
-from inferscale_integrations.registry import DEFAULT_NAME, get_memory
+from inferscale_integrations.registry import DEFAULT_NAME
 from inferscale_integrations.serving import (
-    CallOptions,
+    ChatAnswer,
     ServeCounters,
     answer_chat,
     call_options,
     model_label,
-    text_deltas,
 )
-from inferscale_integrations.tools import ToolCall, format_tool_call, parse_tool_calls
+from inferscale_integrations.tools import format_tool_call
 
-if TYPE_CHECKING:  # the engine module imports vLLM
-    from inferscale_engine.engine import Generation
+if TYPE_CHECKING:
+    from inferscale_engine.generation import Generation
 
 _IGNORED_KWARGS = ("ls_structured_output_format",)
 """Keys LangChain adds to calls for its own tracing."""
@@ -49,7 +48,34 @@ _MEDIA_BLOCKS = ("image", "image_url", "audio", "input_audio", "video", "file")
 
 
 class ChatInferScale(LangChainSerializable, BaseChatModel):
-    """LangChain chat model of the co-located InferScale engine (KV-injected memory)."""
+    """LangChain chat model of the co-located InferScale engine (KV-injected memory).
+
+    Instantiate (once per process, register the Memory whose engine serves the requests)::
+
+        from inferscale_engine.memory import Memory, MemoryConfig
+        from inferscale_integrations import ChatInferScale, KVMemory, register_memory
+
+        register_memory(Memory.from_config(MemoryConfig(engine=EngineConfig(model=path))))
+        llm = ChatInferScale(max_tokens=256)            # greedy by default (temperature 0)
+
+    Invoke: with a KVMemory in a chain (ConversationChain, LLMChain, AgentExecutor) the
+    memory's handle message reaches the model by itself; otherwise pass one::
+
+        found = memory.search(user_id="caroline", query=question, k=5)
+        llm.invoke(question, kv_handles=[found.handle])
+
+    Stream: ``for chunk in llm.stream(question): ...`` (the finished answer is replayed token
+    by token; usage rides on the last chunk). Async: ``await llm.ainvoke(...)``,
+    ``llm.astream(...)``: the engine runs in a worker thread, the event loop never blocks.
+
+    Tools: ``llm.bind_tools([tool], tool_choice="auto")``; calls are read from the answer by
+    the parser named in `tool_parser` and arrive as ``message.tool_calls``.
+
+    Fallback: if the facts' KV cannot be injected, the same facts are answered as text;
+    ``llm.counters`` says so (``fallback_text``, ``fallback_refused``), and
+    ``message.response_metadata`` carries ``mode``, ``plan_status`` and
+    ``num_injected_tokens`` of every answer.
+    """
 
     model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
@@ -62,6 +88,8 @@ class ChatInferScale(LangChainSerializable, BaseChatModel):
     """If set, every memory handle must be this user's (HandleError otherwise)."""
     mode: Literal["kv", "text"] = "kv"
     """'kv' injects the facts' KV; 'text' prefills them as text (the baseline)."""
+    tool_parser: str = "hermes"
+    """How tool calls are read from answers: a name registered with register_tool_parser."""
     temperature: float = 0.0
     """Sampling temperature; 0 is greedy."""
     max_tokens: int | None = 256
@@ -136,8 +164,8 @@ class ChatInferScale(LangChainSerializable, BaseChatModel):
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None,
                 **kwargs: Any) -> Iterator[ChatGenerationChunk]:
-        generation, message = self._answer(messages, stop, kwargs)
-        for chunk in self._chunks(generation, message):
+        answer, message = self._answer(messages, stop, kwargs)
+        for chunk in self._chunks(answer, message):
             if run_manager and chunk.text:
                 run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
@@ -145,49 +173,33 @@ class ChatInferScale(LangChainSerializable, BaseChatModel):
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
-        generation, message = await asyncio.to_thread(self._answer, messages, stop, kwargs)
-        for chunk in self._chunks(generation, message):
+        answer, message = await asyncio.to_thread(self._answer, messages, stop, kwargs)
+        for chunk in self._chunks(answer, message):
             if run_manager and chunk.text:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
 
     # ---- internals ---------------------------------------------------------------------
     def _answer(self, messages: list[BaseMessage], stop: list[str] | None,
-                kwargs: dict[str, Any]) -> tuple[Generation, AIMessage]:
+                kwargs: dict[str, Any]) -> tuple[ChatAnswer, AIMessage]:
         """Run one request; the AIMessage has usage, tool calls and how it was served."""
         model = kwargs.pop("model", None)
         if model is not None and model != self._model_label():
             raise InvalidRequestError(f"model={model!r}: this engine serves only "
                                       f"{self._model_label()!r}; build an Engine per model")
         options = call_options(self, kwargs, stop, _IGNORED_KWARGS)
-        generation, content, calls = answer_chat(
-            self.memory_name, [_turn(m) for m in messages], options, self.user_id,
-            self._counters, self._parse_tool_calls)
+        answer = answer_chat(self.memory_name, [_turn(m) for m in messages], options,
+                             self.user_id, self._counters, self.tool_parser)
         message = AIMessage(
-            content=content,
+            content=answer.content,
             tool_calls=[{"name": c.name, "args": c.arguments, "id": c.call_id,
-                         "type": "tool_call"} for c in calls],
-            usage_metadata=_usage(generation),
-            response_metadata=self._metadata(generation))
-        return generation, message
+                         "type": "tool_call"} for c in answer.calls],
+            usage_metadata=_usage(answer.generation),
+            response_metadata=self._metadata(answer.generation))
+        return answer, message
 
-    def _parse_tool_calls(self, text: str, options: CallOptions, chat: list[dict[str, str]]
-                          ) -> tuple[str, list[ToolCall]]:
-        """The answer's text and its tool calls (only when tools were offered).
-
-        Override to read another tool-call format; `chat` is what the engine was sent.
-        """
-        return parse_tool_calls(text) if options.tools else (text, [])
-
-    def _chunks(self, generation: Generation, message: AIMessage
-                ) -> Iterator[ChatGenerationChunk]:
-        content = message.text
-        if content == generation.text:
-            tokenizer = get_memory(self.memory_name).engine.tokenizer
-            pieces = list(text_deltas(tokenizer, generation))
-        else:  # tool calls were cut out of the text
-            pieces = [content] if content else []
-        for piece in pieces:
+    def _chunks(self, answer: ChatAnswer, message: AIMessage) -> Iterator[ChatGenerationChunk]:
+        for piece in answer.pieces:
             yield ChatGenerationChunk(message=AIMessageChunk(content=piece))
         yield ChatGenerationChunk(message=AIMessageChunk(
             content="", chunk_position="last", usage_metadata=message.usage_metadata,
@@ -213,7 +225,7 @@ def _turn(message: BaseMessage) -> ChatTurn:
             if isinstance(block, dict) and block.get("type") in _MEDIA_BLOCKS:
                 raise InvalidRequestError(f"{block.get('type')} content is not supported: the "
                                           "engine serves text-only models")
-    text = message.text
+    text = str(message.text)
     for call in getattr(message, "tool_calls", None) or []:
         text += ("\n" if text else "") + format_tool_call(call["name"], call["args"])
     return ChatTurn(message_role(message), text, message.additional_kwargs.get(HANDLES_KEY))

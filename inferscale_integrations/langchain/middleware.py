@@ -11,7 +11,7 @@ The user comes from the constructor or from the run's context (``context={"user_
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
@@ -114,7 +114,7 @@ class KVMemoryMiddleware(AgentMiddleware):
         return value
 
 
-def _last_user_text(messages: list[BaseMessage]) -> str | None:
+def _last_user_text(messages: Sequence[BaseMessage]) -> str | None:
     for message in reversed(messages):
         if isinstance(message, HumanMessage):
             return message.text

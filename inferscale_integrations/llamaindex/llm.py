@@ -33,24 +33,50 @@ from inferscale_integrations.handles import HANDLES_KEY, ChatTurn
 from inferscale_integrations.llamaindex.memory import message_role
 from inferscale_integrations.registry import DEFAULT_NAME, MemoryNotRegisteredError, get_memory
 from inferscale_integrations.serving import (
-    CallOptions,
+    ChatAnswer,
     ServeCounters,
     answer_chat,
     call_options,
     model_label,
-    text_deltas,
 )
-from inferscale_integrations.tools import ToolCall, format_tool_call, parse_tool_calls
+from inferscale_integrations.tools import format_tool_call
 
-if TYPE_CHECKING:  # the engine module imports vLLM
-    from inferscale_engine.engine import Generation
+if TYPE_CHECKING:
+    from inferscale_engine.generation import Generation
 
 _IGNORED_KWARGS = ("formatted",)
 _DEFAULT_CONTEXT_WINDOW = 4096
 
 
 class InferScaleLLM(FunctionCallingLLM):
-    """LlamaIndex LLM of the co-located InferScale engine (KV-injected memory)."""
+    """LlamaIndex LLM of the co-located InferScale engine (KV-injected memory).
+
+    Instantiate (register the Memory whose engine serves the requests once per process)::
+
+        from inferscale_integrations import InferScaleLLM, KVMemory, register_memory
+
+        register_memory(memory)
+        llm = InferScaleLLM(max_tokens=256)             # greedy by default (temperature 0)
+
+    Invoke: chat engines and agents given a KVMemory pass its handle message themselves::
+
+        SimpleChatEngine.from_defaults(llm=llm, memory=KVMemory(user_id="caroline")).chat(q)
+
+    or pass one: ``llm.chat(messages, kv_handles=[memory.search(...).handle])``;
+    ``llm.complete(prompt)`` works too.
+
+    Stream: ``llm.stream_chat(...)`` / ``stream_complete`` replay the finished answer token
+    by token. Async: ``achat``, ``astream_chat``, ``acomplete``, ``astream_complete`` run the
+    engine in a worker thread.
+
+    Tools: FunctionAgent and ``llm.chat_with_tools(tools, ...)`` offer tools; calls are read
+    by the parser named in `tool_parser` and land in
+    ``response.message.additional_kwargs["tool_calls"]``.
+
+    Fallback: if the facts' KV cannot be injected, the same facts are answered as text;
+    ``llm.counters`` says so, and ``response.raw`` carries ``mode``, ``plan_status`` and
+    ``num_injected_tokens``.
+    """
 
     memory_name: str = Field(default=DEFAULT_NAME,
                              description="Registered Memory whose engine serves the requests.")
@@ -60,6 +86,8 @@ class InferScaleLLM(FunctionCallingLLM):
         "If set, every memory handle must be this user's (HandleError otherwise)."))
     mode: Literal["kv", "text"] = Field(default="kv", description=(
         "'kv' injects the facts' KV; 'text' prefills them as text (the baseline)."))
+    tool_parser: str = Field(default="hermes", description=(
+        "How tool calls are read from answers: a name registered with register_tool_parser."))
     temperature: float = Field(default=0.0, ge=0.0, description="0 is greedy.")
     max_tokens: int | None = Field(default=256, description="Most tokens per answer.")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
@@ -93,8 +121,8 @@ class InferScaleLLM(FunctionCallingLLM):
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        generation, message = self._answer(messages, kwargs)
-        return self._stream(generation, message)
+        answer, message = self._answer(messages, kwargs)
+        return self._stream(answer, message)
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
@@ -103,10 +131,10 @@ class InferScaleLLM(FunctionCallingLLM):
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage],
                            **kwargs: Any) -> ChatResponseAsyncGen:
-        generation, message = await asyncio.to_thread(self._answer, messages, kwargs)
+        answer, message = await asyncio.to_thread(self._answer, messages, kwargs)
 
         async def replay() -> ChatResponseAsyncGen:
-            for response in self._stream(generation, message):
+            for response in self._stream(answer, message):
                 yield response
 
         return replay()
@@ -120,8 +148,8 @@ class InferScaleLLM(FunctionCallingLLM):
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any
                         ) -> CompletionResponseGen:
-        generation, message = self._answer(_as_chat(prompt), kwargs)
-        return (_completion(r) for r in self._stream(generation, message))
+        answer, message = self._answer(_as_chat(prompt), kwargs)
+        return (_completion(r) for r in self._stream(answer, message))
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any
@@ -132,10 +160,10 @@ class InferScaleLLM(FunctionCallingLLM):
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any
                                ) -> CompletionResponseAsyncGen:
-        generation, message = await asyncio.to_thread(self._answer, _as_chat(prompt), kwargs)
+        answer, message = await asyncio.to_thread(self._answer, _as_chat(prompt), kwargs)
 
         async def replay() -> CompletionResponseAsyncGen:
-            for response in self._stream(generation, message):
+            for response in self._stream(answer, message):
                 yield _completion(response)
 
         return replay()
@@ -168,38 +196,26 @@ class InferScaleLLM(FunctionCallingLLM):
 
     # ---- internals ---------------------------------------------------------------------
     def _answer(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
-                ) -> tuple[Generation, ChatMessage]:
+                ) -> tuple[ChatAnswer, ChatMessage]:
         """Run one request; the message carries tool calls and how it was served."""
         options = call_options(self, kwargs, None, _IGNORED_KWARGS)
         turns = [_turn(m) for m in self._extend_messages(list(messages))]
-        generation, content, calls = answer_chat(self.memory_name, turns, options, self.user_id,
-                                                 self._counters, self._parse_tool_calls)
+        answer = answer_chat(self.memory_name, turns, options, self.user_id, self._counters,
+                             self.tool_parser)
         extra: dict[str, Any] = {}
-        if calls:
+        if answer.calls:
             extra["tool_calls"] = [{"id": c.call_id, "name": c.name, "arguments": c.arguments}
-                                   for c in calls]
-        return generation, ChatMessage(role=MessageRole.ASSISTANT, content=content,
-                                       additional_kwargs=extra)
+                                   for c in answer.calls]
+        return answer, ChatMessage(role=MessageRole.ASSISTANT, content=answer.content,
+                                   additional_kwargs=extra)
 
-    def _parse_tool_calls(self, text: str, options: CallOptions, chat: list[dict[str, str]]
-                          ) -> tuple[str, list[ToolCall]]:
-        """The answer's text and its tool calls (only when tools were offered).
+    def _response(self, answer: ChatAnswer, message: ChatMessage) -> ChatResponse:
+        return ChatResponse(message=message, raw=_raw(answer.generation),
+                            additional_kwargs=_usage(answer.generation))
 
-        Override to read another tool-call format; `chat` is what the engine was sent.
-        """
-        return parse_tool_calls(text) if options.tools else (text, [])
-
-    def _response(self, generation: Generation, message: ChatMessage) -> ChatResponse:
-        return ChatResponse(message=message, raw=_raw(generation),
-                            additional_kwargs=_usage(generation))
-
-    def _stream(self, generation: Generation, message: ChatMessage) -> ChatResponseGen:
-        content = message.content or ""
-        if content == generation.text:
-            tokenizer = get_memory(self.memory_name).engine.tokenizer
-            pieces = list(text_deltas(tokenizer, generation)) or [""]
-        else:  # tool calls were cut out of the text
-            pieces = [content]
+    def _stream(self, answer: ChatAnswer, message: ChatMessage) -> ChatResponseGen:
+        generation = answer.generation
+        pieces = answer.pieces or [""]
         text = ""
         for i, piece in enumerate(pieces):
             text += piece
@@ -217,7 +233,7 @@ class InferScaleLLM(FunctionCallingLLM):
         if self.context_window:
             return self.context_window
         try:
-            return get_memory(self.memory_name).engine.config.max_model_len
+            return get_memory(self.memory_name).max_model_len
         except MemoryNotRegisteredError:
             return _DEFAULT_CONTEXT_WINDOW
 

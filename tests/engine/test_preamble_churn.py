@@ -32,11 +32,11 @@ def test_distinct_system_prompts_are_evicted_not_accumulated(tiny_models):
             assert alone.plan_status == "inject" and alone.num_injected_tokens > 0
             worst = max(worst, max_abs_diff(alone.logprobs, text.logprobs))
         stats = engine.stats()
-        kept = len(engine._preambles)
+        kept, cap = len(engine._preambles), engine._preambles.MAX_PREAMBLES + 1
         print(f"\n40 system prompts: {stats.counters['evicted_preambles']} preambles evicted, "
-              f"{kept} kept (cap {engine.MAX_PREAMBLES + 1}); free pages {stats.num_free_pages} "
+              f"{kept} kept (cap {cap}); free pages {stats.num_free_pages} "
               f"(start {free_start}); max |dlogprob| kv vs text {worst:.2e}")
-        assert kept <= engine.MAX_PREAMBLES + 1
+        assert kept <= cap
         assert stats.counters["evicted_preambles"] == 40 - (kept - 1)
         assert stats.counters["requests_kv"] == 80
         assert stats.counters.get("fallback_text_evicted", 0) == 0
@@ -45,5 +45,5 @@ def test_distinct_system_prompts_are_evicted_not_accumulated(tiny_models):
         out = engine.generate(handle, QUESTIONS[0], greedy(4), mode="kv")
         assert out.plan_status == "inject"
         # all extra preambles' pages come back when they are evicted
-        engine._evict_preambles(0)
+        engine._preambles.evict(0)
         assert engine.stats().num_free_pages == free_start

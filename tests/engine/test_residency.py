@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from inferscale_engine.connector.slab import SlabAllocator
 from inferscale_engine.errors import SlabFullError
 from inferscale_engine.facts import Fact, FactId
-from inferscale_engine.residency import FactRecord, Residency
+from inferscale_engine.residency import FactRecord, Residency, SlabAllocator
 
 PAGE_TOKENS = 4
 

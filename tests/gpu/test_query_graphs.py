@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.gpu,
 
 
 def test_graph_replay_matches_encode_and_is_faster():
-    from inferscale_engine.retrieval import DEFAULT_EMBEDDING_MODEL, Embedder
+    from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL
+    from inferscale_engine.memory.embedder import Embedder
 
     embedder = Embedder(os.environ.get("INFERSCALE_TEST_EMBEDDER", DEFAULT_EMBEDDING_MODEL),
                         device="cuda")

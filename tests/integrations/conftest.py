@@ -13,7 +13,7 @@ import warnings
 import pytest
 
 from tests.conftest import running_engine
-from tests.engine.memory_support import HashEmbedder
+from tests.engine.memory.memory_support import HashEmbedder
 
 MAX_TOKENS = 3
 """Answer length in tests: enough to see text, short enough for 2 shared CPU cores."""

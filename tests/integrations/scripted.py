@@ -19,25 +19,25 @@ from llama_index.core.agent.react.types import (
 
 from inferscale_integrations.langchain.chat_model import ChatInferScale
 from inferscale_integrations.llamaindex.llm import InferScaleLLM
-from inferscale_integrations.tools import ToolCall
+from inferscale_integrations.tools import ToolCall, register_tool_parser
 
 
-def scripted_calls(text: str, options: Any, chat: list[dict[str, str]]
-                   ) -> tuple[str, list[ToolCall]]:
-    if not options.tools or any(m["role"] == "tool" for m in chat):
+def scripted_calls(text: str, tools: Any, chat: Any) -> tuple[str, list[ToolCall]]:
+    if not tools or any(m["role"] == "tool" for m in chat):
         return text, []
-    name = options.tools[0]["function"]["name"]
+    name = tools[0]["function"]["name"]
     return "", [ToolCall(name, {"query": text.strip()[:20] or "?"}, "call_scripted")]
 
 
+register_tool_parser("scripted", scripted_calls)
+
+
 class ScriptedChatInferScale(ChatInferScale):
-    def _parse_tool_calls(self, text, options, chat):
-        return scripted_calls(text, options, chat)
+    tool_parser: str = "scripted"
 
 
 class ScriptedInferScaleLLM(InferScaleLLM):
-    def _parse_tool_calls(self, text, options, chat):
-        return scripted_calls(text, options, chat)
+    tool_parser: str = "scripted"
 
 
 class ScriptedReActParser(ReActOutputParser):

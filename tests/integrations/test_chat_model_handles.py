@@ -69,7 +69,7 @@ def test_injection_failure_falls_back_to_text_and_is_counted(handle, engine, mon
 
 
 def test_a_refused_plan_is_served_as_text_and_counted(handle, engine, monkeypatch, probe):
-    monkeypatch.setattr(engine, "_secret", b"not the connector's key")  # the MAC fails
+    monkeypatch.setattr(engine._planner, "_secret", b"not the connector's key")  # the MAC fails
     llm = InferScaleLLM(max_tokens=MAX_TOKENS)
     response = llm.chat([ChatMessage(role="user", content=QUESTIONS[0])], kv_handles=[handle])
     assert response.raw["plan_status"] == "rejected" and probe.injected_tokens == 0

@@ -19,7 +19,7 @@ from inferscale_integrations import ChatInferScale, InferScaleLLM, KVMemory
 from inferscale_integrations.langchain import LangChainKVMemory
 from inferscale_integrations.llamaindex import LlamaIndexKVMemory
 from tests.conftest import FACTS, QUESTIONS
-from tests.engine.memory_support import crash_texts
+from tests.engine.memory.memory_support import crash_texts
 from tests.integrations.conftest import MAX_TOKENS
 
 pytestmark = pytest.mark.vllm

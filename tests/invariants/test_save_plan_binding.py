@@ -16,8 +16,8 @@ import pytest
 from vllm import SamplingParams, TokensPrompt
 
 from inferscale_engine.facts import MemoryHandle
+from inferscale_engine.generation import RESULT_KEY
 from inferscale_engine.plan import cache_salt
-from inferscale_engine.runner import RESULT_KEY
 from tests.conftest import greedy, max_abs_diff, running_engine
 
 pytestmark = pytest.mark.vllm
@@ -35,15 +35,15 @@ def engine(tiny_models):
 def add_recording(engine, monkeypatch, user_id, text):
     """Add one fact; returns its id and the (plan, prompt) of its save request."""
     recorded = []
-    original = engine._run_saves
+    original = engine._writer.run_saves
 
     def spy(plans, prompts):
         recorded.extend(zip(plans, prompts, strict=True))
         return original(plans, prompts)
 
-    monkeypatch.setattr(engine, "_run_saves", spy)
+    monkeypatch.setattr(engine._writer, "run_saves", spy)
     (fact_id,) = engine.add_facts(user_id, [text])
-    monkeypatch.setattr(engine, "_run_saves", original)
+    monkeypatch.setattr(engine._writer, "run_saves", original)
     return fact_id, recorded[-1]
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inferscale_engine.connector.slab import KVSlab, SlabAllocator
+from inferscale_engine.connector.slab import KVSlab
 from inferscale_engine.errors import SlabFullError
+from inferscale_engine.residency import SlabAllocator
 
 
 def test_allocator_all_or_nothing_and_reuse():

@@ -22,11 +22,11 @@ from inferscale_engine.errors import (
 )
 from inferscale_engine.facts import MemoryHandle
 from inferscale_engine.memory import Memory
-from inferscale_engine.memory_config import AddResult, SearchResult
-from inferscale_engine.memory_ingest import CONTEXT_KEY
-from inferscale_engine.store import FactStore
+from inferscale_engine.memory.ingest import CONTEXT_KEY
+from inferscale_engine.memory.store import FactStore
+from inferscale_engine.memory.types import AddResult, SearchResult
 from tests.conftest import FACTS, greedy, max_abs_diff, running_engine
-from tests.engine.memory_support import HashEmbedder
+from tests.engine.memory.memory_support import HashEmbedder
 
 pytestmark = pytest.mark.vllm
 
@@ -274,7 +274,7 @@ def test_a_failed_encoding_keeps_the_fact_and_encodes_it_on_first_use(memory, en
         raise RuntimeError("simulated worker failure")
 
     with monkeypatch.context() as patch:
-        patch.setattr(engine, "_run_saves", broken)
+        patch.setattr(engine._writer, "run_saves", broken)
         (result,) = memory.add(user_id="gina", texts=[FACTS[1]])
     assert result.event == "ADD" and not engine.is_resident(result.fact_id)
     assert memory.get(user_id="gina", fact_id=result.fact_id).text == FACTS[1]

@@ -1,29 +1,24 @@
-"""What Memory makes of its input: checked arguments, turn facts and their contexts, duplicates.
+"""What Memory makes of its input: turn facts and their contexts, duplicates, add() results.
 
-Each check raises the specific InferScaleError, with a message that says what to do next.
+Argument checks live in inferscale_engine.checks (one implementation for every layer).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from inferscale_engine import checks
-from inferscale_engine.errors import InvalidFactError
 from inferscale_engine.facts import FactId
-from inferscale_engine.memory_config import AddResult
-from inferscale_engine.retrieval import RetrievalIndex
-from inferscale_engine.store import Turn
-
-if TYPE_CHECKING:
-    from inferscale_engine.engine import Engine
+from inferscale_engine.memory.records import Turn
+from inferscale_engine.memory.retrieval import RetrievalIndex
+from inferscale_engine.memory.types import AddResult
 
 CONTEXT_KEY = "inferscale.context"
 """Metadata key holding the conversation a turn fact was encoded after (Context-Window
 Encoding), so that its KV is rebuilt exactly. Keys starting with 'inferscale.' are reserved."""
-FACT_ROLES = checks.FACT_ROLES
 
 _DUPLICATE_CANDIDATES = 8
 """Most similar indexed facts compared by text per new fact."""
@@ -37,7 +32,7 @@ same call; and the cosine similarity."""
 def turn_facts(turns: list[tuple[str, str]]) -> list[tuple[str, int]]:
     """(fact text, turn position) of every user/assistant turn with content."""
     return [(content.strip(), i) for i, (role, content) in enumerate(turns)
-            if role in FACT_ROLES and checks.has_visible(content)]
+            if role in checks.FACT_ROLES and checks.has_visible(content)]
 
 
 def turn_contexts(earlier: list[Turn], turns: list[tuple[str, str]],
@@ -99,27 +94,6 @@ def add_results(texts: list[str], matches: list[Match | None],
     return results
 
 
-def fact_tokens(engine: Engine, text: str) -> tuple[int, ...]:
-    """A fact's token ids, checked against max_fact_tokens before anything is stored."""
-    token_ids = engine.prompts.fact_ids(text)
-    limit = engine.config.max_fact_tokens
-    if len(token_ids) > limit:
-        raise InvalidFactError(f"a fact has {len(token_ids)} tokens, over max_fact_tokens="
-                               f"{limit}; split it or raise EngineConfig.max_fact_tokens: "
-                               f"{text[:60]!r}")
-    return token_ids
-
-
 def public_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
     """Metadata without InferScale's reserved keys."""
     return {k: v for k, v in metadata.items() if not k.startswith("inferscale.")}
-
-
-# ---- argument checks (one implementation: inferscale_engine.checks) ------------------------
-check_user_id = checks.check_user_id
-check_session = checks.check_session
-check_messages = checks.check_messages
-check_metadata = checks.check_metadata
-check_fact_ids = checks.check_fact_ids
-check_list = checks.check_list
-check_text = checks.check_text

@@ -1,7 +1,7 @@
 """Child process of test_memory_crash: ingests facts through Memory on the real engine and prints
 `ACK fact_id text` for every fact whose add() has returned, until it is killed.
 
-    python -m tests.engine.memory_crash_child DB MODEL NUM_FACTS BATCH
+    python -m tests.engine.memory.memory_crash_child DB MODEL NUM_FACTS BATCH
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 from inferscale_engine.engine import Engine
 from inferscale_engine.memory import Memory
-from tests.engine.memory_support import HashEmbedder, crash_engine_config, crash_texts
+from tests.engine.memory.memory_support import HashEmbedder, crash_engine_config, crash_texts
 
 
 def main(db: str, model: str, num_facts: int, batch: int) -> None:

@@ -20,12 +20,9 @@ from inferscale_engine.errors import (
     InvalidUserIdError,
     RetrievalError,
 )
-from inferscale_engine.retrieval import (
-    DEFAULT_EMBEDDING_MODEL,
-    Embedder,
-    RetrievalIndex,
-    UserIndex,
-)
+from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL
+from inferscale_engine.memory.embedder import Embedder
+from inferscale_engine.memory.retrieval import RetrievalIndex, UserIndex
 
 DIM = 4
 

@@ -14,7 +14,7 @@ import torch
 def _worker_half() -> Any:
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
-    worker = get_kv_transfer_group().worker
+    worker = getattr(get_kv_transfer_group(), "worker", None)  # InferScaleConnector's half
     if worker is None or worker.slab is None:
         raise RuntimeError("InferScale connector is not initialized in this worker")
     return worker

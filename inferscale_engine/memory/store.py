@@ -9,20 +9,22 @@ its rows survive a kill of the process and, with FULL, a power loss.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sqlite3
 import threading
 import time
 import unicodedata
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, cast
 
-import numpy as np
-
-from inferscale_engine.checks import check_user_id
+from inferscale_engine.checks import (
+    check_fact_ids,
+    check_int,
+    check_list,
+    check_text,
+    check_user_id,
+)
 from inferscale_engine.errors import (
     ConfigError,
     FactNotFoundError,
@@ -30,11 +32,17 @@ from inferscale_engine.errors import (
     InvalidTurnError,
     StoreError,
 )
-from inferscale_engine.facts import Fact, FactId
+from inferscale_engine.facts import FactId
+from inferscale_engine.memory.records import (
+    StoredFact,
+    Turn,
+    embedding_blob,
+    fact_from_row,
+    metadata_json,
+    token_blob,
+    turn_rows,
+)
 
-_TOKEN_DTYPE = np.dtype("<i4")
-_EMBEDDING_DTYPE = np.dtype("<f4")
-_MAX_TOKEN_ID = 2**31 - 1
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _IDS_PER_QUERY = 500  # stays under SQLITE_MAX_VARIABLE_NUMBER of every SQLite build (999)
 _FACT_COLUMNS = ("fact_id, user_id, session_id, text, token_ids, embedding, metadata, "
@@ -42,44 +50,6 @@ _FACT_COLUMNS = ("fact_id, user_id, session_id, text, token_ids, embedding, meta
 _TURN_COLUMNS = "turn_id, user_id, session_id, role, content, created_at"
 _FINGERPRINT_KEY = "fingerprint"
 _VERSION_KEY = "schema_version"
-
-
-@dataclass(frozen=True, slots=True)
-class StoredFact:
-    """One fact as stored: everything needed to rebuild its KV and its index entry."""
-
-    fact_id: FactId
-    user_id: str
-    session_id: str | None
-    text: str
-    token_ids: tuple[int, ...]
-    embedding: bytes
-    """Little-endian float32 bytes (immutable, so the record compares with ==); see
-    embedding_array()."""
-    metadata: dict[str, Any]
-    created_at: float
-    """Seconds since the epoch (time.time())."""
-    updated_at: float
-
-    def embedding_array(self) -> np.ndarray:
-        """The embedding as a read-only float32 vector [dim] (a view, no copy)."""
-        return np.frombuffer(self.embedding, dtype=_EMBEDDING_DTYPE)
-
-    def to_fact(self) -> Fact:
-        """The app-facing Fact (id, user, text, token ids)."""
-        return Fact(self.fact_id, self.user_id, self.text, self.token_ids)
-
-
-@dataclass(frozen=True, slots=True)
-class Turn:
-    """One stored conversation message."""
-
-    turn_id: int
-    user_id: str
-    session_id: str | None
-    role: str
-    content: str
-    created_at: float
 
 
 def _create_v1(conn: sqlite3.Connection) -> None:
@@ -129,7 +99,7 @@ class FactStore:
         if not isinstance(synchronous, str) or synchronous.upper() not in _SYNCHRONOUS:
             raise ConfigError(f"synchronous={synchronous!r} is not a SQLite level; use one of "
                               f"{', '.join(_SYNCHRONOUS)} (FULL keeps commits on power loss)")
-        _check_int(busy_timeout_ms, "busy_timeout_ms", 0, ConfigError)
+        check_int(busy_timeout_ms, "busy_timeout_ms", 0, ConfigError)
         self.path = os.fspath(path)
         self._lock = threading.RLock()
         try:
@@ -178,31 +148,32 @@ class FactStore:
             StoreError: the database write failed; nothing is stored.
         """
         user_id = check_user_id(user_id)
-        texts = _check_list(texts, "texts", InvalidFactError)
+        texts = check_list(texts, "texts", InvalidFactError)
         num_facts = len(texts)
-        texts = [_check_str(t, f"texts[{i}]", InvalidFactError) for i, t in enumerate(texts)]
-        token_blobs = [_token_blob(t, f"token_ids[{i}]") for i, t in
-                       enumerate(_check_list(token_ids, "token_ids", InvalidFactError, num_facts))]
-        embedding_blobs = [_embedding_blob(e, f"embeddings[{i}]") for i, e in
-                           enumerate(_check_list(embeddings, "embeddings", InvalidFactError,
+        texts = [check_text(t, f"texts[{i}]", InvalidFactError, strip=False)
+                 for i, t in enumerate(texts)]
+        token_blobs = [token_blob(t, f"token_ids[{i}]") for i, t in
+                       enumerate(check_list(token_ids, "token_ids", InvalidFactError, num_facts))]
+        embedding_blobs = [embedding_blob(e, f"embeddings[{i}]") for i, e in
+                           enumerate(check_list(embeddings, "embeddings", InvalidFactError,
                                                  num_facts))]
         if len({len(b) for b in embedding_blobs}) > 1:
             dims = sorted({len(b) // 4 for b in embedding_blobs})
             raise InvalidFactError(f"embeddings have different dimensions {dims}; encode every "
                                    "fact with the same embedder")
-        metadata_json = _metadata_json(metadata, num_facts)
+        metadata_rows = metadata_json(metadata, num_facts)
         if session_id is not None:
-            session_id = _check_str(session_id, "session_id", InvalidFactError)
-        turn_rows = _turn_rows(turns)
+            session_id = check_text(session_id, "session_id", InvalidFactError, strip=False)
+        turn_list = turn_rows(turns)
         now = time.time()
         with self._transaction("add_facts") as conn:
-            _insert_turns(conn, user_id, session_id, turn_rows, now)
+            _insert_turns(conn, user_id, session_id, turn_list, now)
             return [FactId(cast(int, conn.execute(
                 "INSERT INTO facts (user_id, session_id, text, token_ids, embedding, metadata, "
                 "created_at, updated_at, content_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (user_id, session_id, text, tokens, embedding, meta, now, now, _hash(text)),
             ).lastrowid)) for text, tokens, embedding, meta in
-                zip(texts, token_blobs, embedding_blobs, metadata_json, strict=True)]
+                zip(texts, token_blobs, embedding_blobs, metadata_rows, strict=True)]
 
     def get(self, *, user_id: str, fact_ids: Sequence[int]) -> list[StoredFact]:
         """The user's facts with these ids, in the order asked.
@@ -211,9 +182,9 @@ class FactStore:
             FactNotFoundError: an id is unknown, deleted, or another user's.
         """
         user_id = check_user_id(user_id)
-        ids = _check_fact_ids(fact_ids)
+        ids = check_fact_ids(fact_ids)
         with self._reading("get") as conn:
-            found = {row[0]: _fact_from_row(row)
+            found = {row[0]: fact_from_row(row)
                      for row in _select_facts(conn, _FACT_COLUMNS, user_id, ids)}
         _raise_missing(user_id, [i for i in ids if i not in found])
         return [found[i] for i in ids]
@@ -222,7 +193,7 @@ class FactStore:
         """All facts of a user, oldest first (by fact id, which only grows)."""
         user_id = check_user_id(user_id)
         with self._reading("get_all") as conn:
-            return [_fact_from_row(row) for row in conn.execute(
+            return [fact_from_row(row) for row in conn.execute(
                 f"SELECT {_FACT_COLUMNS} FROM facts WHERE user_id = ? ORDER BY fact_id",
                 (user_id,))]
 
@@ -234,11 +205,11 @@ class FactStore:
             FactNotFoundError: the id is unknown or another user's; nothing changes.
         """
         user_id = check_user_id(user_id)
-        (fact_id,) = _check_fact_ids([fact_id])
-        text = _check_str(text, "text", InvalidFactError)
-        tokens = _token_blob(token_ids, "token_ids")
-        vector = _embedding_blob(embedding, "embedding")
-        meta = None if metadata is None else _metadata_json(metadata, 1)[0]
+        (fact_id,) = check_fact_ids([fact_id])
+        text = check_text(text, "text", InvalidFactError, strip=False)
+        tokens = token_blob(token_ids, "token_ids")
+        vector = embedding_blob(embedding, "embedding")
+        meta = None if metadata is None else metadata_json(metadata, 1)[0]
         with self._transaction("update") as conn:
             cursor = conn.execute(
                 "UPDATE facts SET text = ?, token_ids = ?, embedding = ?, content_hash = ?, "
@@ -249,7 +220,7 @@ class FactStore:
                 _raise_missing(user_id, [fact_id])
             row = conn.execute(f"SELECT {_FACT_COLUMNS} FROM facts WHERE fact_id = ?",
                                (fact_id,)).fetchone()
-        return _fact_from_row(row)
+        return fact_from_row(row)
 
     def delete(self, *, user_id: str, fact_ids: Sequence[int]) -> None:
         """Delete the user's facts in one transaction.
@@ -258,7 +229,7 @@ class FactStore:
             FactNotFoundError: an id is unknown or another user's; nothing is deleted.
         """
         user_id = check_user_id(user_id)
-        ids = list(dict.fromkeys(_check_fact_ids(fact_ids)))
+        ids = list(dict.fromkeys(check_fact_ids(fact_ids)))
         with self._transaction("delete") as conn:
             existing = {row[0] for row in _select_facts(conn, "fact_id", user_id, ids)}
             _raise_missing(user_id, [i for i in ids if i not in existing])
@@ -280,8 +251,8 @@ class FactStore:
         """Append (role, content) messages to a session in one transaction; returns turn ids."""
         user_id = check_user_id(user_id)
         if session_id is not None:
-            session_id = _check_str(session_id, "session_id", InvalidTurnError)
-        rows = _turn_rows(turns)
+            session_id = check_text(session_id, "session_id", InvalidTurnError, strip=False)
+        rows = turn_rows(turns)
         now = time.time()
         with self._transaction("add_turns") as conn:
             return _insert_turns(conn, user_id, session_id, rows, now)
@@ -290,7 +261,7 @@ class FactStore:
                      limit: int = 20) -> list[Turn]:
         """The last `limit` turns of a session, oldest first."""
         user_id = check_user_id(user_id)
-        _check_int(limit, "limit", 0, InvalidTurnError)
+        check_int(limit, "limit", 0, InvalidTurnError)
         with self._reading("recent_turns") as conn:
             rows = conn.execute(f"SELECT {_TURN_COLUMNS} FROM turns WHERE user_id = ? AND "
                                 "session_id IS ? ORDER BY turn_id DESC LIMIT ?",
@@ -318,11 +289,11 @@ class FactStore:
         The lock is held per batch only, so writes from other threads may interleave; facts
         added meanwhile with larger ids are yielded too.
         """
-        _check_int(batch_size, "batch_size", 1, ConfigError)
+        check_int(batch_size, "batch_size", 1, ConfigError)
         last_id = 0
         while True:
             with self._reading("iter_all") as conn:
-                batch = [_fact_from_row(row) for row in conn.execute(
+                batch = [fact_from_row(row) for row in conn.execute(
                     f"SELECT {_FACT_COLUMNS} FROM facts WHERE fact_id > ? ORDER BY fact_id "
                     "LIMIT ?", (last_id, batch_size))]
             if not batch:
@@ -337,7 +308,7 @@ class FactStore:
 
     def set_fingerprint(self, value: str) -> None:
         """Record the fingerprint of the model and tokenizer the stored facts were made with."""
-        value = _check_str(value, "fingerprint", ConfigError)
+        value = check_text(value, "fingerprint", ConfigError, strip=False)
         with self._transaction("set_fingerprint") as conn:
             _set_meta(conn, _FINGERPRINT_KEY, value)
 
@@ -406,116 +377,6 @@ class FactStore:
                 raise StoreError(f"{what} failed reading {self.path!r}: {exc}") from exc
 
 
-# ---- validation and encoding -------------------------------------------------------------
-def _check_str(value: object, what: str, error: type[Exception], *,
-               allow_empty: bool = False) -> str:
-    if not isinstance(value, str):
-        raise error(f"{what} must be a string, got {type(value).__name__} {value!r:.80}")
-    if not allow_empty and not value.strip():
-        raise error(f"{what} is empty or blank ({value!r}); pass some text")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise error(f"{what} is not valid Unicode: {value[exc.start:exc.end]!r} at index "
-                    f"{exc.start} is a lone surrogate (bytes decoded with 'surrogateescape'?); "
-                    "decode the source with its real encoding or errors='replace'") from None
-    return value
-
-
-def _check_int(value: object, what: str, minimum: int, error: type[Exception]) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise error(f"{what}={value!r} must be an int >= {minimum}")
-    return value
-
-
-def _check_list(values: object, what: str, error: type[Exception],
-                num_expected: int | None = None) -> Sequence[Any]:
-    if isinstance(values, str | bytes) or not hasattr(values, "__len__") or not hasattr(
-            values, "__getitem__"):
-        raise error(f"{what} must be a list, got {type(values).__name__} {values!r:.80}; wrap "
-                    f"a single item: {what}=[...]")
-    if num_expected is not None and len(values) != num_expected:
-        raise error(f"{len(values)} {what} for {num_expected} texts; pass one per text")
-    return values  # type: ignore[return-value]
-
-
-def _check_fact_ids(fact_ids: object) -> list[int]:
-    if isinstance(fact_ids, str | bytes) or not isinstance(fact_ids, Iterable):
-        raise InvalidFactError(f"fact_ids must be a list of ints, got {type(fact_ids).__name__} "
-                               f"{fact_ids!r:.80}; wrap a single id: fact_ids=[...]")
-    ids = list(fact_ids)
-    for i, fact_id in enumerate(ids):
-        if isinstance(fact_id, bool) or not isinstance(fact_id, int | np.integer):
-            raise InvalidFactError(f"fact_ids[{i}] is {fact_id!r:.80}, not an int; pass the ids "
-                                   "add_facts returned")
-    return [int(fact_id) for fact_id in ids]
-
-
-def _token_blob(value: Any, what: str) -> bytes:
-    if hasattr(value, "tolist"):  # numpy array or torch tensor
-        value = value.tolist()
-    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-        raise InvalidFactError(f"{what} must be a list of ints, got {type(value).__name__}")
-    if not value:
-        raise InvalidFactError(f"{what} is empty; pass the fact text's token ids")
-    for token in value:
-        if isinstance(token, bool) or not isinstance(token, int | np.integer) or not (
-                0 <= token <= _MAX_TOKEN_ID):
-            raise InvalidFactError(f"{what} holds {token!r:.40}; token ids are ints in "
-                                   f"[0, {_MAX_TOKEN_ID}]")
-    return np.asarray(value, dtype=_TOKEN_DTYPE).tobytes()
-
-
-def _embedding_blob(value: Any, what: str) -> bytes:
-    if isinstance(value, bytes | bytearray | memoryview):
-        if len(value) % 4:
-            raise InvalidFactError(f"{what} has {len(value)} bytes, not a whole number of "
-                                   "float32 values")
-        value = np.frombuffer(value, dtype=_EMBEDDING_DTYPE)
-    elif hasattr(value, "detach"):  # torch tensor, on any device and dtype
-        value = value.detach().float().cpu().numpy()
-    try:
-        vector = np.asarray(value, dtype=_EMBEDDING_DTYPE)
-    except (TypeError, ValueError):
-        raise InvalidFactError(f"{what} is {value!r:.80}, not a vector of floats") from None
-    if vector.ndim != 1 or vector.size == 0:
-        raise InvalidFactError(f"{what} has shape {vector.shape}; pass one vector [dim] per fact")
-    if not np.isfinite(vector).all():
-        raise InvalidFactError(f"{what} contains NaN or inf; check the embedder's output")
-    return vector.tobytes()
-
-
-def _metadata_json(metadata: object, num_facts: int) -> list[str]:
-    if metadata is None or isinstance(metadata, Mapping):
-        items: Sequence[Any] = [metadata] * num_facts
-    else:
-        items = _check_list(metadata, "metadata", InvalidFactError, num_facts)
-    out = []
-    for i, item in enumerate(items):
-        if item is None:
-            out.append("{}")
-            continue
-        if not isinstance(item, Mapping) or not all(isinstance(k, str) for k in item):
-            raise InvalidFactError(f"metadata[{i}] is {item!r:.80}; pass a dict with string keys")
-        try:
-            out.append(json.dumps(dict(item), allow_nan=False))
-        except (TypeError, ValueError) as exc:
-            raise InvalidFactError(f"metadata[{i}] is not JSON-serializable ({exc}); use str, "
-                                   "int, finite float, bool, None, lists and dicts") from None
-    return out
-
-
-def _turn_rows(turns: object) -> list[tuple[str, str]]:
-    rows = []
-    for i, turn in enumerate(_check_list(turns, "turns", InvalidTurnError)):
-        if isinstance(turn, str) or not isinstance(turn, Sequence) or len(turn) != 2:
-            raise InvalidTurnError(f"turns[{i}] is {turn!r:.80}; pass (role, content) pairs")
-        rows.append((_check_str(turn[0], f"turns[{i}] role", InvalidTurnError),
-                     _check_str(turn[1], f"turns[{i}] content", InvalidTurnError,
-                                allow_empty=True)))
-    return rows
-
-
 def _insert_turns(conn: sqlite3.Connection, user_id: str, session_id: str | None,
                   rows: list[tuple[str, str]], now: float) -> list[int]:
     return [cast(int, conn.execute(
@@ -529,7 +390,7 @@ def _hash(text: str) -> str:
 
 
 def _select_facts(conn: sqlite3.Connection, columns: str, user_id: str,
-                  fact_ids: list[int]) -> Iterator[tuple[Any, ...]]:
+                  fact_ids: Sequence[int]) -> Iterator[tuple[Any, ...]]:
     for start in range(0, len(fact_ids), _IDS_PER_QUERY):
         chunk = fact_ids[start:start + _IDS_PER_QUERY]
         yield from conn.execute(f"SELECT {columns} FROM facts WHERE user_id = ? AND fact_id IN "
@@ -552,8 +413,3 @@ def _raise_missing(user_id: str, missing: list[int]) -> None:
                                 "another user's; list the user's facts with get_all()")
 
 
-def _fact_from_row(row: tuple[Any, ...]) -> StoredFact:
-    fact_id, user_id, session_id, text, tokens, embedding, metadata, created, updated = row
-    return StoredFact(FactId(fact_id), user_id, session_id, text,
-                      tuple(np.frombuffer(tokens, dtype=_TOKEN_DTYPE).tolist()), bytes(embedding),
-                      json.loads(metadata), created, updated)

@@ -13,13 +13,13 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from inferscale_engine.engine import _generation
 from inferscale_engine.errors import HandleError
 from inferscale_engine.facts import MemoryHandle
+from inferscale_engine.generation import from_output as _generation
 from inferscale_engine.memory import Memory
 from inferscale_engine.tiny_model import corpus_sentences
 from tests.conftest import greedy, plain_prefill, running_engine
-from tests.engine.memory_support import SHORT_SYSTEM_PROMPT, HashEmbedder
+from tests.engine.memory.memory_support import SHORT_SYSTEM_PROMPT, HashEmbedder
 
 pytestmark = pytest.mark.vllm
 
@@ -32,12 +32,12 @@ users up would still type-check and tokenize; only ownership tells them apart.""
 
 
 class PlanAuditor:
-    """Wraps Engine._plan: checks every injection plan the engine builds against the owners."""
+    """Wraps RequestPlanner.plan: checks every plan the engine builds against the owners."""
 
     def __init__(self, engine, owned: dict[str, set[int]]) -> None:
         self.engine, self.owned, self.num_plans = engine, owned, 0
         self.salt_owner: dict[str, str] = {}
-        self._plan = engine._plan
+        self._plan = engine._planner.plan
 
     def __call__(self, handle, prompt, records, *args, **kwargs):
         plan = self._plan(handle, prompt, records, *args, **kwargs)
@@ -109,7 +109,7 @@ def test_one_hundred_users_never_see_each_others_facts(tiny_models, tmp_path, mo
     with running_engine(tiny_models["qwen2"], system_prompt=SHORT_SYSTEM_PROMPT,
                         slab_capacity_bytes=64 * 2**20) as engine:
         auditor = PlanAuditor(engine, owned)
-        monkeypatch.setattr(engine, "_plan", auditor)
+        monkeypatch.setattr(engine._planner, "plan", auditor)
         memory = Memory(engine, tmp_path / "iso.db", HashEmbedder(), progress_bar=False)
         schedule = [("add", user) for user in USERS]  # every user starts with some facts
         schedule += [(rng.choices(["add", "search", "generate"], [1, 6, 2])[0], rng.choice(USERS))

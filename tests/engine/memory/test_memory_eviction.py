@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from inferscale_engine.engine import _kv_bytes_per_token
 from inferscale_engine.facts import MemoryHandle
 from inferscale_engine.memory import Memory
+from inferscale_engine.model_check import kv_bytes_per_token as _kv_bytes_per_token
 from tests.conftest import engine_config, greedy, max_abs_diff, running_engine
-from tests.engine.memory_support import SHORT_SYSTEM_PROMPT, HashEmbedder, crash_texts
+from tests.engine.memory.memory_support import SHORT_SYSTEM_PROMPT, HashEmbedder, crash_texts
 
 pytestmark = pytest.mark.vllm
 

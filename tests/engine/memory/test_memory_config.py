@@ -10,8 +10,9 @@ import pytest
 from inferscale_engine.errors import ConfigError
 from inferscale_engine.facts import MemoryHandle
 from inferscale_engine.memory import Memory
-from inferscale_engine.memory_config import MemoryConfig, stale_parts
-from inferscale_engine.store import FactStore
+from inferscale_engine.memory.config import MemoryConfig
+from inferscale_engine.memory.fingerprint import stale_parts
+from inferscale_engine.memory.store import FactStore
 from tests.conftest import FACTS, engine_config, greedy, max_abs_diff
 
 
@@ -67,7 +68,7 @@ def test_from_config_builds_everything_and_a_model_change_rebuilds_kv(config, ti
                               sampling=greedy(2))
         assert out.plan_status == "inject" and memory.engine.is_resident(ids[0])
         engine = memory.engine
-    assert engine._closed
+    assert engine.closed
     with FactStore(db) as store:  # closed by the Memory, still there
         assert [f.text for f in store.get_all(user_id="alice")] == FACTS[:3]
         assert json.loads(store.fingerprint())["embedder"] == memory_config.embedding_model

@@ -9,19 +9,17 @@ re-encoded (startup='encode') or built on first use (startup='lazy').
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
-from inferscale_engine import memory_ingest as ingest
+from inferscale_engine import checks
 from inferscale_engine.engine import Engine, Generation, Messages
 from inferscale_engine.errors import (
     EngineClosedError,
@@ -29,22 +27,23 @@ from inferscale_engine.errors import (
     InvalidFactError,
     InvalidRequestError,
 )
-from inferscale_engine.facts import Fact, FactId, MemoryHandle
-from inferscale_engine.memory_config import (
+from inferscale_engine.facts import Fact, MemoryHandle
+from inferscale_engine.memory import ingest
+from inferscale_engine.memory.config import (
     DEFAULT_DB_PATH,
-    AddResult,
+    DEFAULT_EMBEDDING_MODEL,
     MemoryConfig,
-    MemoryStats,
-    SearchResult,
     check_dedupe_threshold,
     check_startup,
-    fingerprint,
     open_store,
-    refresh,
-    stale_parts,
 )
-from inferscale_engine.retrieval import DEFAULT_EMBEDDING_MODEL, Embedder, RetrievalIndex
-from inferscale_engine.store import FactStore, StoredFact, Turn
+from inferscale_engine.memory.embedder import Embedder
+from inferscale_engine.memory.records import StoredFact, Turn
+from inferscale_engine.memory.retrieval import RetrievalIndex
+from inferscale_engine.memory.served import ServedFacts
+from inferscale_engine.memory.serving import serve
+from inferscale_engine.memory.store import FactStore
+from inferscale_engine.memory.types import AddResult, MemoryStats, SearchResult
 
 logger = logging.getLogger(__name__)
 
@@ -95,10 +94,11 @@ class Memory:
             self._context_turns = context_turns
             self._lock = threading.RLock()
             self._closed = False
-            self._facts: dict[FactId, Fact] = {}
-            """Facts registered with the engine and indexed: what search may return."""
             self.counters: Counter[str] = Counter()
-            self._load(startup == "encode", progress_bar)
+            self._served = ServedFacts(engine, self._index, self.counters)
+            """What search may return: facts registered with the engine and indexed."""
+            self._served.load(self._store, self._embedder.name, self._embed,
+                              startup == "encode", progress_bar)
         except BaseException:
             if self._owns_store:
                 self._store.close()
@@ -138,19 +138,19 @@ class Memory:
             InvalidUserIdError, InvalidFactError, InvalidTurnError, InvalidRequestError: bad
                 input; nothing is stored.
         """
-        user_id = ingest.check_user_id(user_id)
-        session_id = ingest.check_session(session_id)
-        metadata = ingest.check_metadata(metadata)
+        user_id = checks.check_user_id(user_id)
+        session_id = checks.check_session(session_id)
+        metadata = checks.check_metadata(metadata)
         if (texts is None) == (messages is None):
             raise InvalidRequestError("pass exactly one of texts=[...] (facts) or messages=[...] "
                                       "(conversation turns)")
-        turns = ingest.check_messages(messages) if messages is not None else None
+        turns = checks.check_messages(messages) if messages is not None else None
         if turns is None:
-            facts = [(ingest.check_text(t, f"texts[{i}]"), 0) for i, t in
-                     enumerate(ingest.check_list(texts, "texts", InvalidFactError))]
+            facts = [(checks.check_text(t, f"texts[{i}]"), 0) for i, t in
+                     enumerate(checks.check_list(texts, "texts", InvalidFactError))]
         else:
             facts = ingest.turn_facts(turns)
-        token_ids = [ingest.fact_tokens(self._engine, text) for text, _ in facts]
+        token_ids = [self._engine.tokenize_fact(text) for text, _ in facts]
         vectors = self._embed([text for text, _ in facts])
         with self._lock:
             self._check_open()
@@ -162,12 +162,12 @@ class Memory:
             matches = ingest.find_duplicates(
                 self._index, user_id, vectors, self._dedupe_threshold,
                 [text for text, _ in facts],
-                lambda fact_id: fact.text if (fact := self._facts.get(fact_id)) else None)
+                self._served.text_of)
             keep = [i for i, match in enumerate(matches) if match is None]
             stored = self._store_facts(user_id, session_id, metadata, [facts[i][0] for i in keep],
                                        [token_ids[i] for i in keep], vectors[keep],
                                        [contexts[i] for i in keep], turns or ())
-            self._register(user_id, stored, self._encode_on_add)
+            self._served.register(user_id, stored, self._encode_on_add)
             new_ids = dict(zip(keep, (f.fact_id for f in stored), strict=True))
             self.counters["added"] += len(keep)
             self.counters["duplicates"] += len(facts) - len(keep)
@@ -176,9 +176,9 @@ class Memory:
     def add_turns(self, *, user_id: str, session_id: str | None,
                   messages: Sequence[Mapping[str, str]]) -> list[int]:
         """Record conversation turns only (no facts); returns their turn ids."""
-        user_id = ingest.check_user_id(user_id)
-        session_id = ingest.check_session(session_id)
-        turns = ingest.check_messages(messages)
+        user_id = checks.check_user_id(user_id)
+        session_id = checks.check_session(session_id)
+        turns = checks.check_messages(messages)
         with self._lock:
             self._check_open()
             return self._store.add_turns(user_id=user_id, session_id=session_id, turns=turns)
@@ -190,11 +190,11 @@ class Memory:
         Raises:
             FactNotFoundError: the user has no such fact; nothing changes.
         """
-        user_id = ingest.check_user_id(user_id)
-        (fact_id,) = ingest.check_fact_ids([fact_id], "fact_id")
-        text = ingest.check_text(text, "text")
-        metadata = ingest.check_metadata(metadata)
-        token_ids = ingest.fact_tokens(self._engine, text)
+        user_id = checks.check_user_id(user_id)
+        (fact_id,) = checks.check_fact_ids([fact_id], "fact_id")
+        text = checks.check_text(text, "text")
+        metadata = checks.check_metadata(metadata)
+        token_ids = self._engine.tokenize_fact(text)
         vector = self._embed([text])[0]
         with self._lock:
             self._check_open()
@@ -204,10 +204,8 @@ class Memory:
                 metadata = {**metadata, ingest.CONTEXT_KEY: context}
             new = self._store.update(user_id=user_id, fact_id=fact_id, text=text,
                                      token_ids=token_ids, embedding=vector, metadata=metadata)
-            if fact_id in self._facts:  # drop the old KV: the new version is encoded afresh
-                self._engine.delete(user_id, [fact_id])
-                del self._facts[fact_id]
-            self._register(user_id, [new], self._encode_on_add)
+            self._served.forget(user_id, [fact_id])  # the new version is encoded afresh
+            self._served.register(user_id, [new], self._encode_on_add)
             self.counters["updated"] += 1
             return new.to_fact()
 
@@ -217,20 +215,20 @@ class Memory:
         Raises:
             FactNotFoundError: an id is unknown or another user's; nothing is deleted.
         """
-        user_id = ingest.check_user_id(user_id)
-        ids = list(dict.fromkeys(ingest.check_fact_ids(fact_ids)))
+        user_id = checks.check_user_id(user_id)
+        ids = list(dict.fromkeys(checks.check_fact_ids(fact_ids)))
         with self._lock:
             self._check_open()
             self._store.delete(user_id=user_id, fact_ids=ids)
-            self._forget(user_id, ids)
+            self._served.forget(user_id, ids)
 
     def reset(self, *, user_id: str) -> int:
         """Delete every fact and turn of a user; returns the number of facts deleted."""
-        user_id = ingest.check_user_id(user_id)
+        user_id = checks.check_user_id(user_id)
         with self._lock:
             self._check_open()
             deleted = self._store.reset(user_id=user_id)
-            self._forget(user_id, deleted)
+            self._served.forget(user_id, deleted)
             return len(deleted)
 
     # ---- read verbs --------------------------------------------------------------------
@@ -239,22 +237,22 @@ class Memory:
 
         A user with no facts gets an empty result.
         """
-        user_id = ingest.check_user_id(user_id)
-        query = ingest.check_text(query, "query", InvalidRequestError)
+        user_id = checks.check_user_id(user_id)
+        query = checks.check_text(query, "query", InvalidRequestError)
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise InvalidRequestError(f"k={k!r} must be an int >= 0 (facts to retrieve)")
         vector = self._embed([query])[0]
         with self._lock:
             self._check_open()
             ranked = self._index.search(user_id=user_id, query_embedding=vector, k=k)
-            hits = tuple((self._facts[fact_id], score) for fact_id, score in ranked)
+            hits = tuple((self._served[fact_id], score) for fact_id, score in ranked)
         assert all(fact.user_id == user_id for fact, _ in hits), "the index crossed users"
         return SearchResult(hits, MemoryHandle(user_id, tuple(f.fact_id for f, _ in hits)))
 
     def generate(self, *, user_id: str, query: str, k: int = 5,
                  messages: Messages | None = None, sampling: Any = None, mode: str = "kv",
                  handle: MemoryHandle | None = None) -> Generation:
-        """Answer from the user's memory: search(query, k), then Engine.generate.
+        """Answer from the user's memory: search(query, k), then answer().
 
         Args:
             user_id: whose memory to use.
@@ -268,26 +266,69 @@ class Memory:
         Raises:
             HandleError: `handle` is not a MemoryHandle of this user.
         """
-        user_id = ingest.check_user_id(user_id)
+        user_id = checks.check_user_id(user_id)
+        query = checks.check_text(query, "query", InvalidRequestError)
         if handle is None:
             handle = self.search(user_id=user_id, query=query, k=k).handle
-        elif not isinstance(handle, MemoryHandle):
+        return self.answer(messages=query if messages is None else messages, handle=handle,
+                           user_id=user_id, sampling=sampling, mode=mode)
+
+    def answer(self, *, messages: Messages | str, handle: MemoryHandle | None,
+               user_id: str | None = None, sampling: Any = None, mode: str = "kv"
+               ) -> Generation:
+        """Answer a chat with a handle's facts: the one serving entry of every adapter.
+
+        Facts deleted since the handle was made are left out (Generation.num_stale_facts);
+        if injection fails the same facts are answered as text (Generation.fallback).
+
+        Args:
+            messages: the chat (role/content dicts) or one question.
+            handle: facts to use (from search()), or None for no memory.
+            user_id: if given, the handle must be this user's.
+            sampling: vllm.SamplingParams (default: greedy, 64 tokens).
+            mode: 'kv' (inject) or 'text' (prefill the facts as text).
+
+        Raises:
+            HandleError: `handle` is not a MemoryHandle, or not `user_id`'s, or names another
+                user's facts.
+        """
+        if handle is not None and not isinstance(handle, MemoryHandle):
             raise HandleError(f"handle must be a MemoryHandle (from search()), got "
                               f"{type(handle).__name__}")
-        elif handle.user_id != user_id:
-            with self._lock:
-                self.counters["foreign_handles"] += 1
-            raise HandleError(f"the handle belongs to {handle.user_id!r:.40}, not to user_id="
-                              f"{user_id!r:.40}; use a handle from this user's search()")
-        else:
-            query = ingest.check_text(query, "query", InvalidRequestError)
-        return self._engine.generate(handle, query if messages is None else messages,
-                                     sampling, mode)
+        if handle is not None and user_id is not None:
+            owner = checks.check_user_id(handle.user_id, HandleError)
+            if owner != checks.check_user_id(user_id):
+                with self._lock:
+                    self.counters["foreign_handles"] += 1
+                raise HandleError(f"the handle belongs to {handle.user_id!r:.40}, not to "
+                                  f"user_id={user_id!r:.40}; use a handle from this user's "
+                                  "search()")
+        self._check_open()
+        return serve(self._engine, handle, messages, sampling, mode, self.counters)
+
+    # ---- what adapters need from the engine --------------------------------------------
+    def split_text(self, text: str) -> list[str]:
+        """`text` cut into pieces that each fit in one fact (long turns become several)."""
+        return self._engine.split_text(text)
+
+    def text_pieces(self, generation: Generation) -> list[str]:
+        """A finished answer as per-token text pieces (for streaming replays)."""
+        return self._engine.text_pieces(generation)
+
+    @property
+    def model_name(self) -> str:
+        """The served model's folder name."""
+        return os.path.basename(os.path.normpath(self._engine.config.model))
+
+    @property
+    def max_model_len(self) -> int:
+        """Longest prompt + answer the engine serves, in tokens."""
+        return self._engine.config.max_model_len
 
     def get(self, *, user_id: str, fact_id: int) -> StoredFact:
         """The durable record of one fact (text, token ids, metadata, timestamps)."""
-        user_id = ingest.check_user_id(user_id)
-        (fact_id,) = ingest.check_fact_ids([fact_id], "fact_id")
+        user_id = checks.check_user_id(user_id)
+        (fact_id,) = checks.check_fact_ids([fact_id], "fact_id")
         with self._lock:
             self._check_open()
             (stored,) = self._store.get(user_id=user_id, fact_ids=[fact_id])
@@ -295,7 +336,7 @@ class Memory:
 
     def get_all(self, *, user_id: str) -> list[Fact]:
         """All facts of a user, oldest first ([] for a user with none)."""
-        user_id = ingest.check_user_id(user_id)
+        user_id = checks.check_user_id(user_id)
         with self._lock:
             self._check_open()
             return [f.to_fact() for f in self._store.get_all(user_id=user_id)]
@@ -303,8 +344,8 @@ class Memory:
     def turns(self, *, user_id: str, session_id: str | None = None,
               limit: int = 20) -> list[Turn]:
         """The last `limit` turns of a session, oldest first."""
-        user_id = ingest.check_user_id(user_id)
-        session_id = ingest.check_session(session_id)
+        user_id = checks.check_user_id(user_id)
+        session_id = checks.check_session(session_id)
         with self._lock:
             self._check_open()
             return self._store.recent_turns(user_id=user_id, session_id=session_id, limit=limit)
@@ -314,7 +355,7 @@ class Memory:
         with self._lock:
             self._check_open()
             engine = self._engine.stats()
-            return MemoryStats(len(self._store.users()), self._store.count(), len(self._facts),
+            return MemoryStats(len(self._store.users()), self._store.count(), len(self._served),
                                engine.num_resident_facts, engine, dict(self.counters))
 
     def close(self) -> None:
@@ -330,15 +371,10 @@ class Memory:
                 if self._owns_engine:
                     self._engine.close()
                 else:
-                    by_user: dict[str, list[FactId]] = defaultdict(list)
-                    for fact in self._facts.values():
-                        by_user[fact.user_id].append(fact.fact_id)
-                    for user_id, ids in by_user.items():
-                        self._engine.delete(user_id, ids)
+                    self._served.release_all()
             except EngineClosedError:
                 pass  # nothing left to free
             finally:
-                self._facts.clear()
                 if self._owns_store:
                     self._store.close()
 
@@ -349,75 +385,6 @@ class Memory:
         self.close()
 
     # ---- internals ---------------------------------------------------------------------
-    def _load(self, encode: bool, progress_bar: bool | None) -> None:
-        """Register every stored fact, per user in batches; first recompute stale data."""
-        current = fingerprint(self._engine.config, self._engine.tokenizer, self._embedder.name)
-        total = self._store.count()
-        stale = stale_parts(self._store.fingerprint(), current) if total else set()
-        pending: dict[str, list[StoredFact]] = defaultdict(list)
-        with tqdm(total=total, unit="fact", disable=None if progress_bar is None else (
-                not progress_bar), desc="InferScale: " + ("encoding" if encode else "loading")
-                + " stored facts") as bar:
-            for batch in self._store.iter_all(_BATCH):
-                if stale:
-                    batch = refresh(self._store, batch, stale, self._engine.prompts, self._embed)
-                    self.counters["startup_refreshed"] += len(batch)
-                for stored in batch:
-                    pending[stored.user_id].append(stored)
-                for user_id in [u for u, facts in pending.items() if len(facts) >= _BATCH]:
-                    facts = pending.pop(user_id)
-                    self._register(user_id, facts, encode)
-                    bar.update(len(facts))
-            for user_id, facts in pending.items():
-                self._register(user_id, facts, encode)
-                bar.update(len(facts))
-        self._store.set_fingerprint(json.dumps(current, sort_keys=True))
-        self.counters["startup_facts"] = len(self._facts)
-
-    def _register(self, user_id: str, stored: list[StoredFact], encode: bool) -> None:
-        """Register durable facts with the engine (encoding their KV if asked), then index them.
-
-        If encoding fails, the facts are registered without KV: it is built on first use. A fact
-        the engine refuses (e.g. over a lowered max_fact_tokens) stays in the store but is not
-        served; it is logged and counted.
-        """
-        if not stored:
-            return
-        texts = [f.text for f in stored]
-        contexts = [f.metadata.get(ingest.CONTEXT_KEY) for f in stored]
-        ids = [f.fact_id for f in stored]
-        try:
-            self._engine.add_facts(user_id, texts, contexts, fact_ids=ids, encode=encode)
-        except EngineClosedError:
-            raise
-        except InvalidFactError as exc:
-            if len(stored) == 1:
-                logger.warning("fact %s of %r is stored but cannot be served: %s", ids[0],
-                               user_id, exc)
-                self.counters["unservable_facts"] += 1
-                return
-            for fact in stored:  # register all but the refused ones
-                self._register(user_id, [fact], encode)
-            return
-        except Exception as exc:  # noqa: BLE001 - whatever failed in encoding: KV comes later
-            logger.warning("encoding %d facts of %r failed (%s); their KV will be built on "
-                           "first use", len(ids), user_id, exc)
-            self.counters["encode_failures"] += len(ids)
-            self._engine.add_facts(user_id, texts, contexts, fact_ids=ids, encode=False)
-        self._index.add(user_id=user_id, fact_ids=ids, embeddings=torch.stack(
-            [torch.from_numpy(f.embedding_array().copy()) for f in stored]))
-        for fact in stored:
-            self._facts[fact.fact_id] = fact.to_fact()
-
-    def _forget(self, user_id: str, fact_ids: Sequence[int]) -> None:
-        """Drop deleted facts from the engine (freeing their KV) and from the index."""
-        known = [FactId(i) for i in fact_ids if i in self._facts]
-        if known:
-            self._engine.delete(user_id, known)
-            self._index.remove(user_id=user_id, fact_ids=known)
-            for fact_id in known:
-                del self._facts[fact_id]
-
     def _store_facts(self, user_id: str, session_id: str | None,
                      metadata: dict[str, Any] | None, texts: list[str],
                      token_ids: list[tuple[int, ...]], vectors: torch.Tensor,

@@ -22,11 +22,11 @@ from inferscale_engine.engine import Engine
 from inferscale_engine.facts import MemoryHandle
 from inferscale_engine.memory import Memory
 from tests.conftest import greedy, max_abs_diff
-from tests.engine.memory_support import HashEmbedder, crash_engine_config
+from tests.engine.memory.memory_support import HashEmbedder, crash_engine_config
 
 pytestmark = pytest.mark.vllm
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 NUM_FACTS = 10_000
 BATCH = 200
 KILL_AFTER = int(os.environ.get("INFERSCALE_CRASH_KILL_AFTER", "3000"))
@@ -37,7 +37,7 @@ def run_child_until_killed(db: Path, model: Path, log: Path) -> dict[int, str]:
     returns the acknowledged facts, id -> text."""
     with open(log, "w") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.engine.memory_crash_child", str(db), str(model),
+            [sys.executable, "-m", "tests.engine.memory.memory_crash_child", str(db), str(model),
              str(NUM_FACTS), str(BATCH)], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=stderr,
             text=True)
         lines: list[str] = []  # the child's stdout (vLLM logs to it too)

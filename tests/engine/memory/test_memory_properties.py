@@ -25,7 +25,6 @@ from hypothesis.stateful import (
 )
 
 from inferscale_engine.checks import has_visible
-from inferscale_engine.engine import _generation
 from inferscale_engine.errors import (
     FactNotFoundError,
     HandleError,
@@ -33,10 +32,11 @@ from inferscale_engine.errors import (
     InvalidUserIdError,
 )
 from inferscale_engine.facts import MemoryHandle
+from inferscale_engine.generation import from_output as _generation
 from inferscale_engine.memory import Memory
-from inferscale_engine.store import FactStore
+from inferscale_engine.memory.store import FactStore
 from tests.conftest import FACTS, greedy, running_engine
-from tests.engine.memory_support import HashEmbedder
+from tests.engine.memory.memory_support import HashEmbedder
 
 pytestmark = pytest.mark.vllm
 

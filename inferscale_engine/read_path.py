@@ -1,0 +1,176 @@
+"""The read path's "prepare" step: a handle and a chat become one vLLM request.
+
+prepare() resolves the handle to fact records (refusing another user's facts), makes evicted
+facts resident again (or decides on text mode), assembles [preamble][fact_1]..[fact_k][rest]
+from token ids, signs the InjectionPlan and salts the prompt. The engine then runs the batch
+and collect() turns vLLM's outputs into Generations, counting fallbacks.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, cast
+
+from inferscale_engine.checks import check_text, check_user_id
+from inferscale_engine.config import EngineConfig
+from inferscale_engine.errors import (
+    FactNotFoundError,
+    HandleError,
+    InvalidRequestError,
+    SlabFullError,
+)
+from inferscale_engine.facts import FactId, MemoryHandle
+from inferscale_engine.generation import Generation, from_output
+from inferscale_engine.plan import InjectionPlan, Segment, cache_salt
+from inferscale_engine.preambles import PreambleCache
+from inferscale_engine.prompt import MemoryPrompt, PromptBuilder
+from inferscale_engine.residency import FactRecord, Residency
+from inferscale_engine.write_path import FactWriter
+
+Messages = Sequence[Mapping[str, str]]
+
+
+@dataclass(slots=True)
+class PreparedRequest:
+    """One request ready for vLLM, and what to report about it."""
+
+    prompt: Any
+    """vllm.TokensPrompt (salted when a plan rides on it)."""
+    params: Any
+    """vllm.SamplingParams (with the plan in extra_args in kv mode)."""
+    asked_mode: str
+    mode: str
+    """'kv' or 'text': what was sent."""
+    num_prompt_tokens: int
+    fallback: str = ""
+
+
+class RequestPlanner:
+    """Builds prompts and plans for handles of the engine's registered facts."""
+
+    def __init__(self, config: EngineConfig, prompts: PromptBuilder,
+                 facts: dict[FactId, FactRecord], residency: Residency, writer: FactWriter,
+                 preambles: PreambleCache, secret: bytes, counters: Counter[str]) -> None:
+        self._config = config
+        self._prompts = prompts
+        self._facts = facts
+        self._residency = residency
+        self._writer = writer
+        self._preambles = preambles
+        self._secret = secret
+        self._counters = counters
+
+    def resolve(self, handle: MemoryHandle | None) -> list[FactRecord]:
+        """Records of a handle, in handle order.
+
+        Raises:
+            HandleError: not a MemoryHandle, or it names another user's fact.
+            FactNotFoundError: a fact id is unknown.
+        """
+        if handle is None:
+            return []
+        if not isinstance(handle, MemoryHandle):
+            raise HandleError(f"expected a MemoryHandle, got {type(handle).__name__}")
+        user_id = check_user_id(handle.user_id)
+        out = []
+        for fact_id in handle.fact_ids:
+            record = self._facts.get(fact_id)
+            if record is None:
+                raise FactNotFoundError(f"fact {fact_id} does not exist (deleted or never added)")
+            if record.fact.user_id != user_id:
+                self._counters["foreign_handles"] += 1
+                raise HandleError(f"fact {fact_id} does not belong to user {user_id!r}; a "
+                                  "handle may only name its own user's facts")
+            out.append(record)
+        return out
+
+    def prepare(self, handle: MemoryHandle | None, records: list[FactRecord],
+                messages: Messages, sampling: Any, mode: str, pinned: set[FactId]
+                ) -> PreparedRequest:
+        """The vLLM request for one (handle, messages).
+
+        kv mode falls back to text when the facts cannot be made resident.
+        """
+        from vllm import TokensPrompt
+
+        prompt = self._prompts.build(messages, [r.fact.token_ids for r in records])
+        ids = prompt.token_ids()
+        if len(ids) >= self._config.max_model_len:
+            raise InvalidRequestError(f"prompt of {len(ids)} tokens exceeds max_model_len="
+                                      f"{self._config.max_model_len}; retrieve fewer facts")
+        asked = mode if handle is not None else "text"
+        params = sampling.clone()
+        plan, fallback = None, ""
+        if asked == "kv":
+            try:
+                if self.ready_for_kv(records, pinned):
+                    plan = self.plan(handle, prompt, records, pinned)  # type: ignore[arg-type]
+                else:
+                    fallback = "evicted"
+            except SlabFullError:  # not even the preamble fits: this one goes as text
+                fallback = "evicted"
+        self._residency.touch(records)
+        if plan is None:
+            return PreparedRequest(TokensPrompt(prompt_token_ids=ids), params, asked, "text",
+                                   len(ids), fallback)
+        params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": plan.to_params()}
+        return PreparedRequest(TokensPrompt(prompt_token_ids=ids, cache_salt=plan.cache_salt),
+                               params, asked, "kv", len(ids))
+
+    def ready_for_kv(self, records: list[FactRecord], pinned: set[FactId]) -> bool:
+        """Make evicted facts resident again (or say the request must go as text)."""
+        missing = [r for r in records if not r.resident]
+        if not missing:
+            return True
+        if self._config.on_evicted == "text" or not self._residency.can_fit(
+                [len(r.fact.token_ids) for r in missing], pinned,
+                self._config.on_slab_full == "evict"):
+            return False
+        try:
+            self._writer.make_resident(missing, self._prompts.preamble(), pinned)
+        except SlabFullError:
+            return False
+        self._counters["reencoded_facts"] += len(missing)
+        return True
+
+    def plan(self, handle: MemoryHandle, prompt: MemoryPrompt, records: list[FactRecord],
+             pinned: set[FactId] | None = None) -> InjectionPlan:
+        """The signed plan of a prompt whose facts are resident."""
+        pinned = pinned if pinned is not None else {r.fact.fact_id for r in records}
+        segments = [Segment(self._preambles.key(prompt.preamble, pinned), 0, prompt.preamble)]
+        segments += [Segment(r.slab_key or 0, start, r.fact.token_ids)
+                     for r, start in zip(records, prompt.fact_starts(), strict=True)]
+        user_id = check_user_id(handle.user_id)
+        salt = cache_salt(self._secret, user_id, [s.slab_key for s in segments])
+        return InjectionPlan.from_segments(user_id, segments, salt).signed(self._secret)
+
+
+def collect(prepared: list[PreparedRequest], outputs: list[Any], latency_ms: float,
+            counters: Counter[str]) -> list[Generation]:
+    """Generations of a finished batch; counts requests per mode and every fallback."""
+    results = []
+    for request, out in zip(prepared, outputs, strict=True):
+        generation = from_output(out, request.mode, request.num_prompt_tokens, latency_ms)
+        counters[f"requests_{generation.mode}"] += 1
+        fallback = request.fallback
+        if request.mode == "kv" and generation.plan_status != "inject":
+            fallback = generation.plan_status  # refused by the connector: vLLM prefilled
+        if fallback:
+            counters[f"fallback_text_{fallback}" if fallback == "evicted"
+                     else f"fallback_{fallback}"] += 1
+            generation = replace(generation, fallback=fallback)
+        results.append(generation)
+    return results
+
+
+def as_messages(messages: Messages | str) -> Messages:
+    """A chat (role/content dicts) from messages or one question string."""
+    if isinstance(messages, str):
+        return [{"role": "user", "content": check_text(messages, "the question",
+                                                       InvalidRequestError)}]
+    if not isinstance(messages, Sequence) or not messages:
+        raise InvalidRequestError("messages must be a non-empty list of role/content dicts or "
+                                  "a question string")
+    return cast(Messages, messages)
