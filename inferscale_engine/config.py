@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from inferscale_engine.errors import ConfigError
+from inferscale_engine.layout import Layout
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_SYSTEM_PROMPT = (
@@ -71,6 +72,9 @@ class EngineConfig:
     on_evicted: str = "reencode"
     """A request names facts whose KV was evicted: 'reencode' them first, or serve the request
     in 'text' mode."""
+    layout: Layout = field(default_factory=Layout)
+    """Where facts go in prompts and which are repaired as text (see layout.Layout); a
+    request may pass its own."""
     vllm_overrides: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for vllm.LLM (for settings not covered above)."""
 
@@ -96,6 +100,9 @@ class EngineConfig:
                               ("on_evicted", ("reencode", "text"))):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not isinstance(self.layout, Layout):
+            raise ConfigError(f"layout must be an inferscale_engine.layout.Layout, got "
+                              f"{type(self.layout).__name__}")
         reserved = {"model", "tokenizer", "kv_transfer_config", "worker_extension_cls"}
         if clash := reserved & set(self.vllm_overrides):
             raise ConfigError(f"vllm_overrides may not set {sorted(clash)}: the engine owns them")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from inferscale_engine.checks import check_text, check_user_id
@@ -28,6 +28,7 @@ from inferscale_engine.errors import (
 )
 from inferscale_engine.facts import Fact, FactId, MemoryHandle
 from inferscale_engine.generation import EngineStats, Generation
+from inferscale_engine.layout import Layout
 from inferscale_engine.model_check import check_model, kv_bytes_per_token, load_tokenizer
 from inferscale_engine.plan import InjectionPlan
 from inferscale_engine.preambles import PreambleCache
@@ -203,7 +204,8 @@ class Engine:
 
     # ---- read path ---------------------------------------------------------------------
     def generate(self, handle: MemoryHandle | None, messages: Messages | str,
-                 sampling: Any = None, mode: str = "kv") -> Generation:
+                 sampling: Any = None, mode: str = "kv", *, layout: Layout | None = None,
+                 tools: Sequence[Mapping[str, Any]] | None = None) -> Generation:
         """Answer `messages` with the handle's facts in the memory block.
 
         Args:
@@ -211,20 +213,29 @@ class Engine:
             messages: chat messages (role/content dicts) or one user question.
             sampling: vllm.SamplingParams (default: greedy, 64 tokens).
             mode: 'kv' injects the facts' stored KV; 'text' prefills them as text.
+            layout: where facts go and which are repaired as text (default:
+                EngineConfig.layout); text mode uses the same layout, all prefilled.
+            tools: tool schemas (OpenAI function format), rendered by the model's own chat
+                template.
 
         Raises:
             HandleError: the handle is not a MemoryHandle or references another user's facts.
             FactNotFoundError: a fact id is unknown.
+            ConfigError: `layout` repairs more facts than the handle has (r > k).
         """
-        return self.generate_many([(handle, messages)], sampling, mode)[0]
+        return self.generate_many([(handle, messages)], sampling, mode, layout=layout,
+                                  tools=tools)[0]
 
     def generate_many(self, requests: Sequence[tuple[MemoryHandle | None, Messages | str]],
-                      sampling: Any = None, mode: str = "kv") -> list[Generation]:
+                      sampling: Any = None, mode: str = "kv", *, layout: Layout | None = None,
+                      tools: Sequence[Mapping[str, Any]] | None = None) -> list[Generation]:
         """generate() for many requests in one vLLM batch: prepare, run, collect."""
         from vllm import SamplingParams
 
         if mode not in ("kv", "text"):
             raise InvalidRequestError(f"mode must be 'kv' or 'text', got {mode!r}")
+        if layout is not None and not isinstance(layout, Layout):
+            raise InvalidRequestError(f"layout must be a Layout, got {type(layout).__name__}")
         sampling = sampling or SamplingParams(max_tokens=64, temperature=0.0)
         if not isinstance(sampling, SamplingParams):
             raise InvalidRequestError("sampling must be a vllm.SamplingParams, got "
@@ -233,9 +244,12 @@ class Engine:
             self._check_open()
             try:
                 resolved = [(self._planner.resolve(h), as_messages(m)) for h, m in requests]
+                if layout is not None:  # an explicit r must fit every handle
+                    for records, _ in resolved:
+                        layout.check_handle_size(len(records))
                 pinned = {r.fact.fact_id for records, _ in resolved for r in records}
                 prepared = [self._planner.prepare(handle, records, messages, sampling, mode,
-                                                  pinned)
+                                                  pinned, layout or self.config.layout, tools)
                             for (handle, _), (records, messages) in zip(requests, resolved,
                                                                         strict=True)]
             finally:
@@ -245,7 +259,9 @@ class Engine:
             latency_ms = (time.perf_counter() - start) * 1e3
             return collect(prepared, outputs, latency_ms, self.counters)
 
-    def prepare_request(self, handle: MemoryHandle, messages: Messages | str
+    def prepare_request(self, handle: MemoryHandle, messages: Messages | str, *,
+                        layout: Layout | None = None,
+                        tools: Sequence[Mapping[str, Any]] | None = None
                         ) -> tuple[MemoryPrompt, InjectionPlan]:
         """The prompt and signed plan generate() would send in KV mode.
 
@@ -255,13 +271,17 @@ class Engine:
         with self._lock:
             self._check_open()
             records = self._planner.resolve(handle)
+            if layout is not None:
+                layout.check_handle_size(len(records))
+            injected, repaired = self._planner.arrange(handle, records,
+                                                       layout or self.config.layout)
             pinned = {r.fact.fact_id for r in records}
-            if not self._planner.ready_for_kv(records, pinned):
+            if not self._planner.ready_for_kv(injected, pinned):
                 raise SlabFullError("the handle's facts do not fit in the slab")
-            prompt = self.prompts.build(as_messages(messages),
-                                        [r.fact.token_ids for r in records])
+            prompt = self._planner.build(as_messages(messages), injected, repaired,
+                                         layout or self.config.layout, tools)
             try:
-                return prompt, self._planner.plan(handle, prompt, records, pinned)
+                return prompt, self._planner.plan(handle, prompt, injected, pinned)
             finally:
                 self._preambles.end_batch()
 

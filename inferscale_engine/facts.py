@@ -28,10 +28,17 @@ class MemoryHandle:
 
     user_id: str
     fact_ids: tuple[FactId, ...]
+    scores: tuple[float, ...] = ()
+    """Relevance of each fact to the query it was retrieved for (search's cosine), or empty:
+    the order of fact_ids is then the relevance order. Suffix repair picks by it."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-compatible form (for message additional_kwargs)."""
-        return {"user_id": self.user_id, "fact_ids": [int(f) for f in self.fact_ids]}
+        data: dict[str, Any] = {"user_id": self.user_id,
+                                "fact_ids": [int(f) for f in self.fact_ids]}
+        if self.scores:
+            data["scores"] = [float(s) for s in self.scores]
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MemoryHandle:
@@ -49,4 +56,9 @@ class MemoryHandle:
                 isinstance(f, int) and not isinstance(f, bool) for f in fact_ids):
             raise HandleError(f"malformed memory handle {data!r}: user_id must be a string and "
                               "fact_ids a list of ints")
-        return cls(user_id, tuple(FactId(f) for f in fact_ids))
+        scores = data.get("scores", ())
+        if not isinstance(scores, list | tuple) or (scores and len(scores) != len(fact_ids)) or (
+                not all(isinstance(s, int | float) and not isinstance(s, bool) for s in scores)):
+            raise HandleError(f"malformed memory handle {data!r:.120}: scores must be one "
+                              "number per fact id")
+        return cls(user_id, tuple(FactId(f) for f in fact_ids), tuple(map(float, scores)))

@@ -14,6 +14,7 @@ from typing import Any
 
 from inferscale_engine.checks import ROLES
 from inferscale_engine.errors import InvalidRequestError, UnsupportedModelError
+from inferscale_engine.layout import USER_BLOCK_HEADER
 
 FACT_FORMAT = "- {text}\n"
 _MARK = "<<INFERSCALE-MEMORY-BLOCK>>"
@@ -25,12 +26,15 @@ class MemoryPrompt:
 
     preamble: tuple[int, ...]
     facts: tuple[tuple[int, ...], ...]
+    """Facts whose KV is injected (text mode prefills them in place)."""
     rest: tuple[int, ...]
+    repaired: tuple[tuple[int, ...], ...] = ()
+    """Facts prefilled as text right after `facts` (suffix repair, placement 'memory')."""
 
     def token_ids(self) -> list[int]:
         """The whole prompt."""
         ids = list(self.preamble)
-        for fact in self.facts:
+        for fact in (*self.facts, *self.repaired):
             ids.extend(fact)
         ids.extend(self.rest)
         return ids
@@ -64,14 +68,25 @@ class PromptBuilder:
         """Token ids of one fact as it appears in the memory block."""
         return self.encode(FACT_FORMAT.format(text=text))
 
-    def build(self, messages: Sequence[Mapping[str, str]], facts: Sequence[Sequence[int]]
-              ) -> MemoryPrompt:
-        """Prompt for `messages` (role/content dicts) with `facts` in the system message."""
-        head, tail = self._render(messages)
-        return MemoryPrompt(self._preamble_ids(head), tuple(tuple(f) for f in facts),
-                            self.encode(tail))
+    def build(self, messages: Sequence[Mapping[str, str]], facts: Sequence[Sequence[int]],
+              repaired: Sequence[Sequence[int]] = (), user_block: Sequence[str] = (),
+              tools: Sequence[Mapping[str, Any]] | None = None) -> MemoryPrompt:
+        """Prompt for `messages` (role/content dicts) with `facts` in the system message.
 
-    def preamble(self, messages: Sequence[dict[str, str]] = ()) -> tuple[int, ...]:
+        Args:
+            facts: token ids of the facts of the memory block (injected in kv mode).
+            repaired: token ids of facts written right after them (prefilled as text).
+            user_block: texts of facts written as a "More memories:" block at the start of
+                the last user message (prefilled as text).
+            tools: tool schemas (OpenAI function format) for the model's own chat template.
+        """
+        if user_block:
+            messages = _with_user_block(messages, user_block)
+        head, tail = self._render(messages, tools)
+        return MemoryPrompt(self._preamble_ids(head), tuple(tuple(f) for f in facts),
+                            self.encode(tail), tuple(tuple(f) for f in repaired))
+
+    def preamble(self, messages: Sequence[Mapping[str, str]] = ()) -> tuple[int, ...]:
         """Preamble token ids for these messages (depends only on their system message)."""
         return self._preamble_ids(self._render(messages)[0])
 
@@ -83,7 +98,8 @@ class PromptBuilder:
             ids = self._preambles[head] = self.encode(head)
         return ids
 
-    def _render(self, messages: Sequence[Mapping[str, str]]) -> tuple[str, str]:
+    def _render(self, messages: Sequence[Mapping[str, str]],
+                tools: Sequence[Mapping[str, Any]] | None = None) -> tuple[str, str]:
         chat = [dict(m) for m in messages]
         for m in chat:
             if m.get("role") not in ROLES or not isinstance(m.get("content"), str):
@@ -92,11 +108,24 @@ class PromptBuilder:
         system = self._system_prompt
         if chat and chat[0]["role"] == "system":
             system = chat.pop(0)["content"].rstrip() + "\n\n" + system
+        extra = {"tools": list(tools)} if tools else {}
         rendered = self._tokenizer.apply_chat_template(
             [{"role": "system", "content": system + _MARK}, *chat],
-            tokenize=False, add_generation_prompt=True)
+            tokenize=False, add_generation_prompt=True, **extra)
         head, mark, tail = rendered.partition(_MARK)
         if not mark or _MARK in tail:
             raise UnsupportedModelError("the chat template altered the memory marker; this "
-                                   "tokenizer's template is not supported")
+                                        "tokenizer's template is not supported")
         return head, tail
+
+
+def _with_user_block(messages: Sequence[Mapping[str, str]], texts: Sequence[str]
+                     ) -> list[Mapping[str, str]]:
+    """`messages` with a block of fact texts at the start of the last user message."""
+    block = USER_BLOCK_HEADER + "".join(FACT_FORMAT.format(text=t) for t in texts) + "\n"
+    out = list(messages)
+    for i in range(len(out) - 1, -1, -1):
+        if out[i].get("role") == "user":
+            out[i] = {**out[i], "content": block + str(out[i].get("content", ""))}
+            return out
+    return [*out, {"role": "user", "content": block}]

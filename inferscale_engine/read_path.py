@@ -23,6 +23,7 @@ from inferscale_engine.errors import (
 )
 from inferscale_engine.facts import FactId, MemoryHandle
 from inferscale_engine.generation import Generation, from_output
+from inferscale_engine.layout import Layout, arrange
 from inferscale_engine.plan import InjectionPlan, Segment, cache_salt
 from inferscale_engine.preambles import PreambleCache
 from inferscale_engine.prompt import MemoryPrompt, PromptBuilder
@@ -45,6 +46,8 @@ class PreparedRequest:
     """'kv' or 'text': what was sent."""
     num_prompt_tokens: int
     fallback: str = ""
+    num_repaired_facts: int = 0
+    num_repaired_tokens: int = 0
 
 
 class RequestPlanner:
@@ -87,15 +90,20 @@ class RequestPlanner:
         return out
 
     def prepare(self, handle: MemoryHandle | None, records: list[FactRecord],
-                messages: Messages, sampling: Any, mode: str, pinned: set[FactId]
+                messages: Messages, sampling: Any, mode: str, pinned: set[FactId],
+                layout: Layout, tools: Sequence[Mapping[str, Any]] | None = None
                 ) -> PreparedRequest:
         """The vLLM request for one (handle, messages).
 
-        kv mode falls back to text when the facts cannot be made resident.
+        The layout decides which facts are injected and which are repaired as text (in text
+        mode the same layout is prefilled whole). kv mode falls back to text when the facts to
+        inject cannot be made resident.
         """
         from vllm import TokensPrompt
 
-        prompt = self._prompts.build(messages, [r.fact.token_ids for r in records])
+        injected, repaired = self.arrange(handle, records, layout)
+        prompt = self.build(messages, injected, repaired, layout, tools)
+        records = injected
         ids = prompt.token_ids()
         if len(ids) >= self._config.max_model_len:
             raise InvalidRequestError(f"prompt of {len(ids)} tokens exceeds max_model_len="
@@ -112,12 +120,34 @@ class RequestPlanner:
             except SlabFullError:  # not even the preamble fits: this one goes as text
                 fallback = "evicted"
         self._residency.touch(records)
+        num_repaired_tokens = sum(len(r.fact.token_ids) for r in repaired)
         if plan is None:
             return PreparedRequest(TokensPrompt(prompt_token_ids=ids), params, asked, "text",
-                                   len(ids), fallback)
+                                   len(ids), fallback, len(repaired), num_repaired_tokens)
         params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": plan.to_params()}
         return PreparedRequest(TokensPrompt(prompt_token_ids=ids, cache_salt=plan.cache_salt),
-                               params, asked, "kv", len(ids))
+                               params, asked, "kv", len(ids), "", len(repaired),
+                               num_repaired_tokens)
+
+    def arrange(self, handle: MemoryHandle | None, records: list[FactRecord], layout: Layout
+                ) -> tuple[list[FactRecord], list[FactRecord]]:
+        """The records to inject (memory-block order) and to repair as text (written order)."""
+        if handle is None or not records:
+            return records, []
+        injected, repaired = arrange(layout, [r.fact.fact_id for r in records],
+                                     [len(r.fact.token_ids) for r in records], handle.scores)
+        return [records[i] for i in injected], [records[i] for i in repaired]
+
+    def build(self, messages: Messages, injected: list[FactRecord],
+              repaired: list[FactRecord], layout: Layout,
+              tools: Sequence[Mapping[str, Any]] | None = None) -> MemoryPrompt:
+        """The prompt: injected facts in the memory block, repaired ones where the layout says."""
+        facts = [r.fact.token_ids for r in injected]
+        if layout.repair_placement == "user":
+            return self._prompts.build(messages, facts, user_block=[r.fact.text for r in repaired],
+                                       tools=tools)
+        return self._prompts.build(messages, facts, repaired=[r.fact.token_ids for r in repaired],
+                                   tools=tools)
 
     def ready_for_kv(self, records: list[FactRecord], pinned: set[FactId]) -> bool:
         """Make evicted facts resident again (or say the request must go as text)."""
@@ -160,8 +190,12 @@ def collect(prepared: list[PreparedRequest], outputs: list[Any], latency_ms: flo
         if fallback:
             counters[f"fallback_text_{fallback}" if fallback == "evicted"
                      else f"fallback_{fallback}"] += 1
-            generation = replace(generation, fallback=fallback)
-        results.append(generation)
+        if request.num_repaired_facts:
+            counters["repaired_facts"] += request.num_repaired_facts
+            counters["repaired_tokens"] += request.num_repaired_tokens
+        results.append(replace(generation, fallback=fallback,
+                               num_repaired_facts=request.num_repaired_facts,
+                               num_repaired_tokens=request.num_repaired_tokens))
     return results
 
 

@@ -28,6 +28,7 @@ from inferscale_engine.errors import (
     InvalidRequestError,
 )
 from inferscale_engine.facts import Fact, MemoryHandle
+from inferscale_engine.layout import Layout
 from inferscale_engine.memory import ingest
 from inferscale_engine.memory.config import (
     DEFAULT_DB_PATH,
@@ -247,11 +248,13 @@ class Memory:
             ranked = self._index.search(user_id=user_id, query_embedding=vector, k=k)
             hits = tuple((self._served[fact_id], score) for fact_id, score in ranked)
         assert all(fact.user_id == user_id for fact, _ in hits), "the index crossed users"
-        return SearchResult(hits, MemoryHandle(user_id, tuple(f.fact_id for f, _ in hits)))
+        return SearchResult(hits, MemoryHandle(user_id, tuple(f.fact_id for f, _ in hits),
+                                               tuple(score for _, score in hits)))
 
     def generate(self, *, user_id: str, query: str, k: int = 5,
                  messages: Messages | None = None, sampling: Any = None, mode: str = "kv",
-                 handle: MemoryHandle | None = None) -> Generation:
+                 handle: MemoryHandle | None = None, layout: Layout | None = None
+                 ) -> Generation:
         """Answer from the user's memory: search(query, k), then answer().
 
         Args:
@@ -262,6 +265,7 @@ class Memory:
             sampling: vllm.SamplingParams (default: greedy, 64 tokens).
             mode: 'kv' injects the facts' KV; 'text' prefills them as text.
             handle: serve these facts instead of searching; it must be this user's.
+            layout: where facts go and which are repaired as text (default: the engine's).
 
         Raises:
             HandleError: `handle` is not a MemoryHandle of this user.
@@ -271,10 +275,11 @@ class Memory:
         if handle is None:
             handle = self.search(user_id=user_id, query=query, k=k).handle
         return self.answer(messages=query if messages is None else messages, handle=handle,
-                           user_id=user_id, sampling=sampling, mode=mode)
+                           user_id=user_id, sampling=sampling, mode=mode, layout=layout)
 
     def answer(self, *, messages: Messages | str, handle: MemoryHandle | None,
-               user_id: str | None = None, sampling: Any = None, mode: str = "kv"
+               user_id: str | None = None, sampling: Any = None, mode: str = "kv",
+               layout: Layout | None = None, tools: Sequence[Mapping[str, Any]] | None = None
                ) -> Generation:
         """Answer a chat with a handle's facts: the one serving entry of every adapter.
 
@@ -287,6 +292,8 @@ class Memory:
             user_id: if given, the handle must be this user's.
             sampling: vllm.SamplingParams (default: greedy, 64 tokens).
             mode: 'kv' (inject) or 'text' (prefill the facts as text).
+            layout: where facts go and which are repaired as text (default: the engine's).
+            tools: tool schemas (OpenAI function format) for the model's chat template.
 
         Raises:
             HandleError: `handle` is not a MemoryHandle, or not `user_id`'s, or names another
@@ -304,7 +311,8 @@ class Memory:
                                   f"user_id={user_id!r:.40}; use a handle from this user's "
                                   "search()")
         self._check_open()
-        return serve(self._engine, handle, messages, sampling, mode, self.counters)
+        return serve(self._engine, handle, messages, sampling, mode, self.counters,
+                     layout=layout, tools=tools)
 
     # ---- what adapters need from the engine --------------------------------------------
     def split_text(self, text: str) -> list[str]:

@@ -8,9 +8,11 @@ the same facts are answered as text and the Generation says so (`fallback`), nev
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from inferscale_engine.engine import Engine, Generation, Messages
@@ -21,12 +23,14 @@ from inferscale_engine.errors import (
     InvalidRequestError,
 )
 from inferscale_engine.facts import MemoryHandle
+from inferscale_engine.layout import Layout
 
 logger = logging.getLogger(__name__)
 
 
 def serve(engine: Engine, handle: MemoryHandle | None, messages: Messages | str,
-          sampling: Any, mode: str, counters: Counter[str]) -> Generation:
+          sampling: Any, mode: str, counters: Counter[str], *, layout: Layout | None = None,
+          tools: Sequence[Mapping[str, Any]] | None = None) -> Generation:
     """Answer `messages` with the handle's facts (None: no memory, text mode).
 
     A handle with no facts still gets the preamble's KV injected in kv mode.
@@ -36,10 +40,11 @@ def serve(engine: Engine, handle: MemoryHandle | None, messages: Messages | str,
         InvalidRequestError: the messages or settings are invalid, or too long even as text.
         EngineClosedError: the engine was closed.
     """
+    options = Options(layout, tools)
     if handle is None:
-        return engine.generate(None, messages, sampling, mode="text")
+        return engine.generate(None, messages, sampling, mode="text", tools=tools)
     try:
-        return _generate_existing(engine, handle, messages, sampling, mode, counters)
+        return _generate_existing(engine, handle, messages, sampling, mode, counters, options)
     except (HandleError, EngineClosedError, InvalidRequestError):
         raise
     except Exception as exc:  # noqa: BLE001 - any failure to inject: serve the facts as text
@@ -48,20 +53,37 @@ def serve(engine: Engine, handle: MemoryHandle | None, messages: Messages | str,
         logger.warning("KV injection failed (%s: %s); answering with the facts as text",
                        type(exc).__name__, exc)
         counters["fallback_injection_error"] += 1
-        generation = _generate_existing(engine, handle, messages, sampling, "text", counters)
+        generation = _generate_existing(engine, handle, messages, sampling, "text", counters,
+                                        options)
         return replace(generation, fallback="injection_error")
 
 
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Per-request prompt options passed through to the engine."""
+
+    layout: Layout | None
+    tools: Sequence[Mapping[str, Any]] | None
+
+
 def _generate_existing(engine: Engine, handle: MemoryHandle, messages: Messages | str,
-                       sampling: Any, mode: str, counters: Counter[str]) -> Generation:
+                       sampling: Any, mode: str, counters: Counter[str], options: Options
+                       ) -> Generation:
     """engine.generate, leaving out facts deleted after the handle was made."""
     try:
-        return engine.generate(handle, messages, sampling, mode=mode)
+        return engine.generate(handle, messages, sampling, mode=mode, layout=options.layout,
+                               tools=options.tools)
     except FactNotFoundError:
         known = {f.fact_id for f in engine.get_facts(handle.user_id)}
-        kept = tuple(f for f in handle.fact_ids if f in known)
-        stale = len(handle.fact_ids) - len(kept)
+        keep = [i for i, f in enumerate(handle.fact_ids) if f in known]
+        stale = len(handle.fact_ids) - len(keep)
         counters["stale_facts"] += stale
-        generation = engine.generate(MemoryHandle(handle.user_id, kept) if kept else None,
-                                     messages, sampling, mode=mode if kept else "text")
+        kept = MemoryHandle(handle.user_id, tuple(handle.fact_ids[i] for i in keep),
+                            tuple(handle.scores[i] for i in keep) if handle.scores else ())
+        layout = options.layout
+        if layout is not None and layout.repair_facts > len(keep):  # r was sized for the handle
+            layout = dataclasses.replace(layout, repair_facts=len(keep))
+        generation = engine.generate(kept if keep else None, messages, sampling,
+                                     mode=mode if keep else "text", layout=layout,
+                                     tools=options.tools)
         return replace(generation, num_stale_facts=stale)
