@@ -11,10 +11,10 @@ from inferscale_engine.errors import ConfigError
 from inferscale_engine.layout import Layout
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
-DEFAULT_SYSTEM_PROMPT = (
-    "You are a helpful assistant. Facts you remember about the user are listed below; "
-    "use them to answer in a few words.\nMemory:\n"
-)
+DEFAULT_SYSTEM_PROMPT = "Memory (facts about the user, from earlier conversations):\n"
+"""Heads the memory block, after the app's own system message if it has one. Only a header: an
+instruction such as "answer in a few words" made Qwen2.5-0.5B answer with the wrong fact
+("What am I allergic to?" -> "Pepper"); this header answered all four demo questions."""
 
 
 @dataclass(frozen=True, slots=True)

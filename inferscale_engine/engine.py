@@ -36,6 +36,7 @@ from inferscale_engine.prompt import MemoryPrompt, PromptBuilder
 from inferscale_engine.read_path import Messages, RequestPlanner, as_messages, collect
 from inferscale_engine.residency import FactRecord, Residency, SlabAllocator
 from inferscale_engine.runner import VllmRunner, WorkerClient
+from inferscale_engine.tool_calls import ToolCall, parse_tool_calls
 from inferscale_engine.write_path import FactWriter
 
 __all__ = ["Engine", "EngineStats", "Generation", "Messages"]
@@ -284,6 +285,14 @@ class Engine:
                 return prompt, self._planner.plan(handle, prompt, injected, pinned)
             finally:
                 self._preambles.end_batch()
+
+    def parse_tool_calls(self, text: str, tools: Sequence[Mapping[str, Any]],
+                         parser: str = "hermes") -> tuple[str, list[ToolCall]]:
+        """The answer without its tool calls, and the calls, read by vLLM's tool parser.
+
+        A bare JSON object naming an offered tool counts as a call too.
+        """
+        return parse_tool_calls(self.tokenizer, parser, text, tools)
 
     def text_pieces(self, generation: Generation) -> list[str]:
         """The answer as per-token text pieces whose concatenation is exactly its text.

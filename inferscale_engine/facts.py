@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NewType
 
 from inferscale_engine.errors import HandleError
@@ -28,9 +28,14 @@ class MemoryHandle:
 
     user_id: str
     fact_ids: tuple[FactId, ...]
-    scores: tuple[float, ...] = ()
+    scores: tuple[float, ...] = field(default=(), compare=False)
     """Relevance of each fact to the query it was retrieved for (search's cosine), or empty:
     the order of fact_ids is then the relevance order. Suffix repair picks by it."""
+
+    def __post_init__(self) -> None:
+        if self.scores and len(self.scores) != len(self.fact_ids):
+            raise HandleError(f"a handle has {len(self.fact_ids)} fact ids but "
+                              f"{len(self.scores)} scores; give one score per fact or none")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-compatible form (for message additional_kwargs)."""

@@ -8,6 +8,7 @@ ids of a stored fact are exactly the ids in the prompt, in KV mode and in text m
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,13 @@ from inferscale_engine.errors import InvalidRequestError, UnsupportedModelError
 from inferscale_engine.layout import USER_BLOCK_HEADER
 
 FACT_FORMAT = "- {text}\n"
+TOOLS_HEADER = (
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n")
+TOOLS_FOOTER = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
 _MARK = "<<INFERSCALE-MEMORY-BLOCK>>"
 
 
@@ -98,6 +106,23 @@ class PromptBuilder:
             ids = self._preambles[head] = self.encode(head)
         return ids
 
+    def _apply(self, chat: list[dict[str, str]], tools: Sequence[Mapping[str, Any]] | None
+               ) -> str:
+        """The chat template's text, with tools rendered by the template.
+
+        A template that ignores tools gets a Hermes-style section at the end of the system
+        message instead.
+        """
+        rendered = self._tokenizer.apply_chat_template(
+            chat, tokenize=False, add_generation_prompt=True,
+            **({"tools": list(tools)} if tools else {}))
+        if tools and rendered == self._tokenizer.apply_chat_template(
+                chat, tokenize=False, add_generation_prompt=True):
+            chat = [{**chat[0], "content": chat[0]["content"] + tools_section(tools)}, *chat[1:]]
+            rendered = self._tokenizer.apply_chat_template(chat, tokenize=False,
+                                                           add_generation_prompt=True)
+        return str(rendered)
+
     def _render(self, messages: Sequence[Mapping[str, str]],
                 tools: Sequence[Mapping[str, Any]] | None = None) -> tuple[str, str]:
         chat = [dict(m) for m in messages]
@@ -108,15 +133,18 @@ class PromptBuilder:
         system = self._system_prompt
         if chat and chat[0]["role"] == "system":
             system = chat.pop(0)["content"].rstrip() + "\n\n" + system
-        extra = {"tools": list(tools)} if tools else {}
-        rendered = self._tokenizer.apply_chat_template(
-            [{"role": "system", "content": system + _MARK}, *chat],
-            tokenize=False, add_generation_prompt=True, **extra)
+        rendered = self._apply([{"role": "system", "content": system + _MARK}, *chat], tools)
         head, mark, tail = rendered.partition(_MARK)
         if not mark or _MARK in tail:
             raise UnsupportedModelError("the chat template altered the memory marker; this "
                                         "tokenizer's template is not supported")
         return head, tail
+
+
+def tools_section(tools: Sequence[Mapping[str, Any]]) -> str:
+    """Hermes-style tool description, for chat templates that do not render tools."""
+    lines = "\n".join(json.dumps(dict(t), ensure_ascii=False) for t in tools)
+    return (TOOLS_HEADER + lines + TOOLS_FOOTER)
 
 
 def _with_user_block(messages: Sequence[Mapping[str, str]], texts: Sequence[str]

@@ -129,8 +129,12 @@ def merge_handles(handles: Iterable[MemoryHandle], user_id: str | None = None
     if user_id is not None and owner != user_id:
         raise HandleError(f"the memory handle belongs to {owner!r:.40}, but this model serves "
                           f"user_id={user_id!r:.40}; use that user's KVMemory")
-    fact_ids = dict.fromkeys(f for h in handles for f in h.fact_ids)
-    return MemoryHandle(owner, tuple(FactId(f) for f in fact_ids))
+    scored = all(len(h.scores) == len(h.fact_ids) for h in handles)
+    merged: dict[FactId, float] = {}
+    for handle in handles:
+        for i, fact_id in enumerate(handle.fact_ids):
+            merged.setdefault(FactId(fact_id), handle.scores[i] if scored else 0.0)
+    return MemoryHandle(owner, tuple(merged), tuple(merged.values()) if scored else ())
 
 
 def strip_markers(text: str) -> tuple[str, list[MemoryHandle], int]:

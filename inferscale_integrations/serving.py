@@ -21,9 +21,9 @@ from inferscale_integrations.handles import HANDLES_KEY, ChatTurn, prepare_chat
 from inferscale_integrations.registry import MemoryNotRegisteredError, get_memory
 from inferscale_integrations.tools import (
     ToolCall,
-    add_tools_prompt,
-    get_tool_parser,
+    read_tool_calls,
     tool_choice_name,
+    with_tool_choice,
 )
 
 logger = logging.getLogger(__name__)
@@ -153,14 +153,14 @@ def answer_chat(memory_name: str, turns: Sequence[ChatTurn], options: CallOption
     door) handles stale facts and falls back to text when injection fails.
 
     Args:
-        tool_parser: name of the parser that reads tool calls (tools.get_tool_parser).
+        tool_parser: the parser that reads tool calls: a name given to
+            register_tool_parser, else a vLLM tool parser name (hermes, llama3_json, ...).
 
     Raises:
         HandleError: the handles name another user (or several users).
         InvalidRequestError: the chat is empty or too long even as text.
     """
     memory = get_memory(memory_name)
-    parse = get_tool_parser(tool_parser)
     chat = prepare_chat(turns, options.handles, user_id)
     if not chat.messages:
         raise InvalidRequestError("nothing to answer: the messages held only memory handles; "
@@ -172,11 +172,13 @@ def answer_chat(memory_name: str, turns: Sequence[ChatTurn], options: CallOption
                        "another process, or dropped from the recent-handle registry); pass "
                        "the handle in additional_kwargs or kv_handles=", chat.num_unknown_markers)
     if options.tools:
-        chat.messages = add_tools_prompt(chat.messages, options.tools, options.tool_choice)
+        chat.messages = with_tool_choice(chat.messages, options.tool_choice)
     generation = memory.answer(messages=chat.messages, handle=chat.handle,
-                               sampling=options.sampling, mode=options.mode)
+                               sampling=options.sampling, mode=options.mode,
+                               tools=options.tools or None)
     _count(counters, generation, chat.handle, options.mode)
-    content, calls = (parse(generation.text, options.tools, chat.messages) if options.tools
+    content, calls = (read_tool_calls(memory, tool_parser, generation.text, options.tools,
+                                      chat.messages) if options.tools
                       else (generation.text, []))
     if not options.parallel_tool_calls:
         calls = calls[:1]

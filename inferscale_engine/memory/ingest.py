@@ -15,6 +15,7 @@ from inferscale_engine.facts import FactId
 from inferscale_engine.memory.records import Turn
 from inferscale_engine.memory.retrieval import RetrievalIndex
 from inferscale_engine.memory.types import AddResult
+from inferscale_engine.prompt import FACT_FORMAT
 
 CONTEXT_KEY = "inferscale.context"
 """Metadata key holding the conversation a turn fact was encoded after (Context-Window
@@ -44,6 +45,17 @@ def turn_contexts(earlier: list[Turn], turns: list[tuple[str, str]],
     history = [f"{t.role}: {t.content}\n" for t in earlier]
     history += [f"{role}: {content}\n" for role, content in turns]
     return ["".join(history[:len(earlier) + p]) or None for p in positions]
+
+
+def fact_contexts(earlier: Sequence[str], texts: Sequence[str]) -> list[str | None]:
+    """Per new fact, the memory block of the user's facts before it, formatted as in prompts.
+
+    Stored facts first, then this call's; the engine keeps the last W tokens. Facts added as
+    texts are encoded after their predecessors, as facts of one conversation are: a fact
+    encoded alone (W=0) loses the cross-fact context a prompt gives it.
+    """
+    history = [FACT_FORMAT.format(text=t) for t in (*earlier, *texts)]
+    return ["".join(history[:len(earlier) + i]) or None for i in range(len(texts))]
 
 
 def find_duplicates(index: RetrievalIndex, user_id: str, vectors: torch.Tensor,

@@ -45,6 +45,7 @@ from inferscale_engine.memory.served import ServedFacts
 from inferscale_engine.memory.serving import serve
 from inferscale_engine.memory.store import FactStore
 from inferscale_engine.memory.types import AddResult, MemoryStats, SearchResult
+from inferscale_engine.tool_calls import ToolCall
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,8 @@ class Memory:
                 bar); 'lazy' registers the facts and encodes each on first use.
             encode_on_add: encode KV in add() (False: on first use).
             device: where the embedding matrices live; None = the embedder's device.
-            context_turns: stored turns of a session read as the context of a turn fact.
+            context_turns: stored turns of a session (or, for facts added as texts, the user's
+                last facts) read as the context a new fact is encoded after.
             progress_bar: show the start-up progress bar (None: only on a terminal).
         """
         self._dedupe_threshold = check_dedupe_threshold(dedupe_threshold)
@@ -155,16 +157,22 @@ class Memory:
         vectors = self._embed([text for text, _ in facts])
         with self._lock:
             self._check_open()
-            contexts: list[str | None] = [None] * len(facts)
-            if turns is not None:
-                earlier = self._store.recent_turns(user_id=user_id, session_id=session_id,
-                                                   limit=self._context_turns)
-                contexts = ingest.turn_contexts(earlier, turns, [p for _, p in facts])
             matches = ingest.find_duplicates(
                 self._index, user_id, vectors, self._dedupe_threshold,
                 [text for text, _ in facts],
                 self._served.text_of)
             keep = [i for i, match in enumerate(matches) if match is None]
+            if turns is not None:
+                earlier = self._store.recent_turns(user_id=user_id, session_id=session_id,
+                                                   limit=self._context_turns)
+                contexts = ingest.turn_contexts(earlier, turns, [p for _, p in facts])
+            else:  # after the user's facts before it, kept ones of this call included
+                recent = self._store.recent_facts(user_id=user_id, limit=self._context_turns)
+                kept_contexts = ingest.fact_contexts([f.text for f in recent],
+                                                     [facts[i][0] for i in keep])
+                contexts = [None] * len(facts)
+                for i, context in zip(keep, kept_contexts, strict=True):
+                    contexts[i] = context
             stored = self._store_facts(user_id, session_id, metadata, [facts[i][0] for i in keep],
                                        [token_ids[i] for i in keep], vectors[keep],
                                        [contexts[i] for i in keep], turns or ())
@@ -318,6 +326,11 @@ class Memory:
     def split_text(self, text: str) -> list[str]:
         """`text` cut into pieces that each fit in one fact (long turns become several)."""
         return self._engine.split_text(text)
+
+    def parse_tool_calls(self, text: str, tools: Sequence[Mapping[str, Any]],
+                         parser: str = "hermes") -> tuple[str, list[ToolCall]]:
+        """An answer's text without tool calls, and the calls (vLLM's parser `parser`)."""
+        return self._engine.parse_tool_calls(text, tools, parser)
 
     def text_pieces(self, generation: Generation) -> list[str]:
         """A finished answer as per-token text pieces (for streaming replays)."""

@@ -268,6 +268,15 @@ class FactStore:
                                 (user_id, session_id, limit)).fetchall()
         return [Turn(*row) for row in reversed(rows)]
 
+    def recent_facts(self, *, user_id: str, limit: int = 20) -> list[StoredFact]:
+        """The user's last `limit` facts, oldest first."""
+        user_id = check_user_id(user_id)
+        check_int(limit, "limit", 0, InvalidFactError)
+        with self._reading("recent_facts") as conn:
+            rows = conn.execute(f"SELECT {_FACT_COLUMNS} FROM facts WHERE user_id = ? ORDER BY "
+                                "fact_id DESC LIMIT ?", (user_id, limit)).fetchall()
+        return [fact_from_row(row) for row in reversed(rows)]
+
     # ---- whole store -------------------------------------------------------------------
     def users(self) -> list[str]:
         """Every user with facts or turns, sorted."""

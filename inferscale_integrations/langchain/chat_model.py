@@ -89,7 +89,8 @@ class ChatInferScale(LangChainSerializable, BaseChatModel):
     mode: Literal["kv", "text"] = "kv"
     """'kv' injects the facts' KV; 'text' prefills them as text (the baseline)."""
     tool_parser: str = "hermes"
-    """How tool calls are read from answers: a name registered with register_tool_parser."""
+    """How tool calls are read from answers: a vLLM tool parser name (hermes for Qwen2.5,
+    llama3_json, mistral, ...) or a name given to register_tool_parser."""
     temperature: float = 0.0
     """Sampling temperature; 0 is greedy."""
     max_tokens: int | None = 256
@@ -139,7 +140,7 @@ class ChatInferScale(LangChainSerializable, BaseChatModel):
     def bind_tools(self, tools: Sequence[dict[str, Any] | type | Callable | BaseTool], *,
                    tool_choice: str | dict[str, Any] | bool | None = None,
                    **kwargs: Any) -> Runnable[LanguageModelInput, AIMessage]:
-        """Offer tools (described in the system message, calls parsed from the answer).
+        """Offer tools (rendered by the model's chat template, calls read by `tool_parser`).
 
         Extra keyword arguments (e.g. kv_handles) are bound as well and reach every call.
         """

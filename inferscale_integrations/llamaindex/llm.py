@@ -87,7 +87,8 @@ class InferScaleLLM(FunctionCallingLLM):
     mode: Literal["kv", "text"] = Field(default="kv", description=(
         "'kv' injects the facts' KV; 'text' prefills them as text (the baseline)."))
     tool_parser: str = Field(default="hermes", description=(
-        "How tool calls are read from answers: a name registered with register_tool_parser."))
+        "How tool calls are read from answers: a vLLM tool parser name (hermes for Qwen2.5, "
+        "llama3_json, mistral, ...) or a name given to register_tool_parser."))
     temperature: float = Field(default=0.0, ge=0.0, description="0 is greedy.")
     max_tokens: int | None = Field(default=256, description="Most tokens per answer.")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")

@@ -19,13 +19,19 @@ MAX_TOKENS = 3
 """Answer length in tests: enough to see text, short enough for 2 shared CPU cores."""
 
 
+TINY_SYSTEM_PROMPT = ("You are a helpful assistant. Facts you remember about the user are listed "
+                      "below; use them to answer in a few words.\nMemory:\n")
+
+
 @pytest.fixture(scope="package")
 def engine(tiny_models):
     # A 64 MiB slab (16k tiny-model tokens): every test's facts AND every distinct system
     # prompt fit. The engine keeps each distinct preamble (system message) in the slab and
     # never evicts it; agents and ContextChatEngine make a new one per tool set / context.
+    # The random model's answers depend on the prompt only by chance; LangChain's standard
+    # suite wants non-empty ones, which this system prompt gives (the product default does not).
     with running_engine(tiny_models["qwen2"], context_window_tokens=32, max_model_len=2048,
-                        slab_capacity_bytes=64 * 2**20) as eng:
+                        slab_capacity_bytes=64 * 2**20, system_prompt=TINY_SYSTEM_PROMPT) as eng:
         yield eng
 
 
@@ -92,9 +98,9 @@ def sent(engine, monkeypatch) -> list[tuple]:
     calls: list[tuple] = []
     real = engine.generate
 
-    def recording(handle, messages, sampling=None, mode="kv"):
+    def recording(handle, messages, sampling=None, mode="kv", **options):
         calls.append((handle, list(messages), mode))
-        return real(handle, messages, sampling, mode)
+        return real(handle, messages, sampling, mode, **options)
 
     monkeypatch.setattr(engine, "generate", recording)
     return calls

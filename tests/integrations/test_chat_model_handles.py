@@ -48,7 +48,7 @@ def test_foreign_handles_are_refused(handle, memory):
         ChatInferScale().invoke("q", kv_handles=[handle, other])
     with pytest.raises(HandleError, match="serves user_id='mallory'"):
         ChatInferScale(user_id="mallory").invoke("q", kv_handles=[handle])
-    forged = dataclasses.replace(other, fact_ids=handle.fact_ids)  # mallory naming alice's
+    forged = dataclasses.replace(other, fact_ids=handle.fact_ids, scores=())  # alice's ids
     with pytest.raises(HandleError, match="does not belong"):
         InferScaleLLM().chat([ChatMessage(role="user", content="q")], kv_handles=[forged])
 
@@ -56,10 +56,10 @@ def test_foreign_handles_are_refused(handle, memory):
 def test_injection_failure_falls_back_to_text_and_is_counted(handle, engine, monkeypatch):
     real = engine.generate
 
-    def no_room(handle, messages, sampling=None, mode="kv"):
+    def no_room(handle, messages, sampling=None, mode="kv", **options):
         if mode == "kv":
             raise SlabFullError("simulated: the facts do not fit in the slab")
-        return real(handle, messages, sampling, mode)
+        return real(handle, messages, sampling, mode, **options)
 
     monkeypatch.setattr(engine, "generate", no_room)
     llm = ChatInferScale(max_tokens=MAX_TOKENS)
@@ -110,8 +110,10 @@ def test_tool_calls_are_parsed_from_the_answer(handle, engine, monkeypatch, sent
     """The tiny model cannot write a tool call: the engine's answer is replaced after a real
     run, to check how ChatInferScale reads it."""
     real = engine.generate
+    offered = []
 
     def calls_weather(*args, **kwargs):
+        offered.append(kwargs.get("tools"))
         generation = real(*args, **kwargs)
         text = "Checking. " + format_tool_call("weather", {"city": "Oslo"})
         return dataclasses.replace(generation, text=text)
@@ -127,6 +129,8 @@ def test_tool_calls_are_parsed_from_the_answer(handle, engine, monkeypatch, sent
     message = llm.invoke(QUESTIONS[0])
     assert message.content == "Checking."
     assert [(c["name"], c["args"]) for c in message.tool_calls] == [("weather", {"city": "Oslo"})]
-    system = sent[-1][1][0]
-    assert system["role"] == "system" and '"name": "weather"' in system["content"]
+    assert [t["function"]["name"] for t in offered[-1]] == ["weather"]
+    prompt, _ = engine.prepare_request(handle, QUESTIONS[0], tools=offered[-1])
+    rendered = engine.tokenizer.decode(prompt.rest)  # the model's own template lists the tool
+    assert '"name": "weather"' in rendered and "<tools>" in rendered
     assert sent[-1][0] == handle  # extra bind_tools kwargs were forwarded

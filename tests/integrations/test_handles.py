@@ -18,10 +18,8 @@ from inferscale_integrations.handles import (
     strip_markers,
 )
 from inferscale_integrations.tools import (
-    add_tools_prompt,
-    format_tool_call,
-    parse_tool_calls,
     tool_choice_name,
+    with_tool_choice,
 )
 
 ALICE = MemoryHandle("alice", (FactId(3), FactId(1)))
@@ -72,16 +70,13 @@ def test_handles_of_several_users_or_a_foreign_user_are_refused():
     assert merge_handles([]) is None
 
 
-def test_tool_calls_as_text():
-    text = ("Let me check.\n" + format_tool_call("weather", {"city": "Oslo"}) +
-            "\n<tool_call>not json</tool_call>")
-    content, calls = parse_tool_calls(text)
-    assert [(c.name, c.arguments) for c in calls] == [("weather", {"city": "Oslo"})]
-    assert content == "Let me check.\n\n<tool_call>not json</tool_call>"
-    assert parse_tool_calls("plain answer") == ("plain answer", [])
-    schema = {"type": "function", "function": {"name": "weather", "parameters": {}}}
-    messages = add_tools_prompt([{"role": "user", "content": "q"}], [schema], "any")
-    assert messages[0]["role"] == "system" and '"name": "weather"' in messages[0]["content"]
-    assert "must call" in messages[0]["content"]
+def test_tool_choice_is_said_in_words():
+    messages = with_tool_choice([{"role": "user", "content": "q"}], "any")
+    assert messages[0]["role"] == "system" and "must call" in messages[0]["content"]
+    named = with_tool_choice([{"role": "system", "content": "Be brief."}], "weather")
+    assert named == [{"role": "system", "content": "Be brief.\n\nYou must call the function "
+                                                   "'weather'."}]
+    assert with_tool_choice([{"role": "user", "content": "q"}], "auto") == [
+        {"role": "user", "content": "q"}]
     assert tool_choice_name({"type": "function", "function": {"name": "weather"}}) == "weather"
     assert tool_choice_name(True) == "any" and tool_choice_name(None) is None
