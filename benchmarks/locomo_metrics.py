@@ -1,10 +1,12 @@
-"""LoCoMo answer metrics (token F1, exact match), first-token KL from top-N log-probs, tables.
+"""LoCoMo answer metrics: token F1, exact match, gold-token recall, answer length, first-token KL.
 
 F1 and EM follow snap-research/locomo task_eval/evaluation.py: normalize = lowercase, drop
 commas and punctuation, drop the words a/an/the/and, collapse spaces; F1 = token F1 over
 Porter-stemmed tokens. Category 1 (multi-hop) splits the gold answer and the prediction on
 commas and averages, over gold parts, the best F1 of any predicted part. Category 3 keeps the
 gold answer up to its first ';'. EM is LoCoMo's: the normalized (unstemmed) token sets are equal.
+Gold-token recall (ours): the fraction of the gold answer's normalized, stemmed tokens found in
+the prediction (multiset), which long answers cannot lose the way they lose F1.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import math
 import re
 import string
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from nltk.stem import PorterStemmer
 
@@ -29,10 +31,13 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.split())
 
 
+def _stemmed_tokens(text: str) -> list[str]:
+    return [_STEMMER.stem(w) for w in normalize_answer(text).split()]
+
+
 def token_f1(prediction: str, gold: str) -> float:
     """Token F1 of Porter-stemmed normalized tokens."""
-    pred = [_STEMMER.stem(w) for w in normalize_answer(prediction).split()]
-    truth = [_STEMMER.stem(w) for w in normalize_answer(gold).split()]
+    pred, truth = _stemmed_tokens(prediction), _stemmed_tokens(gold)
     num_same = sum((Counter(pred) & Counter(truth)).values())
     if num_same == 0:
         return 0.0
@@ -53,6 +58,24 @@ def locomo_f1(prediction: str, answer: str, category: int) -> float:
         return sum(max(token_f1(p, g.strip()) for p in predictions)
                    for g in gold.split(",")) / len(gold.split(","))
     return token_f1(prediction, gold)
+
+
+def gold_token_recall(prediction: str, answer: str, category: int) -> float:
+    """Fraction of the gold answer's normalized, stemmed tokens present in the prediction.
+
+    Tokens count with multiplicity (gold 'New New York' needs 'new' twice). Category 3 scores
+    the gold answer up to its first ';', as F1 does; 0.0 when the gold has no tokens.
+    """
+    gold = _stemmed_tokens(gold_answer(answer, category))
+    if not gold:
+        return 0.0
+    found = Counter(gold) & Counter(_stemmed_tokens(prediction))
+    return sum(found.values()) / len(gold)
+
+
+def answer_words(prediction: str) -> int:
+    """Length of an answer in words (whitespace-separated, as the model wrote it)."""
+    return len(prediction.split())
 
 
 def exact_match(prediction: str, answer: str, category: int) -> float:
@@ -97,61 +120,3 @@ def _coarse_grained(logprobs: Mapping[int, float], union: set[int]) -> dict[obje
 def top_n_mass(logprobs: Mapping[int, float]) -> float:
     """Probability mass the top-N log-probs cover."""
     return sum(math.exp(lp) for lp in logprobs.values())
-
-
-def _mean(values: Iterable[float | None]) -> float | None:
-    kept = [v for v in values if v is not None]
-    return sum(kept) / len(kept) if kept else None
-
-
-def summarize_records(records: list[dict], kv_modes: list[str]) -> dict[str, dict]:
-    """Per category ('1'..'4') and 'overall' (question-weighted): n, F1/EM per mode, KL, recall."""
-    groups: dict[str, list[dict]] = {}
-    for record in records:
-        groups.setdefault(str(record["category"]), []).append(record)
-    groups = dict(sorted(groups.items()))
-    groups["overall"] = records
-    out = {}
-    for name, group in groups.items():
-        row: dict[str, object] = {"n": len(group)}
-        for mode in ["text", *kv_modes]:
-            row[f"f1_{mode}"] = _mean(r["modes"][mode]["f1"] for r in group)
-            row[f"em_{mode}"] = _mean(r["modes"][mode]["em"] for r in group)
-            row[f"top_n_mass_{mode}"] = _mean(r["modes"][mode]["top_n_mass"] for r in group)
-        for mode in kv_modes:
-            row[f"kl_{mode}"] = _mean(r["modes"][mode]["kl_vs_text"] for r in group)
-            row[f"same_first_token_{mode}"] = _mean(
-                float(r["modes"][mode]["first_token"] == r["modes"]["text"]["first_token"])
-                for r in group)
-            row[f"same_answer_{mode}"] = _mean(
-                float(r["modes"][mode]["answer"] == r["modes"]["text"]["answer"]) for r in group)
-        row["recall"] = _mean(r["recall"] for r in group)
-        row["n_with_evidence"] = sum(r["recall"] is not None for r in group)
-        out[name] = row
-    return out
-
-
-def markdown_table(summary: dict[str, dict], kv_modes: list[str],
-                   labels: Mapping[str, str]) -> str:
-    """Per category: n, F1 and EM per mode (x100), KL per kv mode vs text, evidence recall."""
-    modes = ["text", *kv_modes]
-    head = (["cat", "n"] + [f"F1 {labels.get(m, m)}" for m in modes]
-            + [f"EM {labels.get(m, m)}" for m in modes]
-            + [f"KL {labels.get(m, m)}/text" for m in kv_modes] + ["recall"])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name, row in summary.items():
-        cells = [name, str(row["n"])]
-        cells += [_pct(row[f"f1_{m}"]) for m in modes] + [_pct(row[f"em_{m}"]) for m in modes]
-        cells += [_num(row[f"kl_{m}"]) for m in kv_modes] + [_pct(row["recall"])]
-        if name == "overall":
-            cells = [f"**{c}**" for c in cells]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def _pct(value: object) -> str:
-    return "-" if value is None else f"{100 * float(value):.1f}"
-
-
-def _num(value: object) -> str:
-    return "-" if value is None else f"{float(value):.4f}"

@@ -260,6 +260,17 @@ class Engine:
             latency_ms = (time.perf_counter() - start) * 1e3
             return collect(prepared, outputs, latency_ms, self.counters)
 
+    def render_prompt(self, handle: MemoryHandle | None, messages: Messages | str, *,
+                      layout: Layout | None = None,
+                      tools: Sequence[Mapping[str, Any]] | None = None) -> MemoryPrompt:
+        """The prompt generate() would send for this handle and layout (no plan, no KV)."""
+        with self._lock:
+            self._check_open()
+            records = self._planner.resolve(handle)
+            chosen = layout or self.config.layout
+            injected, repaired = self._planner.arrange(handle, records, chosen)
+            return self._planner.build(as_messages(messages), injected, repaired, chosen, tools)
+
     def prepare_request(self, handle: MemoryHandle, messages: Messages | str, *,
                         layout: Layout | None = None,
                         tools: Sequence[Mapping[str, Any]] | None = None

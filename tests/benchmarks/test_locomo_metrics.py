@@ -7,7 +7,14 @@ import math
 import pytest
 
 from benchmarks.locomo_data import DEFAULT_DATA, load_conversations
-from benchmarks.locomo_metrics import exact_match, first_token_kl, locomo_f1, normalize_answer
+from benchmarks.locomo_metrics import (
+    answer_words,
+    exact_match,
+    first_token_kl,
+    gold_token_recall,
+    locomo_f1,
+    normalize_answer,
+)
 
 
 def test_normalization_and_f1_follow_locomo():
@@ -39,6 +46,21 @@ def test_first_token_kl_is_exact_on_full_distributions_and_zero_on_equal_ones():
     top = {t: math.log(v) for t, v in p_full.items() if t < 100}
     other = {t: math.log(v) for t, v in q_full.items() if t < 100}
     assert first_token_kl(top, other) == pytest.approx(exact, rel=0.05)
+
+
+def test_gold_token_recall_ignores_extra_words():
+    long = "She researched adoption agencies for months"
+    assert gold_token_recall(long, "Adoption agencies", 4) == 1.0
+    assert locomo_f1(long, "Adoption agencies", 4) < 0.6
+    assert gold_token_recall("agencies", "Adoption agencies", 4) == 0.5
+    assert gold_token_recall("researching", "researched", 4) == 1.0  # stemmed
+    assert gold_token_recall("new york", "New New York", 4) == pytest.approx(2 / 3)  # multiset
+    assert gold_token_recall("new new york", "New New York", 4) == 1.0
+    assert gold_token_recall("likely yes", "Likely yes; because she said so", 3) == 1.0
+    assert gold_token_recall("nothing", "Adoption agencies", 1) == 0.0
+    assert gold_token_recall("anything", "the", 4) == 0.0  # no gold tokens
+    assert answer_words("  7 May  2023 ") == 3
+
 
 @pytest.mark.skipif(not DEFAULT_DATA.exists(), reason="LoCoMo data not on this machine")
 def test_locomo_data_loads_facts_contexts_and_questions():
