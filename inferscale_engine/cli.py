@@ -112,6 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     build = sub.add_parser("build-model", help="build a model into the cache, print its path")
     build.add_argument("--model", default="auto", help="auto | small | tiny")
     build.set_defaults(func=build_model)
+    sub.add_parser("serve", help="vLLM's OpenAI server with per-user KV memory (see "
+                                 "`inferscale serve --help`)", add_help=False)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        from inferscale_engine.server.main import main as serve
+
+        return serve(argv[1:])
     args = parser.parse_args(argv)
     if not getattr(args, "verbose", False):  # vLLM reads it when first imported
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from inferscale_engine.checks import check_text, check_user_id
@@ -24,18 +24,17 @@ from inferscale_engine.errors import (
     InvalidFactError,
     InvalidRequestError,
     SlabFullError,
-    UnsupportedModelError,
 )
 from inferscale_engine.facts import Fact, FactId, MemoryHandle
 from inferscale_engine.generation import EngineStats, Generation
 from inferscale_engine.layout import Layout
-from inferscale_engine.model_check import check_model, kv_bytes_per_token, load_tokenizer
+from inferscale_engine.model_check import check_model, connector_config, load_tokenizer
 from inferscale_engine.plan import InjectionPlan
 from inferscale_engine.preambles import PreambleCache
 from inferscale_engine.prompt import MemoryPrompt, PromptBuilder
 from inferscale_engine.read_path import Messages, RequestPlanner, as_messages, collect
 from inferscale_engine.residency import FactRecord, Residency, SlabAllocator
-from inferscale_engine.runner import VllmRunner, WorkerClient
+from inferscale_engine.runner import Runner, VllmRunner, WorkerClient
 from inferscale_engine.tool_calls import ToolCall, parse_tool_calls
 from inferscale_engine.write_path import FactWriter
 
@@ -45,7 +44,15 @@ __all__ = ["Engine", "EngineStats", "Generation", "Messages"]
 class Engine:
     """A vLLM engine with InferScale's KV connector and fact index. Thread-safe."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, *,
+                 runner: Callable[[EngineConfig, ConnectorConfig], Runner] = VllmRunner
+                 ) -> None:
+        """Check the model, start vLLM with the connector, encode the configured preamble.
+
+        Args:
+            runner: builds what drives vLLM: VllmRunner (a co-located vllm.LLM, default) or,
+                in `inferscale serve`, a factory of AsyncRunner over vLLM's AsyncLLM.
+        """
         self.config = config
         self._lock = threading.RLock()
         self._closed = False
@@ -53,15 +60,10 @@ class Engine:
         self.tokenizer = load_tokenizer(config)
         self.prompts = PromptBuilder(self.tokenizer, config.system_prompt)
         self._secret = plan_secret()
-        bytes_per_token = kv_bytes_per_token(hf_config, config)
-        num_pages = config.slab_capacity_bytes // (config.slab_page_tokens * bytes_per_token)
-        if num_pages < 1:
-            raise UnsupportedModelError(
-                f"slab_capacity_bytes={config.slab_capacity_bytes} cannot hold one page of "
-                f"{config.slab_page_tokens} tokens ({bytes_per_token} bytes each); raise it")
-        self._runner = VllmRunner(config, ConnectorConfig(
-            num_pages, config.slab_page_tokens, config.max_model_len, config.key_origin))
-        self._residency = Residency(SlabAllocator(num_pages, config.slab_page_tokens))
+        connector = connector_config(config, hf_config)
+        self._runner = runner(config, connector)
+        self._residency = Residency(SlabAllocator(connector.slab_pages,
+                                                  config.slab_page_tokens))
         self._facts: dict[FactId, FactRecord] = {}
         self._next_fact_id = 1
         self.counters: Counter[str] = Counter()
@@ -304,6 +306,31 @@ class Engine:
         A bare JSON object naming an offered tool counts as a call too.
         """
         return parse_tool_calls(self.tokenizer, parser, text, tools)
+
+    def prepare_completion(self, handle: MemoryHandle, prompt_token_ids: Sequence[int], *,
+                           layout: Layout | None = None
+                           ) -> tuple[MemoryPrompt, InjectionPlan]:
+        """A raw completion prompt with the handle's facts in front of it, and its plan.
+
+        [memory header][fact_1]..[fact_k][repaired facts][prompt]: there is no chat template,
+        so the preamble is the configured system prompt's tokens alone.
+        """
+        with self._lock:
+            self._check_open()
+            records = self._planner.resolve(handle)
+            chosen = layout or self.config.layout
+            injected, repaired = self._planner.arrange(handle, records, chosen)
+            pinned = {r.fact.fact_id for r in records}
+            if not self._planner.ready_for_kv(injected, pinned):
+                raise SlabFullError("the handle's facts do not fit in the slab")
+            prompt = MemoryPrompt(self.prompts.encode(self.config.system_prompt),
+                                  tuple(r.fact.token_ids for r in injected),
+                                  tuple(prompt_token_ids),
+                                  tuple(r.fact.token_ids for r in repaired))
+            try:
+                return prompt, self._planner.plan(handle, prompt, injected, pinned)
+            finally:
+                self._preambles.end_batch()
 
     def text_pieces(self, generation: Generation) -> list[str]:
         """The answer as per-token text pieces whose concatenation is exactly its text.

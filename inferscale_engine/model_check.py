@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferscale_engine.config import EngineConfig
+from inferscale_engine.config import ConnectorConfig, EngineConfig
 from inferscale_engine.errors import UnsupportedModelError
 from inferscale_engine.rope import RopeSpec
 
@@ -26,6 +26,22 @@ def check_model(config: EngineConfig) -> tuple[Any, RopeSpec]:
             f"model {config.model!r} uses sliding-window attention; injected facts would fall "
             "out of the window. Use a full-attention model.")
     return hf_config, rope
+
+
+def connector_config(config: EngineConfig, hf_config: Any) -> ConnectorConfig:
+    """What the connector is told: the slab's size in pages (from slab_capacity_bytes).
+
+    Raises:
+        UnsupportedModelError: the slab cannot hold one page.
+    """
+    bytes_per_token = kv_bytes_per_token(hf_config, config)
+    num_pages = config.slab_capacity_bytes // (config.slab_page_tokens * bytes_per_token)
+    if num_pages < 1:
+        raise UnsupportedModelError(
+            f"slab_capacity_bytes={config.slab_capacity_bytes} cannot hold one page of "
+            f"{config.slab_page_tokens} tokens ({bytes_per_token} bytes each); raise it")
+    return ConnectorConfig(num_pages, config.slab_page_tokens, config.max_model_len,
+                           config.key_origin)
 
 
 def load_tokenizer(config: EngineConfig) -> Any:

@@ -1,4 +1,8 @@
-"""VllmRunner: the co-located vllm.LLM with InferScale's connector, and how to drive it.
+"""Runners: how the engine drives vLLM.
+
+VllmRunner owns a co-located vllm.LLM (the embedded default); AsyncRunner drives the AsyncLLM
+of `inferscale serve` (vLLM's own server) from worker threads. Both start vLLM with
+InferScale's connector and worker extension (engine_kwargs).
 
 WorkerClient is the one typed way to call the worker extension (connector/control.py) on every
 worker: the method names vLLM's collective_rpc needs are spelled here only.
@@ -6,9 +10,12 @@ worker: the method names vLLM's collective_rpc needs are spelled here only.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
-from typing import Any
+import uuid
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from inferscale_engine.config import ConnectorConfig, EngineConfig
 
@@ -18,11 +25,11 @@ _EXTENSION = "inferscale_engine.connector.control.SlabControl"
 class WorkerClient:
     """Typed calls to SlabControl on every worker; each returns one result per worker."""
 
-    def __init__(self, llm: Any) -> None:
-        self._llm = llm
+    def __init__(self, rpc: Callable[[str, tuple[Any, ...]], list[Any]]) -> None:
+        self._rpc = rpc
 
     def _call(self, method: str, *args: Any) -> list[Any]:
-        return list(self._llm.collective_rpc(method, args=args))
+        return list(self._rpc(method, args))
 
     def stats(self) -> list[dict[str, int]]:
         """Slab occupancy and connector counters of each worker."""
@@ -49,12 +56,31 @@ class WorkerClient:
         return self._call("inferscale_recent_loads")
 
 
+class Runner(Protocol):
+    """What the engine needs from a runner (VllmRunner, AsyncRunner)."""
+
+    llm: Any
+    workers: WorkerClient
+
+    def run(self, prompts: list[Any], params: list[Any], use_tqdm: bool = False) -> list[Any]:
+        """The final RequestOutput of each prompt, in order."""
+        ...
+
+    def close(self) -> None:
+        """Release what the runner owns."""
+        ...
+
+
 class VllmRunner:
     """Builds the engine, runs batches of prompts, reaches the workers, shuts down cleanly."""
 
     def __init__(self, config: EngineConfig, connector: ConnectorConfig) -> None:
-        self.llm = _build_llm(config, connector)
-        self.workers = WorkerClient(self.llm)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if config.multiprocessing else "0"
+        from vllm import LLM
+
+        self.llm = LLM(**engine_kwargs(config, connector))
+        self.workers = WorkerClient(lambda method, args: self.llm.collective_rpc(method,
+                                                                                 args=args))
 
     def run(self, prompts: list[Any], params: list[Any], use_tqdm: bool = False) -> list[Any]:
         """llm.generate; if it fails, abort what it left in the engine so it keeps serving."""
@@ -98,9 +124,8 @@ def _release_vllm_process_state() -> None:
     cleanup_dist_env_and_memory()
 
 
-def _build_llm(config: EngineConfig, connector: ConnectorConfig) -> Any:
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if config.multiprocessing else "0"
-    from vllm import LLM
+def engine_kwargs(config: EngineConfig, connector: ConnectorConfig) -> dict[str, Any]:
+    """VLLM engine arguments (vllm.LLM / AsyncEngineArgs) with InferScale's connector."""
     from vllm.config import KVTransferConfig
     from vllm.platforms import current_platform
 
@@ -137,4 +162,47 @@ def _build_llm(config: EngineConfig, connector: ConnectorConfig) -> Any:
         if getattr(config, name) is not None:
             kwargs[name] = getattr(config, name)
     kwargs.update(config.vllm_overrides)
-    return LLM(**kwargs)
+    return kwargs
+
+
+class AsyncRunner:
+    """Drives an AsyncLLM running on an event loop, from the engine's (worker) threads.
+
+    `inferscale serve` runs vLLM's own OpenAI server; the Memory and Engine around it are
+    synchronous and run in threads (asyncio.to_thread), and this runner hands their requests
+    to the server's loop and waits for them. Never call it from the loop's own thread.
+    """
+
+    def __init__(self, engine_client: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.llm = engine_client
+        self._loop = loop
+        self.workers = WorkerClient(lambda method, args: self._wait(
+            engine_client.collective_rpc(method, args=args)))
+
+    def run(self, prompts: list[Any], params: list[Any], use_tqdm: bool = False) -> list[Any]:
+        """The final RequestOutput of every prompt (submitted together, one batch)."""
+        async def all_of() -> list[Any]:
+            return await asyncio.gather(*(self._one(p, q) for p, q in zip(prompts, params,
+                                                                          strict=True)))
+        return list(self._wait(all_of()))
+
+    async def _one(self, prompt: Any, params: Any) -> Any:
+        final = None
+        async for output in self.llm.generate(prompt, params, f"inferscale-{uuid.uuid4().hex}"):
+            final = output
+        return final
+
+    def _wait(self, awaitable: Any) -> Any:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            raise RuntimeError("AsyncRunner was called on the server's event loop; call the "
+                               "Memory/Engine through asyncio.to_thread")
+        async def wrapped() -> Any:
+            return await awaitable
+        return asyncio.run_coroutine_threadsafe(wrapped(), self._loop).result()
+
+    def close(self) -> None:
+        """Nothing to do: the server owns the AsyncLLM and shuts it down."""

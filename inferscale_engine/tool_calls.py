@@ -27,6 +27,12 @@ class ToolCall:
     call_id: str
 
 
+def format_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
+    """An earlier call written back into a chat, in the Hermes text form."""
+    payload = json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
+    return f"<tool_call>\n{payload}\n</tool_call>"
+
+
 def parse_tool_calls(tokenizer: Any, parser: str, text: str,
                      tools: Sequence[Mapping[str, Any]]) -> tuple[str, list[ToolCall]]:
     """The answer without its tool calls, and the calls, by vLLM's parser `parser`.

@@ -16,13 +16,13 @@ from inferscale_engine.facts import FactId
 from inferscale_engine.generation import RESULT_KEY
 from inferscale_engine.plan import SavePlan
 from inferscale_engine.residency import FactRecord, Residency
-from inferscale_engine.runner import VllmRunner
+from inferscale_engine.runner import Runner
 
 
 class FactWriter:
     """Allocates slab pages and runs the save requests that fill them."""
 
-    def __init__(self, config: EngineConfig, runner: VllmRunner, residency: Residency,
+    def __init__(self, config: EngineConfig, runner: Runner, residency: Residency,
                  secret: bytes, counters: Counter[str]) -> None:
         self._config = config
         self._runner = runner

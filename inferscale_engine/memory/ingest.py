@@ -14,6 +14,7 @@ from inferscale_engine import checks
 from inferscale_engine.facts import FactId
 from inferscale_engine.memory.records import Turn
 from inferscale_engine.memory.retrieval import RetrievalIndex
+from inferscale_engine.memory.store import FactStore
 from inferscale_engine.memory.types import AddResult
 from inferscale_engine.prompt import FACT_FORMAT
 
@@ -45,6 +46,25 @@ def turn_contexts(earlier: list[Turn], turns: list[tuple[str, str]],
     history = [f"{t.role}: {t.content}\n" for t in earlier]
     history += [f"{role}: {content}\n" for role, content in turns]
     return ["".join(history[:len(earlier) + p]) or None for p in positions]
+
+
+def contexts(store: FactStore, user_id: str, session_id: str | None,
+             turns: list[tuple[str, str]] | None, facts: list[tuple[str, int]],
+             keep: list[int], limit: int) -> list[str | None]:
+    """Per new fact (text, turn position), what it is encoded after.
+
+    A turn's fact: the session's turns before it. A fact added as text: the user's facts
+    before it (the kept ones of this call included; duplicates get none: they are not stored).
+    """
+    if turns is not None:
+        earlier = store.recent_turns(user_id=user_id, session_id=session_id, limit=limit)
+        return turn_contexts(earlier, turns, [p for _, p in facts])
+    recent = store.recent_facts(user_id=user_id, limit=limit)
+    kept = fact_contexts([f.text for f in recent], [facts[i][0] for i in keep])
+    out: list[str | None] = [None] * len(facts)
+    for i, context in zip(keep, kept, strict=True):
+        out[i] = context
+    return out
 
 
 def fact_contexts(earlier: Sequence[str], texts: Sequence[str]) -> list[str | None]:

@@ -42,7 +42,7 @@ from inferscale_engine.memory.embedder import Embedder
 from inferscale_engine.memory.records import StoredFact, Turn
 from inferscale_engine.memory.retrieval import RetrievalIndex
 from inferscale_engine.memory.served import ServedFacts
-from inferscale_engine.memory.serving import serve
+from inferscale_engine.memory.serving import PreparedPrompt, prepare, serve
 from inferscale_engine.memory.store import FactStore
 from inferscale_engine.memory.types import AddResult, MemoryStats, SearchResult
 from inferscale_engine.tool_calls import ToolCall
@@ -81,9 +81,7 @@ class Memory:
         """
         self._dedupe_threshold = check_dedupe_threshold(dedupe_threshold)
         check_startup(startup)
-        if isinstance(context_turns, bool) or not isinstance(context_turns, int) or (
-                context_turns < 0):
-            raise InvalidRequestError(f"context_turns={context_turns!r} must be an int >= 0")
+        checks.check_int(context_turns, "context_turns", 0, InvalidRequestError)
         self._engine = engine
         self._owns_engine = False
         self._owns_store = not isinstance(store, FactStore)
@@ -108,9 +106,12 @@ class Memory:
             raise
 
     @classmethod
-    def from_config(cls, config: MemoryConfig) -> Memory:
-        """Build the Engine, store and embedder of `config`; close() closes them all."""
-        engine = Engine(config.engine)
+    def from_config(cls, config: MemoryConfig, *, runner: Any = None) -> Memory:
+        """Build the Engine, store and embedder of `config`; close() closes them all.
+
+        `runner` is what drives vLLM (default: a co-located vllm.LLM; see Engine).
+        """
+        engine = Engine(config.engine, **({"runner": runner} if runner is not None else {}))
         try:
             memory = cls(engine, config.db_path,
                          Embedder(config.embedding_model, device=config.device),
@@ -162,17 +163,8 @@ class Memory:
                 [text for text, _ in facts],
                 self._served.text_of)
             keep = [i for i, match in enumerate(matches) if match is None]
-            if turns is not None:
-                earlier = self._store.recent_turns(user_id=user_id, session_id=session_id,
-                                                   limit=self._context_turns)
-                contexts = ingest.turn_contexts(earlier, turns, [p for _, p in facts])
-            else:  # after the user's facts before it, kept ones of this call included
-                recent = self._store.recent_facts(user_id=user_id, limit=self._context_turns)
-                kept_contexts = ingest.fact_contexts([f.text for f in recent],
-                                                     [facts[i][0] for i in keep])
-                contexts = [None] * len(facts)
-                for i, context in zip(keep, kept_contexts, strict=True):
-                    contexts[i] = context
+            contexts = ingest.contexts(self._store, user_id, session_id, turns, facts, keep,
+                                       self._context_turns)
             stored = self._store_facts(user_id, session_id, metadata, [facts[i][0] for i in keep],
                                        [token_ids[i] for i in keep], vectors[keep],
                                        [contexts[i] for i in keep], turns or ())
@@ -321,6 +313,36 @@ class Memory:
         self._check_open()
         return serve(self._engine, handle, messages, sampling, mode, self.counters,
                      layout=layout, tools=tools)
+
+    def prepare(self, *, user_id: str, query: str | None, k: int = 5,
+                messages: Messages | None = None, prompt_token_ids: Sequence[int] | None = None,
+                session_id: str | None = None, recent_facts: int = 0,
+                layout: Layout | None = None, tools: Sequence[Mapping[str, Any]] | None = None
+                ) -> PreparedPrompt:
+        """The prompt and signed plan for a client that runs vLLM itself (the server).
+
+        The user's top-k facts for `query`, then the session's last `recent_facts` facts, in
+        front of a chat (`messages`, rendered with the model's template) or of a raw
+        completion prompt (`prompt_token_ids`).
+        """
+        user_id = checks.check_user_id(user_id)
+        handle = MemoryHandle(user_id, ())
+        if k and query is not None and checks.has_visible(query):
+            handle = self.search(user_id=user_id, query=query, k=k).handle
+        if recent_facts and session_id is not None:
+            with self._lock:
+                recent = [f.fact_id for f in self._store.recent_facts(
+                    user_id=user_id, session_id=session_id, limit=recent_facts)
+                    if f.fact_id in self._served and f.fact_id not in handle.fact_ids]
+            if recent:  # relevance order: the top-k first, then the session's last facts
+                handle = MemoryHandle(user_id, (*handle.fact_ids, *recent))
+        self._check_open()
+        return prepare(self._engine, handle, self.counters, messages=messages,
+                       prompt_token_ids=prompt_token_ids, layout=layout, tools=tools)
+
+    def owner_of(self, fact_id: int) -> str | None:
+        """The user a fact belongs to (None: no such fact); for servers checking access."""
+        return self._store.owner(fact_id)
 
     # ---- what adapters need from the engine --------------------------------------------
     def split_text(self, text: str) -> list[str]:

@@ -21,9 +21,11 @@ from inferscale_engine.errors import (
     FactNotFoundError,
     HandleError,
     InvalidRequestError,
+    SlabFullError,
 )
 from inferscale_engine.facts import MemoryHandle
 from inferscale_engine.layout import Layout
+from inferscale_engine.plan import InjectionPlan
 
 logger = logging.getLogger(__name__)
 
@@ -87,3 +89,46 @@ def _generate_existing(engine: Engine, handle: MemoryHandle, messages: Messages 
                                      mode=mode if keep else "text", layout=layout,
                                      tools=options.tools)
         return replace(generation, num_stale_facts=stale)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedPrompt:
+    """A prompt for a client that runs vLLM itself (`inferscale serve`), and its plan."""
+
+    token_ids: list[int]
+    plan: InjectionPlan | None
+    """None: the facts are in the prompt as text (they could not be made resident)."""
+    handle: MemoryHandle
+
+    @property
+    def num_facts(self) -> int:
+        """Facts of the user in the prompt."""
+        return len(self.handle.fact_ids)
+
+
+def prepare(engine: Engine, handle: MemoryHandle, counters: Counter[str], *,
+            messages: Messages | None = None, prompt_token_ids: Sequence[int] | None = None,
+            layout: Layout | None = None, tools: Sequence[Mapping[str, Any]] | None = None
+            ) -> PreparedPrompt:
+    """The prompt and signed plan for a chat (`messages`) or a raw completion prompt.
+
+    When the facts cannot be made resident the same facts go as text (no plan, counted).
+    """
+    try:
+        if prompt_token_ids is not None:
+            prompt, plan = engine.prepare_completion(handle, prompt_token_ids, layout=layout)
+        else:
+            assert messages is not None
+            prompt, plan = engine.prepare_request(handle, messages, layout=layout, tools=tools)
+        return PreparedPrompt(prompt.token_ids(), plan, handle)
+    except SlabFullError:
+        counters["fallback_text_evicted"] += 1
+    if prompt_token_ids is not None:
+        by_id = {f.fact_id: f for f in engine.get_facts(handle.user_id)}
+        ids = list(engine.prompts.encode(engine.config.system_prompt))
+        for fact_id in handle.fact_ids:
+            ids.extend(by_id[fact_id].token_ids)
+        return PreparedPrompt([*ids, *prompt_token_ids], None, handle)
+    assert messages is not None
+    prompt = engine.render_prompt(handle, messages, layout=layout, tools=tools)
+    return PreparedPrompt(prompt.token_ids(), None, handle)

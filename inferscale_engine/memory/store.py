@@ -268,14 +268,25 @@ class FactStore:
                                 (user_id, session_id, limit)).fetchall()
         return [Turn(*row) for row in reversed(rows)]
 
-    def recent_facts(self, *, user_id: str, limit: int = 20) -> list[StoredFact]:
-        """The user's last `limit` facts, oldest first."""
+    def recent_facts(self, *, user_id: str, limit: int = 20,
+                     session_id: str | None = None) -> list[StoredFact]:
+        """The user's last `limit` facts (of one session, if given), oldest first."""
         user_id = check_user_id(user_id)
         check_int(limit, "limit", 0, InvalidFactError)
+        where, args = ("AND session_id = ?", (session_id,)) if session_id is not None else ("", ())
         with self._reading("recent_facts") as conn:
-            rows = conn.execute(f"SELECT {_FACT_COLUMNS} FROM facts WHERE user_id = ? ORDER BY "
-                                "fact_id DESC LIMIT ?", (user_id, limit)).fetchall()
+            rows = conn.execute(f"SELECT {_FACT_COLUMNS} FROM facts WHERE user_id = ? {where} "
+                                "ORDER BY fact_id DESC LIMIT ?",
+                                (user_id, *args, limit)).fetchall()
         return [fact_from_row(row) for row in reversed(rows)]
+
+    def owner(self, fact_id: int) -> str | None:
+        """The user a fact id belongs to, or None (no such fact)."""
+        (fact_id,) = check_fact_ids([fact_id], "fact_id")
+        with self._reading("owner") as conn:
+            row = conn.execute("SELECT user_id FROM facts WHERE fact_id = ?",
+                               (fact_id,)).fetchone()
+        return None if row is None else str(row[0])
 
     # ---- whole store -------------------------------------------------------------------
     def users(self) -> list[str]:

@@ -1,0 +1,12 @@
+"""`inferscale serve`: vLLM's own OpenAI-compatible server with per-user KV memory.
+
+main.py     the command: vLLM's engine (AsyncLLM) with InferScale's connector, the Memory on
+top of it, vLLM's app with the seam installed, our routes, auth and metrics
+seam.py     MemoryServingChat / MemoryServingCompletion: vLLM's serving classes whose
+render step splices the user's facts in and signs the plan
+identity.py who the request is for (header, body, extra_body.memory) and its memory options
+auth.py     API keys -> tenant, allowed users, admin; the middleware every route goes through
+routes.py   the memory REST API (mem0's shapes)
+metrics.py  InferScale's counters on vLLM's /metrics
+vllm_compat.py  where vLLM 0.26 and 0.32 keep the server pieces
+"""

@@ -1,0 +1,181 @@
+"""`inferscale serve`: start vLLM's OpenAI server with InferScale's memory installed.
+
+    inferscale serve --model tiny|small|PATH [--host 127.0.0.1] [--port 8000] [--db PATH]
+                     [--api-keys FILE] [--k 5] [--window 64] [vLLM's own serve flags]
+
+vLLM's engine (AsyncLLM) starts with InferScale's KV connector and worker extension forced;
+the Memory runs on top of it in worker threads (AsyncRunner); vLLM's app is built as usual and
+gets the seam (seam.py), the memory routes, the auth middleware and the metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from inferscale_engine.config import EngineConfig, plan_secret
+from inferscale_engine.errors import ConfigError
+from inferscale_engine.server.auth import ApiKeys, HttpError, check_bind
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 8 * 2**20
+"""Requests with a larger body are refused (413) before they are read."""
+
+
+def our_parser() -> argparse.ArgumentParser:
+    """InferScale's own options; everything else goes to vLLM's `serve` parser."""
+    parser = argparse.ArgumentParser(prog="inferscale serve", add_help=False)
+    parser.add_argument("--model", default="auto", help="tiny | small | auto | a model folder")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--db", default="~/.inferscale/server.db", help="the fact database")
+    parser.add_argument("--api-keys", default=None, help="JSON file: keys -> tenant, users")
+    parser.add_argument("--k", type=int, default=5, help="facts retrieved per request")
+    parser.add_argument("--window", type=int, default=64, help="context window W (tokens)")
+    parser.add_argument("--slab-mib", type=int, default=256, help="fact KV per worker (MiB)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """Parse, check and serve until stopped."""
+    ours, rest = our_parser().parse_known_args(argv)
+    if os.environ.get("VLLM_SERVER_DEV_MODE", "0") not in ("", "0", "false", "False"):
+        raise ConfigError("VLLM_SERVER_DEV_MODE exposes /collective_rpc (the slab's control "
+                          "calls) to every client; unset it")
+    keys = ApiKeys.load(ours.api_keys) if ours.api_keys else None
+    check_bind(ours.host, keys)
+    plan_secret()  # in the environment before vLLM starts its processes: they inherit it
+    args, config = vllm_args(ours, rest)
+    asyncio.run(run(args, config, keys, ours))
+    return 0
+
+
+def vllm_args(ours: argparse.Namespace, rest: list[str]) -> tuple[argparse.Namespace,
+                                                                   EngineConfig]:
+    """VLLM's serve arguments with InferScale's connector forced, and the EngineConfig."""
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from inferscale_engine.cli import resolve_model
+    from inferscale_engine.model_check import check_model, connector_config
+    from inferscale_engine.runner import engine_kwargs
+    from inferscale_engine.server.vllm_compat import make_arg_parser, validate_parsed_serve_args
+
+    model, dtype = resolve_model(ours.model)
+    parser = make_arg_parser(FlexibleArgumentParser(prog="inferscale serve"))
+    args = parser.parse_args(["--model", str(model), *rest])
+    args.host, args.port = ours.host, ours.port
+    config = EngineConfig(
+        model=str(model), dtype=args.dtype if args.dtype != "auto" else dtype,
+        max_model_len=args.max_model_len or 4096, context_window_tokens=ours.window,
+        slab_capacity_bytes=ours.slab_mib * 2**20,
+        enable_prefix_caching=args.enable_prefix_caching is not False,
+        tensor_parallel_size=args.tensor_parallel_size, load_format=args.load_format,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        enforce_eager=args.enforce_eager or None)
+    hf_config, _ = check_model(config)
+    forced = engine_kwargs(config, connector_config(config, hf_config))
+    for name in ("dtype", "max_model_len", "enforce_eager", "kv_transfer_config",
+                 "worker_extension_cls", "kv_cache_memory_bytes"):
+        if name in forced:
+            setattr(args, name, forced[name])
+    validate_parsed_serve_args(args)
+    return args, config
+
+
+async def run(args: argparse.Namespace, config: EngineConfig, keys: ApiKeys | None,
+              ours: argparse.Namespace) -> None:
+    """Start vLLM's engine, the Memory over it, and serve HTTP until shutdown."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from inferscale_engine.server.vllm_compat import (
+        build_app,
+        build_async_engine_client_from_engine_args,
+        init_app_state,
+        serve_http,
+        setup_server,
+    )
+
+    _, sock = setup_server(args, reuse_port=False)
+    async with build_async_engine_client_from_engine_args(
+            AsyncEngineArgs.from_cli_args(args)) as client:
+        loop = asyncio.get_running_loop()
+        memory = await asyncio.to_thread(open_memory, config, ours, client, loop)
+        supported = await client.get_supported_tasks()
+        app = build_app(args, supported, client.model_config)
+        await init_app_state(client, app.state, args, supported)
+        metrics = install(app, memory, keys, ours.k)
+        try:
+            shutdown = await serve_http(
+                app, sock=sock, host=args.host, port=args.port,
+                log_level=args.uvicorn_log_level,
+                access_log=not args.disable_uvicorn_access_log)
+        finally:
+            metrics.stop()
+            await app.state.inferscale.drain()
+            await asyncio.to_thread(memory.close)
+    sock.close()
+    await shutdown
+
+
+def open_memory(config: EngineConfig, ours: argparse.Namespace, client: Any,
+                loop: asyncio.AbstractEventLoop) -> Any:
+    """The Memory over the server's AsyncLLM (called in a worker thread)."""
+    from inferscale_engine.memory import Memory, MemoryConfig
+    from inferscale_engine.runner import AsyncRunner
+
+    return Memory.from_config(MemoryConfig(engine=config, db_path=ours.db),
+                              runner=lambda _config, _connector: AsyncRunner(client, loop))
+
+
+def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int) -> Any:
+    """The seam, routes, auth middleware and metrics on vLLM's app; returns the metrics."""
+    from inferscale_engine.server import routes
+    from inferscale_engine.server.metrics import MemoryMetrics
+    from inferscale_engine.server.seam import (
+        MemoryContext,
+        MemoryServingChat,
+        MemoryServingCompletion,
+    )
+
+    context = MemoryContext(memory, default_k)
+    app.state.inferscale = context
+    for name, cls in (("openai_serving_chat", MemoryServingChat),
+                      ("openai_serving_completion", MemoryServingCompletion)):
+        base = getattr(app.state, name, None)
+        if base is not None:
+            setattr(app.state, name, cls.adopt(base, context))
+    app.include_router(routes.router)
+
+    @app.exception_handler(HttpError)
+    async def http_error(request: Request, exc: HttpError) -> JSONResponse:
+        return routes.http_error_response(exc)
+
+    # vLLM's app already built its middleware stack; Starlette rebuilds it on first use.
+    app.middleware_stack = None
+
+    @app.middleware("http")
+    async def gate(request: Request, call_next: Any) -> Any:
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            return routes.http_error_response(HttpError(
+                413, f"request body over {MAX_BODY_BYTES} bytes; send less"))
+        if keys is not None:
+            try:
+                request.state.principal = keys.principal(request.headers)
+            except HttpError as exc:
+                return routes.http_error_response(exc)
+        response = await call_next(request)
+        for name, value in getattr(request.state, "inferscale_headers", {}).items():
+            response.headers[name] = value
+        return response
+
+    metrics = MemoryMetrics(memory)
+    metrics.start()
+    return metrics

@@ -1,0 +1,96 @@
+"""InferScale's counters on vLLM's /metrics (Prometheus text format).
+
+A collector in prometheus_client's registry (the one vLLM's /metrics serves) reports a snapshot
+of Memory.stats(), refreshed by a background thread: the slab lives in vLLM's workers, and a
+scrape must never wait on them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_COUNTERS = {
+    "injected_tokens": "Prompt tokens whose KV was injected from the slab",
+    "injected_requests": "Requests with injected KV",
+    "captured_tokens": "Fact tokens captured into the slab",
+    "load_errors": "Injections that failed (vLLM recomputed those tokens)",
+}
+_ENGINE_COUNTERS = {
+    "encoded_facts": "Facts encoded into the slab",
+    "evicted_facts": "Facts whose KV was evicted (still durable)",
+    "reencoded_facts": "Evicted facts encoded again on use",
+    "fallback_text_evicted": "Requests served as text because facts could not be resident",
+    "fallback_rejected": "Plans the connector rejected",
+    "fallback_mismatch": "Plans that did not match their prompt",
+    "repaired_facts": "Facts prefilled as text after the injected ones (suffix repair)",
+}
+
+
+class MemoryMetrics:
+    """A prometheus_client collector of the Memory's sizes and counters."""
+
+    def __init__(self, memory: Any, interval_s: float = 2.0) -> None:
+        self._memory = memory
+        self._interval_s = interval_s
+        self._snapshot: Any = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._refresh_loop, name="inferscale-metrics",
+                                        daemon=True)
+
+    def start(self) -> None:
+        """Register with prometheus_client's registry and start refreshing."""
+        from prometheus_client import REGISTRY
+
+        self.refresh()
+        REGISTRY.register(self)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop refreshing and unregister."""
+        from prometheus_client import REGISTRY
+
+        self._stop.set()
+        try:
+            REGISTRY.unregister(self)
+        except KeyError:
+            pass
+
+    def refresh(self) -> None:
+        """Take a new snapshot (a Memory.stats() call, which asks every worker)."""
+        try:
+            self._snapshot = self._memory.stats()
+        except Exception:  # noqa: BLE001 - metrics must never take the server down
+            logger.debug("InferScale metrics refresh failed", exc_info=True)
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.refresh()
+
+    def collect(self) -> Iterator[Any]:
+        """prometheus_client's hook: the metrics of the last snapshot."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        stats = self._snapshot
+        if stats is None:
+            return
+        workers = stats.engine.workers or [{}]
+        gauges = {"facts": (stats.num_facts, "Facts in the durable store"),
+                  "resident_facts": (stats.num_resident, "Facts whose KV is in the slab"),
+                  "users": (stats.num_users, "Users with facts or turns"),
+                  "slab_free_pages": (stats.engine.num_free_pages, "Unallocated slab pages"),
+                  "slab_tokens": (workers[0].get("num_tokens", 0), "Tokens stored in the slab"),
+                  "slab_capacity_tokens": (workers[0].get("capacity_tokens", 0),
+                                           "Tokens the slab holds")}
+        for name, (value, text) in gauges.items():
+            yield GaugeMetricFamily(f"inferscale_{name}", text, value=value)
+        for name, text in _COUNTERS.items():
+            yield CounterMetricFamily(f"inferscale_{name}", text,
+                                      value=sum(w.get(name, 0) for w in workers[:1]))
+        for name, text in _ENGINE_COUNTERS.items():
+            yield CounterMetricFamily(f"inferscale_{name}", text,
+                                      value=stats.engine.counters.get(name, 0))

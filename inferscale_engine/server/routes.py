@@ -1,0 +1,200 @@
+"""The memory REST API, in mem0's request and response shapes where they fit.
+
+  POST   /v1/memories            {messages | texts, user_id, metadata, session_id} -> results
+  GET    /v1/memories?user_id=   the user's memories
+  GET    /v1/memories/{id}       one memory       PUT {text, metadata}   DELETE
+  POST   /v1/memories/search     {query, user_id (or filters.user_id), top_k, threshold}
+  DELETE /v1/memories?user_id=   every memory of a user (admin)
+  POST   /v1/memories/reset      {user_id}: memories and turns of a user (admin)
+Writes are durable and their KV encoded before the call returns ("pending": false). A key
+reaches only its own users (403); the user may also come from the X-User-Id header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from inferscale_engine.errors import (
+    EngineClosedError,
+    FactNotFoundError,
+    HandleError,
+    InferScaleError,
+)
+from inferscale_engine.server.auth import HttpError, Principal
+from inferscale_engine.server.identity import USER_HEADER
+
+router = APIRouter(prefix="/v1/memories", tags=["memory"])
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AddBody(_Body):
+    """POST /v1/memories."""
+
+    user_id: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    texts: list[str] | None = None
+    metadata: dict[str, Any] | None = None
+    session_id: str | None = None
+
+
+class UpdateBody(_Body):
+    """PUT /v1/memories/{id}."""
+
+    text: str
+    metadata: dict[str, Any] | None = None
+
+
+class SearchBody(_Body):
+    """POST /v1/memories/search."""
+
+    query: str
+    user_id: str | None = None
+    filters: dict[str, Any] | None = None
+    top_k: int = Field(default=5, ge=0, le=1000)
+    threshold: float | None = None
+
+
+class ResetBody(_Body):
+    """POST /v1/memories/reset."""
+
+    user_id: str | None = None
+
+
+def _memory(request: Request) -> Any:
+    return request.app.state.inferscale.memory
+
+
+def _user(request: Request, given: str | None) -> str:
+    """The user a call is for (body/query, else X-User-Id), checked against the key."""
+    user_id = given or request.headers.get(USER_HEADER)
+    if not user_id:
+        raise HttpError(400, "name the user: user_id in the body or query, or X-User-Id")
+    principal: Principal | None = getattr(request.state, "principal", None)
+    if principal is not None:
+        principal.check_user(user_id)
+    return user_id
+
+
+def _admin(request: Request, what: str) -> None:
+    principal: Principal | None = getattr(request.state, "principal", None)
+    if principal is not None:
+        principal.check_admin(what)
+
+
+async def _call(function: Callable[..., Any], **kwargs: Any) -> Any:
+    """Run a Memory call in a thread; its errors as HTTP errors."""
+    try:
+        return await asyncio.to_thread(function, **kwargs)
+    except FactNotFoundError as exc:
+        raise HttpError(404, str(exc), "not_found_error") from None
+    except HandleError as exc:
+        raise HttpError(403, str(exc), "permission_error") from None
+    except EngineClosedError as exc:
+        raise HttpError(503, str(exc), "service_unavailable") from None
+    except InferScaleError as exc:
+        raise HttpError(400, str(exc)) from None
+
+
+async def _owned(request: Request, memory_id: int) -> str:
+    """The owner of a memory id, if this key may reach it (404 when there is none)."""
+    owner = await _call(_memory(request).owner_of, fact_id=memory_id)
+    if owner is None:
+        raise HttpError(404, f"no memory with id {memory_id}", "not_found_error")
+    return _user(request, owner)
+
+
+def _record(fact: Any, stored: Any = None) -> dict[str, Any]:
+    out = {"id": int(fact.fact_id), "memory": fact.text, "user_id": fact.user_id}
+    if stored is not None:
+        out.update(metadata=stored.metadata, session_id=stored.session_id,
+                   created_at=stored.created_at, updated_at=stored.updated_at)
+    return out
+
+
+@router.post("")
+async def add(request: Request, body: AddBody) -> dict[str, Any]:
+    """Remember facts (texts) or a conversation's turns (messages)."""
+    user_id = _user(request, body.user_id)
+    results = await _call(_memory(request).add, user_id=user_id, texts=body.texts,
+                          messages=body.messages, metadata=body.metadata,
+                          session_id=body.session_id)
+    return {"results": [{"id": int(r.fact_id), "memory": r.text, "event": r.event,
+                         **({"similarity": r.similarity} if r.similarity else {})}
+                        for r in results], "pending": False}
+
+
+@router.get("")
+async def get_all(request: Request, user_id: str | None = Query(default=None)
+                  ) -> dict[str, Any]:
+    """Every memory of a user, oldest first."""
+    user_id = _user(request, user_id)
+    facts = await _call(_memory(request).get_all, user_id=user_id)
+    return {"results": [_record(f) for f in facts]}
+
+
+@router.get("/{memory_id}")
+async def get_one(request: Request, memory_id: int) -> dict[str, Any]:
+    """One memory with its metadata and timestamps."""
+    user_id = await _owned(request, memory_id)
+    stored = await _call(_memory(request).get, user_id=user_id, fact_id=memory_id)
+    return _record(stored, stored)
+
+
+@router.put("/{memory_id}")
+async def update(request: Request, memory_id: int, body: UpdateBody) -> dict[str, Any]:
+    """Replace a memory's text (its KV is rebuilt)."""
+    user_id = await _owned(request, memory_id)
+    fact = await _call(_memory(request).update, user_id=user_id, fact_id=memory_id,
+                       text=body.text, metadata=body.metadata)
+    return _record(fact)
+
+
+@router.delete("/{memory_id}")
+async def delete(request: Request, memory_id: int) -> dict[str, Any]:
+    """Delete one memory."""
+    user_id = await _owned(request, memory_id)
+    await _call(_memory(request).delete, user_id=user_id, fact_ids=[memory_id])
+    return {"message": "Memory deleted", "id": memory_id}
+
+
+@router.post("/search")
+async def search(request: Request, body: SearchBody) -> dict[str, Any]:
+    """A user's memories most similar to a query, best first."""
+    user_id = _user(request, body.user_id or (body.filters or {}).get("user_id"))
+    found = await _call(_memory(request).search, user_id=user_id, query=body.query,
+                        k=body.top_k)
+    return {"results": [{**_record(f), "score": score} for f, score in found.hits
+                        if body.threshold is None or score >= body.threshold]}
+
+
+@router.delete("")
+async def delete_user(request: Request, user_id: str | None = Query(default=None)
+                      ) -> dict[str, Any]:
+    """Every memory and turn of a user (admin keys only)."""
+    user_id = _user(request, user_id)
+    _admin(request, "deleting a whole user")
+    deleted = await _call(_memory(request).reset, user_id=user_id)
+    return {"message": "Memories deleted", "deleted": deleted}
+
+
+@router.post("/reset")
+async def reset(request: Request, body: ResetBody | None = None) -> dict[str, Any]:
+    """Reset a user: every memory and turn (admin keys only)."""
+    user_id = _user(request, body.user_id if body is not None else None)
+    _admin(request, "resetting a user")
+    deleted = await _call(_memory(request).reset, user_id=user_id)
+    return {"message": "Memory reset", "deleted": deleted}
+
+
+def http_error_response(exc: HttpError) -> JSONResponse:
+    """The JSON answer of an HttpError."""
+    return JSONResponse(exc.body(), status_code=exc.status)

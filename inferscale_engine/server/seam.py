@@ -1,0 +1,263 @@
+"""The one seam between vLLM's OpenAI server and the memory: its render step.
+
+MemoryServingChat and MemoryServingCompletion are vLLM's own serving classes. Their
+render_*_request lets vLLM validate and render the request, then, for a request with a user,
+retrieves the user's top-k facts, builds [preamble][facts][rest] from token ids, signs the plan
+and salts the prompt; everything after (generate, streaming, tools, usage) is vLLM's, unchanged.
+create_* wraps the call: identity and access first, client-sent kv_transfer_params / cache_salt
+/ vllm_xargs stripped, then what was served is reported (headers, a `memory` field) and, if
+asked, the exchange is written back as conversation turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+
+from inferscale_engine.errors import HandleError, InferScaleError
+from inferscale_engine.generation import RESULT_KEY
+from inferscale_engine.memory.serving import PreparedPrompt
+from inferscale_engine.server.auth import HttpError, Principal
+from inferscale_engine.server.identity import MemoryOptions, identify, strip_client_fields
+from inferscale_engine.server.vllm_compat import OpenAIServingChat, OpenAIServingCompletion
+from inferscale_engine.tool_calls import format_tool_call
+
+
+@dataclass(slots=True)
+class RequestScope:
+    """One HTTP request's memory state, from create_* through render_* to the response."""
+
+    options: MemoryOptions
+    stripped: list[str]
+    prepared: list[PreparedPrompt] = field(default_factory=list)
+    question: str = ""
+
+
+_SCOPE: contextvars.ContextVar[RequestScope | None] = contextvars.ContextVar(
+    "inferscale_scope", default=None)
+
+
+class MemoryContext:
+    """What the seam and the routes share: the Memory, its defaults, pending write-backs."""
+
+    def __init__(self, memory: Any, default_k: int = 5) -> None:
+        self.memory = memory
+        self.default_k = default_k
+        self.pending: set[asyncio.Task[Any]] = set()
+        self.counters: dict[str, int] = {}
+
+    def scope(self, request: Any, raw_request: Any) -> RequestScope:
+        """Identity, access and stripped fields of a request (raises HttpError)."""
+        headers = raw_request.headers if raw_request is not None else {}
+        options = identify(request, headers, self.default_k)
+        principal: Principal | None = getattr(getattr(raw_request, "state", None), "principal",
+                                              None)
+        if principal is not None and options.user_id is not None:
+            principal.check_user(options.user_id)
+        return RequestScope(options, strip_client_fields(request))
+
+    def write_back(self, options: MemoryOptions, question: str, answer: str) -> None:
+        """Save the exchange as conversation turns, after the response (a background task)."""
+        if not (options.active and options.write and question):
+            return
+        messages = [{"role": "user", "content": question},
+                    {"role": "assistant", "content": answer}]
+        task = asyncio.get_running_loop().create_task(asyncio.to_thread(
+            self.memory.add, user_id=options.user_id, session_id=options.session_id,
+            messages=messages))
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+
+    async def drain(self) -> None:
+        """Wait for pending write-backs (tests, shutdown)."""
+        while self.pending:
+            await asyncio.gather(*list(self.pending), return_exceptions=True)
+
+
+def report(scope: RequestScope, raw_request: Any, final: Mapping[str, Any] | None) -> dict:
+    """What was served: a dict for the response's `memory` field, also as headers."""
+    options = scope.options
+    planned = sum(p.plan.num_tokens for p in scope.prepared if p.plan is not None)
+    result = (final or {}).get(RESULT_KEY, {}) if final is not None else {}
+    status = result.get("status", "planned" if planned else "none") if options.active else "off"
+    injected = int(result.get("claimed", 0)) if final is not None else planned
+    info = {"user_id": options.user_id, "enabled": options.active,
+            "facts": sum(p.num_facts for p in scope.prepared),
+            "fact_ids": [int(f) for p in scope.prepared for f in p.handle.fact_ids],
+            "injected_tokens": injected if status in ("inject", "planned") else 0,
+            "plan_status": status, "stripped_fields": scope.stripped}
+    state = getattr(raw_request, "state", None)
+    if state is not None:
+        state.inferscale_headers = {
+            "X-InferScale-User": options.user_id or "",
+            "X-InferScale-Injected-Tokens": str(info["injected_tokens"]),
+            "X-InferScale-Plan-Status": status,
+            "X-InferScale-Facts": str(info["facts"])}
+    return info
+
+
+class _Seam:
+    """create_* / render_* overrides shared by the chat and completion classes."""
+
+    _inferscale: MemoryContext
+
+    @classmethod
+    def adopt(cls, base: Any, context: MemoryContext) -> Any:
+        """An instance of this class over vLLM's initialized serving object (same state)."""
+        adopted = cls.__new__(cls)
+        adopted.__dict__.update(base.__dict__)
+        adopted._inferscale = context
+        return adopted
+
+    async def _serve(self, create: Any, request: Any, raw_request: Any) -> Any:
+        try:
+            scope = self._inferscale.scope(request, raw_request)
+        except HttpError as exc:
+            return self._error(exc.message, exc.status, exc.kind)  # type: ignore[attr-defined]
+        token = _SCOPE.set(scope)
+        try:
+            result = await create(request, raw_request)
+        finally:
+            _SCOPE.reset(token)
+        if hasattr(result, "__aiter__"):
+            return self._stream(scope, raw_request, result)
+        if hasattr(result, "choices"):
+            final = getattr(result, "kv_transfer_params", None)
+            result.kv_transfer_params = None
+            result.memory = report(scope, raw_request, final or {})
+            self._inferscale.write_back(scope.options, scope.question, _answer_text(result))
+        return result
+
+    async def _stream(self, scope: RequestScope, raw_request: Any,
+                      chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+        report(scope, raw_request, None)
+        pieces: list[str] = []
+        async for chunk in chunks:
+            pieces.append(_delta_text(chunk))
+            yield chunk
+        self._inferscale.write_back(scope.options, scope.question, "".join(pieces))
+
+    async def _prepare(self, scope: RequestScope, engine_input: Any, **kwargs: Any) -> Any:
+        options = scope.options
+        memory = self._inferscale.memory
+        prepared = await asyncio.to_thread(
+            memory.prepare, user_id=options.user_id, k=options.k,
+            session_id=options.session_id, recent_facts=options.recent_facts, **kwargs)
+        scope.prepared.append(prepared)
+        new = dict(engine_input)
+        new["prompt_token_ids"] = list(prepared.token_ids)
+        new.pop("prompt", None)
+        new.pop("prompt_token_offsets", None)
+        if prepared.plan is not None:
+            new["cache_salt"] = prepared.plan.cache_salt
+        else:
+            new.pop("cache_salt", None)
+        return new, prepared
+
+    def _error(self, message: str, status: int, kind: str = "BadRequestError") -> Any:
+        return self.create_error_response(  # type: ignore[attr-defined]
+            message, err_type=kind, status_code=HTTPStatus(status))
+
+
+class MemoryServingChat(_Seam, OpenAIServingChat):
+    """vLLM's chat serving with the user's facts injected as KV."""
+
+    async def create_chat_completion(self, request: Any, raw_request: Any = None) -> Any:
+        return await self._serve(super().create_chat_completion, request, raw_request)
+
+    async def render_chat_request(self, request: Any) -> Any:
+        result = await super().render_chat_request(request)
+        scope = _SCOPE.get()
+        if scope is None or not scope.options.active or not isinstance(result, tuple):
+            return result
+        conversation, engine_inputs = result
+        messages = [_plain(m) for m in conversation]
+        scope.question = next((m["content"] for m in reversed(messages)
+                               if m["role"] == "user"), "")
+        tools = ([t.model_dump(exclude_none=True) for t in request.tools]
+                 if request.tools and request.tool_choice != "none" else None)
+        try:
+            engine_input, prepared = await self._prepare(
+                scope, engine_inputs[0], query=scope.question, messages=messages, tools=tools)
+        except HandleError as exc:
+            return self._error(str(exc), 403, "permission_error")
+        except InferScaleError as exc:
+            return self._error(str(exc), 400)
+        if prepared.plan is not None:
+            request.kv_transfer_params = prepared.plan.to_params()
+        return conversation, [engine_input]
+
+
+class MemoryServingCompletion(_Seam, OpenAIServingCompletion):
+    """vLLM's completion serving with the user's facts in front of the prompt."""
+
+    async def create_completion(self, request: Any, raw_request: Any = None) -> Any:
+        return await self._serve(super().create_completion, request, raw_request)
+
+    async def render_completion_request(self, request: Any) -> Any:
+        result = await super().render_completion_request(request)
+        scope = _SCOPE.get()
+        if scope is None or not scope.options.active or not isinstance(result, list):
+            return result
+        if len(result) != 1:
+            return self._error("memory serves one prompt per completion request; send the "
+                               "prompts separately or set memory.enabled=false", 400)
+        tokenizer = self._inferscale.memory.engine.tokenizer
+        first: dict[str, Any] = dict(result[0])
+        ids = list(first["prompt_token_ids"])
+        scope.question = str(first.get("prompt") or tokenizer.decode(ids))
+        try:
+            engine_input, prepared = await self._prepare(
+                scope, result[0], query=scope.question, prompt_token_ids=ids)
+        except InferScaleError as exc:
+            return self._error(str(exc), 400)
+        if prepared.plan is not None:
+            request.kv_transfer_params = prepared.plan.to_params()
+        return [engine_input]
+
+
+def _plain(message: Mapping[str, Any]) -> dict[str, str]:
+    """A rendered conversation message as role + text (earlier tool calls as Hermes text)."""
+    role = {"developer": "system", "function": "tool"}.get(message.get("role", ""),
+                                                          message.get("role", "user"))
+    content = message.get("content") or ""
+    if not isinstance(content, str):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", {})
+        arguments = function.get("arguments") or "{}"
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                arguments = {"raw": arguments}
+        content += ("\n" if content else "") + format_tool_call(function.get("name", ""),
+                                                                  arguments)
+    return {"role": role, "content": content}
+
+
+def _answer_text(response: Any) -> str:
+    choice = response.choices[0] if response.choices else None
+    if choice is None:
+        return ""
+    message = getattr(choice, "message", None)
+    return (getattr(message, "content", None) or "") if message is not None else (
+        getattr(choice, "text", "") or "")
+
+
+def _delta_text(chunk: str) -> str:
+    """The text a streamed SSE chunk adds (chat delta content or completion text)."""
+    if not chunk.startswith("data: ") or chunk.startswith("data: [DONE]"):
+        return ""
+    try:
+        payload = json.loads(chunk[6:])
+    except ValueError:
+        return ""
+    choices = payload.get("choices") or [{}]
+    delta = choices[0].get("delta") or {}
+    return str(delta.get("content") or choices[0].get("text") or "")
