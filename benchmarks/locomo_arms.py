@@ -7,8 +7,8 @@ An arm is a name, a kind and the engine's own prompt Layout (inferscale_engine.l
            retrieval score) and where ('end': the end of the memory block, 'user': a
            "More memories:" block in the user turn, 'also': injected AND repeated at the end)
 Names spell the setting: text, text-user4, text-end4, kv-w64, kv-w64-user4, kv-w256-end2,
-kv-w64-also4. Every request is one handle, facts in chronological order with their retrieval
-scores, so the ENGINE picks the repaired facts; a text arm of a layout prefills the same prompt
+kv-w64-also4, kv-w64-a0.9 (facts encoded with key temperature: keys scaled by 0.9).
+Every request is one handle, facts in chronological order with their retrieval scores, so the ENGINE picks the repaired facts; a text arm of a layout prefills the same prompt
 a kv arm of that layout sends. Text arms run first, so cached text answers are reused.
 """
 
@@ -23,7 +23,8 @@ from inferscale_engine.layout import Layout
 
 KINDS = ("text", "kv")
 PLACEMENTS = {"end": "memory", "user": "user", "also": "memory"}
-_NAME = re.compile(r"(?P<kind>text|kv-w(?P<window>\d+))(?:-(?P<where>end|user|also)(?P<r>\d+))?")
+_NAME = re.compile(r"(?P<kind>text|kv-w(?P<window>\d+)(?:-a(?P<alpha>\d+(?:\.\d+)?))?)"
+                   r"(?:-(?P<where>end|user|also)(?P<r>\d+))?")
 
 
 def layout_of(where: str | None, r: int) -> Layout:
@@ -46,6 +47,8 @@ class Arm:
     window: int | None = None
     """kv: the context window W the injected facts were encoded with; text: None."""
     layout: Layout = Layout()
+    key_scale: float = 1.0
+    """kv: the key temperature the facts were encoded with (EngineConfig.key_scale)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -62,7 +65,8 @@ class Arm:
         return {"name": self.name, "kind": self.kind, "layout": self.layout_name,
                 "window": self.window, "repair_facts": self.layout.repair_facts,
                 "repair_placement": self.layout.repair_placement,
-                "repair_also_inject": self.layout.repair_also_inject}
+                "repair_also_inject": self.layout.repair_also_inject,
+                "key_scale": self.key_scale}
 
 
 def get_arm(name: str) -> Arm:
@@ -75,8 +79,11 @@ def get_arm(name: str) -> Arm:
     if where is not None and r < 1:
         raise ValueError(f"arm {name!r}: repair at least one fact")
     window = int(match["window"]) if match["window"] is not None else None
+    alpha = float(match["alpha"]) if match["alpha"] is not None else 1.0
+    if not 0 < alpha < 100:
+        raise ValueError(f"arm {name!r}: the key scale must be positive")
     return Arm(name, "kv" if window is not None else "text",
-               f"{where}{r}" if where else "system", window, layout_of(where, r))
+               f"{where}{r}" if where else "system", window, layout_of(where, r), alpha)
 
 
 DEFAULT_ARMS = ("text", "kv-w64", "kv-w0")

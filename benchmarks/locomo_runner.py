@@ -154,7 +154,8 @@ class ConversationRun:
 
     def user(self, arm: Arm) -> tuple[str, dict[int, Any]]:
         """The arm's user and fact ids, registering (and for kv arms encoding) on first use."""
-        name = f"{self.conv.sample_id}/" + ("text" if arm.window is None else f"w{arm.window}")
+        name = f"{self.conv.sample_id}/" + ("text" if arm.window is None else f"w{arm.window}"
+                                             f"a{arm.key_scale:g}")
         if name not in self.users:
             texts = [self.conv.facts[p].text for p in self.positions]
             start = time.perf_counter()
@@ -163,7 +164,7 @@ class ConversationRun:
             else:
                 ids = self.engine.add_facts(name, texts, [self.conv.contexts[p]
                                                           for p in self.positions],
-                                            window=arm.window)
+                                            window=arm.window, key_scale=arm.key_scale)
                 self._out.write(json.dumps({
                     "type": "ingest", "conversation": self.conv.sample_id, "window": arm.window,
                     "num_facts": len(texts), "seconds": time.perf_counter() - start}) + "\n")

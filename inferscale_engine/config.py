@@ -72,6 +72,9 @@ class EngineConfig:
     on_evicted: str = "reencode"
     """A request names facts whose KV was evicted: 'reencode' them first, or serve the request
     in 'text' mode."""
+    key_scale: float | tuple[float, ...] = 1.0
+    """Key temperature: stored fact keys are scaled by this (one value, or one per layer) when
+    encoded; 1.0 keeps them exact. Fit one with `inferscale calibrate`."""
     layout: Layout = field(default_factory=Layout)
     """Where facts go in prompts and which are repaired as text (see layout.Layout); a
     request may pass its own."""
@@ -100,6 +103,11 @@ class EngineConfig:
                               ("on_evicted", ("reencode", "text"))):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        scales = self.key_scale if isinstance(self.key_scale, tuple) else (self.key_scale,)
+        if not scales or not all(isinstance(v, int | float) and not isinstance(v, bool)
+                                 and 0 < v < 100 for v in scales):
+            raise ConfigError(f"key_scale={self.key_scale!r} must be a positive number or a "
+                              "tuple of one per layer")
         if not isinstance(self.layout, Layout):
             raise ConfigError(f"layout must be an inferscale_engine.layout.Layout, got "
                               f"{type(self.layout).__name__}")

@@ -19,6 +19,7 @@ from typing import Any
 from inferscale_engine.checks import check_text, check_user_id
 from inferscale_engine.config import ConnectorConfig, EngineConfig, plan_secret
 from inferscale_engine.errors import (
+    ConfigError,
     EngineClosedError,
     FactNotFoundError,
     InvalidFactError,
@@ -61,6 +62,8 @@ class Engine:
         self.prompts = PromptBuilder(self.tokenizer, config.system_prompt)
         self._secret = plan_secret()
         connector = connector_config(config, hf_config)
+        self._num_layers = hf_config.num_hidden_layers
+        self._key_scale = _key_scale(config.key_scale, self._num_layers, ConfigError)
         self._runner = runner(config, connector)
         self._residency = Residency(SlabAllocator(connector.slab_pages,
                                                   config.slab_page_tokens))
@@ -82,7 +85,8 @@ class Engine:
     def add_facts(self, user_id: str, texts: Sequence[str],
                   contexts: Sequence[str | None] | None = None, *,
                   fact_ids: Sequence[FactId] | None = None, window: int | None = None,
-                  encode: bool = True) -> list[FactId]:
+                  encode: bool = True, key_scale: float | tuple[float, ...] | None = None
+                  ) -> list[FactId]:
         """Register facts and encode their KV once (batched); returns their ids, in order.
 
         Args:
@@ -93,6 +97,7 @@ class Engine:
             fact_ids: ids to use (e.g. a durable store's); default: the engine numbers them.
             window: tokens of context to keep (default EngineConfig.context_window_tokens).
             encode: False registers the facts only; their KV is built on first use.
+            key_scale: key temperature of these facts (default EngineConfig.key_scale).
 
         Raises:
             InvalidFactError: a text is empty, not a string, or too long. Nothing is stored.
@@ -107,12 +112,14 @@ class Engine:
             ids = self._new_fact_ids(fact_ids, len(texts))
             self.add_tokenized_facts([Fact(i, user_id, t, toks) for i, t, toks in
                                       zip(ids, texts, token_ids, strict=True)],
-                                     contexts, window=window, encode=encode)
+                                     contexts, window=window, encode=encode,
+                                     key_scale=key_scale)
         return ids
 
     def add_tokenized_facts(self, facts: Sequence[Fact],
                             contexts: Sequence[str | None] | None = None, *,
-                            window: int | None = None, encode: bool = True) -> None:
+                            window: int | None = None, encode: bool = True,
+                            key_scale: float | tuple[float, ...] | None = None) -> None:
         """Register facts whose ids and token ids are already known (a durable store's).
 
         The engine encodes exactly `fact.token_ids` (tokenize them with tokenize_fact). All
@@ -136,8 +143,11 @@ class Engine:
             if not fact.token_ids:
                 raise InvalidFactError(f"fact {fact.fact_id} has no token ids")
             self._check_length(fact.token_ids, fact.text)
+        scale = self._key_scale if key_scale is None else _key_scale(key_scale,
+                                                                      self._num_layers)
         records = [FactRecord(Fact(f.fact_id, check_user_id(f.user_id), f.text,
-                                   tuple(f.token_ids)), self._context_tokens(c, window))
+                                   tuple(f.token_ids)), self._context_tokens(c, window),
+                              key_scale=scale)
                    for f, c in zip(facts, contexts, strict=True)]
         with self._lock:
             self._check_open()
@@ -418,3 +428,13 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _key_scale(value: float | tuple[float, ...], num_layers: int,
+               error: type[Exception] = InvalidFactError) -> tuple[float, ...]:
+    """A key_scale as stored in plans: () for 1, else one value or one per layer."""
+    scales = tuple(float(v) for v in (value if isinstance(value, tuple) else (value,)))
+    if len(scales) not in (1, num_layers) or not all(0 < v < 100 for v in scales):
+        raise error(f"key_scale={value!r} must be a positive number or one per layer "
+                    f"({num_layers})")
+    return () if scales == (1.0,) else scales

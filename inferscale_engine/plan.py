@@ -154,6 +154,9 @@ class SavePlan:
     """Fact tokens: the last num_tokens of the save prompt."""
     pages: tuple[int, ...]
     mac: str = ""
+    key_scale: tuple[float, ...] = ()
+    """Factor the stored keys are scaled by (key temperature): () = 1, one value for every
+    layer, or one per layer."""
 
     @property
     def end(self) -> int:
@@ -162,7 +165,8 @@ class SavePlan:
 
     def _payload(self, prompt_token_ids: Sequence[int]) -> bytes:
         header = _utf8(f"save|{PLAN_VERSION}|{self.user_id}|{self.slab_key}|{self.start}|"
-                       f"{self.num_tokens}|{','.join(map(str, self.pages))}|")
+                       f"{self.num_tokens}|{','.join(map(str, self.pages))}|"
+                       f"{','.join(map(repr, self.key_scale))}|")
         return header + array("i", prompt_token_ids).tobytes()
 
     def signed(self, secret: bytes, prompt_token_ids: Sequence[int]) -> SavePlan:
@@ -191,7 +195,7 @@ class SavePlan:
         return {PARAMS_KEY: {
             "v": PLAN_VERSION, "kind": "save", "user": self.user_id, "key": self.slab_key,
             "start": self.start, "num_tokens": self.num_tokens, "pages": list(self.pages),
-            "mac": self.mac,
+            "key_scale": list(self.key_scale), "mac": self.mac,
         }}
 
 
@@ -232,8 +236,18 @@ def from_params(params: Mapping[str, Any] | None) -> Plan | None:
         key, start, num_tokens = _int(raw, "key"), _int(raw, "start"), _int(raw, "num_tokens")
         if not num_tokens or not pages:
             raise PlanError("save plan needs num_tokens > 0 and at least one page")
-        return SavePlan(user, key, start, num_tokens, pages, mac)
+        return SavePlan(user, key, start, num_tokens, pages, mac, _scales(raw.get("key_scale")))
     raise PlanError(f"plan kind {kind!r} is unknown; expected 'inject' or 'save'")
+
+
+def _scales(value: Any) -> tuple[float, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < 100 for v in value):
+        raise PlanError(f"plan field 'key_scale' must be a list of positive numbers, got "
+                        f"{value!r:.60}")
+    return tuple(float(v) for v in value)
 
 
 def _packed(value: Any) -> bytes:

@@ -26,6 +26,8 @@ class FactRecord:
     """Up to W tokens of preceding conversation (Context-Window Encoding)."""
     slab_key: int | None = None
     pages: tuple[int, ...] | None = None
+    key_scale: tuple[float, ...] = ()
+    """Key temperature the KV is encoded with (() = 1): kept so a re-encode matches."""
 
     @property
     def resident(self) -> bool:

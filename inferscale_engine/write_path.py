@@ -56,7 +56,8 @@ class FactWriter:
                 allocated.append((record, self._residency.next_slab_key(), pages))
             prompts = [[*preamble, *r.context_ids, *r.fact.token_ids] for r, _, _ in allocated]
             plans = [SavePlan(r.fact.user_id, key, len(preamble) + len(r.context_ids),
-                              len(r.fact.token_ids), pages).signed(self._secret, prompt)
+                              len(r.fact.token_ids), pages,
+                              key_scale=r.key_scale).signed(self._secret, prompt)
                      for (r, key, pages), prompt in zip(allocated, prompts, strict=True)]
             self.run_saves(plans, prompts)
         except BaseException:

@@ -40,6 +40,8 @@ class CaptureSpec:
     num_tokens: int
     pages: list[int]
     block_ids: list[int]
+    key_scale: list[float] = field(default_factory=list)
+    """Scale of the stored keys: [] = 1, one value, or one per layer."""
 
 
 @dataclass(slots=True)

@@ -144,7 +144,7 @@ class InferScaleScheduler:
             meta.captures.append(CaptureSpec(
                 req_id=rid, user_id=saved.user_id, slab_key=saved.slab_key,
                 start=saved.start, num_tokens=saved.num_tokens, pages=list(saved.pages),
-                block_ids=list(save.block_ids),
+                block_ids=list(save.block_ids), key_scale=list(saved.key_scale),
             ))
             self.counters["captures"] += 1
 

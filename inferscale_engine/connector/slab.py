@@ -49,6 +49,19 @@ class KVSlab:
         """Slab key of the last capture into each page (0: never written). Keys grow with every
         allocation, so a capture must carry a newer key than every page it writes."""
 
+    def scale_keys_(self, rows: torch.Tensor, scale: list[float]) -> None:
+        """Multiply the stored keys of `rows` by `scale` (one value, or one per layer).
+
+        fp32 math, one rounding to the slab's dtype.
+        """
+        factor = torch.tensor(scale, dtype=torch.float32, device=self.keys.device)
+        if factor.numel() not in (1, self.keys.shape[0]):
+            raise ValueError(f"key_scale has {factor.numel()} values for {self.keys.shape[0]} "
+                             "layers")
+        index = rows.to(self.keys.device)
+        scaled = self.keys[:, index].float() * factor.view(-1, 1, 1, 1)
+        self.keys[:, index] = scaled.to(self.keys.dtype)
+
     def claim_pages(self, slab_key: int, pages: list[int]) -> list[int] | None:
         """Let `slab_key` write `pages` if it is newer than every page's last capture.
 

@@ -220,6 +220,9 @@ class InferScaleWorker:
         self.paged.capture_(self.slab, slots, slab_rows, serving_positions, canonical,
                             self._rope)
         for capture, entry in entries:
+            if capture.key_scale:
+                self.slab.scale_keys_(entry.rows, capture.key_scale)
+        for capture, entry in entries:
             self.slab.entries[capture.slab_key] = entry
             self.counters["captured_tokens"] += capture.num_tokens
             self.counters["captures"] += 1

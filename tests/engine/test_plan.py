@@ -36,7 +36,7 @@ def test_save_mac_covers_the_whole_prompt():
     assert not save.verify(SECRET, prompt[:-1]) and not save.verify(SECRET, prompt + [4])
     assert not save.verify(b"x" * 32, prompt)
     for field, value in [("user", "mallory"), ("key", 4), ("start", 9), ("num_tokens", 2),
-                         ("pages", [0, 2])]:
+                         ("pages", [0, 2]), ("key_scale", [0.5])]:
         params = save.to_params()
         params["inferscale"][field] = value
         assert not from_params(params).verify(SECRET, prompt), field
