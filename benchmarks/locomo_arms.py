@@ -8,7 +8,8 @@ An arm is a name, a kind and the engine's own prompt Layout (inferscale_engine.l
            "More memories:" block in the user turn, 'also': injected AND repeated at the end)
 Names spell the setting: text, text-user4, text-end4, kv-w64, kv-w64-user4, kv-w256-end2,
 kv-w64-also4, kv-w64-a0.9 (facts encoded with key temperature: keys scaled by 0.9).
-Every request is one handle, facts in chronological order with their retrieval scores, so the ENGINE picks the repaired facts; a text arm of a layout prefills the same prompt
+Every request is one handle, facts in chronological order with their retrieval scores, so the
+ENGINE picks the repaired facts; a text arm of a layout prefills the same prompt
 a kv arm of that layout sends. Text arms run first, so cached text answers are reused.
 """
 
