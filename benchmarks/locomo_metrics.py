@@ -84,39 +84,6 @@ def exact_match(prediction: str, answer: str, category: int) -> float:
     return float(set(normalize_answer(prediction).split()) == set(normalize_answer(gold).split()))
 
 
-def first_token_kl(reference: Mapping[int, float], other: Mapping[int, float]) -> float:
-    """KL(reference || other) of two next-token distributions known only by their top-N.
-
-    The distributions are coarse-grained onto the union U of both top-N token sets plus one
-    bucket for every other token. A token of U missing from one side's top-N gets, on that
-    side, the smaller of that side's N-th probability (its upper bound) and an even share of
-    the side's leftover mass; the bucket holds what is left, so each side sums to 1. With
-    N = vocabulary size this is the exact KL. Otherwise it is an estimate whose error is bounded by
-    the mass outside the top-N (reported per answer as top_n_mass; ~0.9+ at N=100 here).
-    """
-    union = set(reference) | set(other)
-    p = _coarse_grained(reference, union)
-    q = _coarse_grained(other, union)
-    total = 0.0
-    for token, p_token in p.items():
-        if p_token > 0.0:
-            total += p_token * (math.log(p_token) - math.log(max(q[token], 1e-30)))
-    return max(total, 0.0)
-
-
-def _coarse_grained(logprobs: Mapping[int, float], union: set[int]) -> dict[object, float]:
-    probs = {int(t): math.exp(lp) for t, lp in logprobs.items()}
-    leftover = max(0.0, 1.0 - sum(probs.values()))
-    missing = [t for t in union if t not in probs]
-    if missing:
-        fill = min(min(probs.values()), leftover / (len(missing) + 1))
-        for token in missing:
-            probs[token] = fill
-        leftover -= fill * len(missing)
-    probs["rest"] = max(leftover, 0.0)
-    return probs
-
-
 def top_n_mass(logprobs: Mapping[int, float]) -> float:
     """Probability mass the top-N log-probs cover."""
     return sum(math.exp(lp) for lp in logprobs.values())

@@ -22,11 +22,11 @@ from benchmarks.locomo_arms import Arm, reference_text_arm
 from benchmarks.locomo_metrics import (
     answer_words,
     exact_match,
-    first_token_kl,
     gold_token_recall,
     locomo_f1,
     top_n_mass,
 )
+from inferscale_engine.calibration import first_token_kl
 
 BOOTSTRAP_RESAMPLES = 2000
 CONFIDENCE = 0.95

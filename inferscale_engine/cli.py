@@ -90,6 +90,29 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def calibrate(args: argparse.Namespace) -> int:
+    """Fit the key temperature on a user's stored facts and save it (no gold answers)."""
+    from inferscale_engine.calibration import fit
+    from inferscale_engine.config import EngineConfig
+    from inferscale_engine.memory import Memory, MemoryConfig
+    from inferscale_engine.memory.ingest import fact_contexts
+
+    model, dtype = resolve_model(args.model)
+    config = MemoryConfig(EngineConfig(model=str(model), dtype=dtype,
+                                       context_window_tokens=args.window),
+                          db_path=args.db, startup="lazy")
+    with Memory.from_config(config) as memory:
+        texts = [f.text for f in memory.get_all(user_id=args.user)]
+        contexts = fact_contexts([], texts)  # each after the user's facts before it
+        result = fit(memory.engine, texts, contexts,
+                     [float(s) for s in args.scales.split(",")], args.sets, args.k)
+    result.save(args.out)
+    for scale, kl in result.mean_kl.items():
+        print(f"key_scale {scale}: mean first-token KL(text || kv) {kl:.4f}")
+    print(f"best: {result.key_scale:g}; saved to {args.out} (EngineConfig(calibration=...))")
+    return 0
+
+
 def build_model(args: argparse.Namespace) -> int:
     """Build the tiny fixture or the real small model into the cache and print its path."""
     print(resolve_model(args.model)[0])
@@ -109,6 +132,16 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--repeats", type=int, default=5, help="TTFT samples per mode")
     run.set_defaults(func=demo)
     run.add_argument("--verbose", action="store_true", help="show vLLM's INFO log")
+    cal = sub.add_parser("calibrate", help="fit the key temperature on a user's facts")
+    cal.add_argument("--model", default="auto", help="small | tiny | auto | a model folder")
+    cal.add_argument("--db", required=True, help="the Memory's fact database")
+    cal.add_argument("--user", required=True, help="whose facts to sample")
+    cal.add_argument("--out", required=True, help="where to write the fit (JSON)")
+    cal.add_argument("--scales", default="0.8,0.9,1.0,1.1", help="candidate key scales")
+    cal.add_argument("--sets", type=int, default=12, help="random fact sets")
+    cal.add_argument("--k", type=int, default=8, help="facts per set")
+    cal.add_argument("--window", type=int, default=64, help="context window W (tokens)")
+    cal.set_defaults(func=calibrate)
     build = sub.add_parser("build-model", help="build a model into the cache, print its path")
     build.add_argument("--model", default="auto", help="auto | small | tiny")
     build.set_defaults(func=build_model)

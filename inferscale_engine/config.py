@@ -75,6 +75,9 @@ class EngineConfig:
     key_scale: float | tuple[float, ...] = 1.0
     """Key temperature: stored fact keys are scaled by this (one value, or one per layer) when
     encoded; 1.0 keeps them exact. Fit one with `inferscale calibrate`."""
+    calibration: str | None = None
+    """A file from `inferscale calibrate`: its key_scale is used (refused if it was fitted
+    for another model). Give this or key_scale, not both."""
     layout: Layout = field(default_factory=Layout)
     """Where facts go in prompts and which are repaired as text (see layout.Layout); a
     request may pass its own."""
@@ -108,6 +111,8 @@ class EngineConfig:
                                  and 0 < v < 100 for v in scales):
             raise ConfigError(f"key_scale={self.key_scale!r} must be a positive number or a "
                               "tuple of one per layer")
+        if self.calibration is not None and self.key_scale != 1.0:
+            raise ConfigError("give calibration (a fitted key scale) or key_scale, not both")
         if not isinstance(self.layout, Layout):
             raise ConfigError(f"layout must be an inferscale_engine.layout.Layout, got "
                               f"{type(self.layout).__name__}")

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from inferscale_engine.calibration import Calibration, model_fingerprint
 from inferscale_engine.checks import check_text, check_user_id
 from inferscale_engine.config import ConnectorConfig, EngineConfig, plan_secret
 from inferscale_engine.errors import (
@@ -63,7 +64,12 @@ class Engine:
         self._secret = plan_secret()
         connector = connector_config(config, hf_config)
         self._num_layers = hf_config.num_hidden_layers
-        self._key_scale = _key_scale(config.key_scale, self._num_layers, ConfigError)
+        self.fingerprint = model_fingerprint(hf_config, self.tokenizer, config.dtype)
+        """Model identity a calibration is bound to."""
+        scale = config.key_scale
+        if config.calibration is not None:
+            scale = Calibration.load(config.calibration, self.fingerprint).key_scale
+        self._key_scale = _key_scale(scale, self._num_layers, ConfigError)
         self._runner = runner(config, connector)
         self._residency = Residency(SlabAllocator(connector.slab_pages,
                                                   config.slab_page_tokens))

@@ -18,6 +18,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inferscale_engine.config import EngineConfig, plan_secret
 from inferscale_engine.errors import ConfigError
@@ -71,6 +72,8 @@ def vllm_args(ours: argparse.Namespace, rest: list[str]) -> tuple[argparse.Names
     parser = make_arg_parser(FlexibleArgumentParser(prog="inferscale serve"))
     args = parser.parse_args(["--model", str(model), *rest])
     args.host, args.port = ours.host, ours.port
+    if not args.served_model_name:  # clients name the model's folder, not its path
+        args.served_model_name = [os.path.basename(os.path.normpath(str(model)))]
     config = EngineConfig(
         model=str(model), dtype=args.dtype if args.dtype != "auto" else dtype,
         max_model_len=args.max_model_len or 4096, context_window_tokens=ours.window,
@@ -157,15 +160,21 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int) -> 
     async def http_error(request: Request, exc: HttpError) -> JSONResponse:
         return routes.http_error_response(exc)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def framework_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # FastAPI answers a body it cannot decode (invalid UTF-8) with a bare 400 "There was
+        # an error parsing the body"; vLLM handles only fastapi's HTTPException subclass.
+        message = str(exc.detail)
+        if exc.status_code == 400 and "parsing the body" in message:
+            message = ("the request body could not be decoded: send JSON encoded as UTF-8 "
+                       "with Content-Type: application/json")
+        return routes.http_error_response(HttpError(exc.status_code, message))
+
     # vLLM's app already built its middleware stack; Starlette rebuilds it on first use.
     app.middleware_stack = None
 
     @app.middleware("http")
     async def gate(request: Request, call_next: Any) -> Any:
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            return routes.http_error_response(HttpError(
-                413, f"request body over {MAX_BODY_BYTES} bytes; send less"))
         if keys is not None:
             try:
                 request.state.principal = keys.principal(request.headers)
@@ -176,6 +185,38 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int) -> 
             response.headers[name] = value
         return response
 
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)  # outermost: before the key check
     metrics = MemoryMetrics(memory)
     metrics.start()
     return metrics
+
+
+class BodyLimit:
+    """ASGI middleware: a body over max_bytes gets 413, whether its length is announced
+    (Content-Length) or not (chunked); nothing over the limit is buffered."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+        self.message = f"request body over {max_bytes} bytes; send less"
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            from inferscale_engine.server.routes import http_error_response
+
+            await http_error_response(HttpError(413, self.message))(scope, receive, send)
+            return
+        received = 0
+
+        async def limited() -> Any:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:  # FastAPI re-raises it from its body reading
+                raise StarletteHTTPException(413, self.message)
+            return message
+
+        await self.app(scope, limited, send)

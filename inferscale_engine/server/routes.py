@@ -1,6 +1,7 @@
 """The memory REST API, in mem0's request and response shapes where they fit.
 
   POST   /v1/memories            {messages | texts, user_id, metadata, session_id} -> results
+                                 (a long turn becomes several facts: message_index says whose)
   GET    /v1/memories?user_id=   the user's memories
   GET    /v1/memories/{id}       one memory       PUT {text, metadata}   DELETE
   POST   /v1/memories/search     {query, user_id (or filters.user_id), top_k, threshold}
@@ -124,12 +125,18 @@ def _record(fact: Any, stored: Any = None) -> dict[str, Any]:
 async def add(request: Request, body: AddBody) -> dict[str, Any]:
     """Remember facts (texts) or a conversation's turns (messages)."""
     user_id = _user(request, body.user_id)
-    results = await _call(_memory(request).add, user_id=user_id, texts=body.texts,
-                          messages=body.messages, metadata=body.metadata,
-                          session_id=body.session_id)
+    if body.messages is not None and body.texts is None:  # long turns are cut, not refused
+        indexed = await _call(request.app.state.inferscale.add_messages, user_id=user_id,
+                              messages=body.messages, metadata=body.metadata,
+                              session_id=body.session_id)
+    else:
+        indexed = [(None, r) for r in await _call(
+            _memory(request).add, user_id=user_id, texts=body.texts, messages=body.messages,
+            metadata=body.metadata, session_id=body.session_id)]
     return {"results": [{"id": int(r.fact_id), "memory": r.text, "event": r.event,
-                         **({"similarity": r.similarity} if r.similarity else {})}
-                        for r in results], "pending": False}
+                         **({"similarity": r.similarity} if r.similarity else {}),
+                         **({"message_index": i} if i is not None else {})}
+                        for i, r in indexed], "pending": False}
 
 
 @router.get("")

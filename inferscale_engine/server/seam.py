@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
+from inferscale_engine.checks import FACT_ROLES, check_messages, has_visible
 from inferscale_engine.errors import HandleError, InferScaleError
 from inferscale_engine.generation import RESULT_KEY
 from inferscale_engine.memory.serving import PreparedPrompt
@@ -61,6 +62,22 @@ class MemoryContext:
             principal.check_user(options.user_id)
         return RequestScope(options, strip_client_fields(request))
 
+    def add_messages(self, *, user_id: str, session_id: str | None,
+                     messages: Sequence[Mapping[str, Any]],
+                     metadata: Mapping[str, Any] | None = None) -> list[tuple[int, Any]]:
+        """Memory.add of conversation turns, a turn too long for one fact cut in pieces (as
+        the local KVMemory does); per fact, (index of its message, AddResult). Blocking."""
+        turns = check_messages(messages)  # the layer's own checks and messages, before cutting
+        pieces = [(index, role, part) for index, (role, content) in enumerate(turns)
+                  for part in (self.memory.split_text(content)
+                               if role in FACT_ROLES and has_visible(content) else [content])]
+        results = self.memory.add(
+            user_id=user_id, session_id=session_id, metadata=metadata,
+            messages=[{"role": role, "content": part} for _, role, part in pieces])
+        owners = [index for index, role, part in pieces
+                  if role in FACT_ROLES and has_visible(part)]  # Memory.add: one fact each
+        return list(zip(owners, results, strict=True))
+
     def write_back(self, options: MemoryOptions, question: str, answer: str) -> None:
         """Save the exchange as conversation turns, after the response (a background task)."""
         if not (options.active and options.write and question):
@@ -68,7 +85,7 @@ class MemoryContext:
         messages = [{"role": "user", "content": question},
                     {"role": "assistant", "content": answer}]
         task = asyncio.get_running_loop().create_task(asyncio.to_thread(
-            self.memory.add, user_id=options.user_id, session_id=options.session_id,
+            self.add_messages, user_id=options.user_id, session_id=options.session_id,
             messages=messages))
         self.pending.add(task)
         task.add_done_callback(self.pending.discard)

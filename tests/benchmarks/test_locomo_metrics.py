@@ -10,11 +10,11 @@ from benchmarks.locomo_data import DEFAULT_DATA, load_conversations
 from benchmarks.locomo_metrics import (
     answer_words,
     exact_match,
-    first_token_kl,
     gold_token_recall,
     locomo_f1,
     normalize_answer,
 )
+from inferscale_engine.calibration import first_token_kl
 
 
 def test_normalization_and_f1_follow_locomo():
