@@ -1,4 +1,4 @@
-"""Key temperature calibration: a fit round-trips, binds to its model, and is refused for another."""
+"""Key temperature calibration: a fit round-trips, binds to its model, refused for another."""
 
 from __future__ import annotations
 
