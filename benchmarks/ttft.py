@@ -5,6 +5,10 @@ Modes, on the same engine and the same prompts:
   kv        facts' stored KV injected by InferScale (plan building included in the time)
   resident  the same preamble + facts already in vLLM's prefix cache (warmed by a request
             with another question): the ceiling KV injection can approach
+  kv-endR, kv-userR, kv-alsoR, text-userR, text-endR
+            a suffix repair (inferscale_engine.layout): R of the k facts prefilled as text
+            after the injected ones (end of the memory block / a block in the user turn /
+            injected and repeated); the text-* modes prefill that same layout whole
 Each timed request draws its own random fact set from a pool (a different retrieval result per
 question), so text mode only shares the preamble through the prefix cache, as in production.
 TTFT = wall time of one max_tokens=1 request. Retrieval (query embedding + cosine top-k over
@@ -24,6 +28,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -117,6 +122,21 @@ def make_retriever(args: argparse.Namespace, facts: list[str]):
     return retrieve
 
 
+def mode_layout(mode: str, k: int) -> tuple[str, Any]:
+    """The engine mode and Layout of a mode name (repairs capped at k facts)."""
+    from benchmarks.locomo_arms import layout_of
+
+    if mode in ("text", "kv", "resident"):
+        return ("kv" if mode == "kv" else "text"), None
+    base, _, suffix = mode.partition("-")
+    where = suffix.rstrip("0123456789")
+    if base not in ("text", "kv") or where not in ("end", "user", "also") or where == suffix:
+        raise SystemExit(f"unknown mode {mode!r}; use text, kv, resident, kv-endR, kv-userR, "
+                         "kv-alsoR, text-endR, text-userR")
+    r = min(int(suffix[len(where):]), k)
+    return base, layout_of(where, r) if r else None
+
+
 def main(argv: list[str] | None = None) -> dict:
     from vllm import SamplingParams
 
@@ -171,8 +191,8 @@ def main(argv: list[str] | None = None) -> dict:
                 if profiling and mode == "kv":
                     profiler.enable()
                 t0 = time.perf_counter()
-                out = engine.generate(handle, question, one_token,
-                                      mode="kv" if mode == "kv" else "text")
+                base, layout = mode_layout(mode, k)
+                out = engine.generate(handle, question, one_token, mode=base, layout=layout)
                 elapsed = (time.perf_counter() - t0) * 1e3
                 if profiling and mode == "kv":
                     profiler.disable()
@@ -180,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
                     raw[mode][k].append(elapsed)
                     if out.ttft_ms is not None:
                         engine_ttft[mode][k].append(out.ttft_ms)
-                if mode == "kv":
+                if mode.startswith("kv"):
                     injected[k] = out.num_injected_tokens
                     prompt_tokens[k] = out.num_prompt_tokens
             if retrieve is not None and timed:
