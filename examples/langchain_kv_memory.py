@@ -25,8 +25,8 @@ def days_until(date: str) -> str:
     return f"{date} is 107 days away."
 
 
-def main(user_id: str = USER_ID, max_tokens: int = 48) -> dict:
-    llm = ChatInferScale(max_tokens=max_tokens)
+def main(user_id: str = USER_ID, max_tokens: int = 48, mode: str = "kv") -> dict:
+    llm = ChatInferScale(max_tokens=max_tokens, mode=mode)
     memory = KVMemory(user_id=user_id, return_messages=True)
 
     chat_prompt = ChatPromptTemplate.from_messages([
@@ -40,15 +40,17 @@ def main(user_id: str = USER_ID, max_tokens: int = 48) -> dict:
         *chat_prompt.messages, MessagesPlaceholder("agent_scratchpad")])
     agent = create_tool_calling_agent(llm, [days_until], agent_prompt)
     executor = AgentExecutor(agent=agent, tools=[days_until], memory=memory,
-                             max_iterations=3, handle_parsing_errors=True)
-    third = executor.invoke({"input": "How many days until my birthday?"})["output"]
-    return {"user_id": user_id, "answers": [first, second, third], "counters": llm.counters,
-            "transcript": memory.buffer_as_str}
+                             max_iterations=3, handle_parsing_errors=True,
+                             return_intermediate_steps=True)
+    run = executor.invoke({"input": "How many days until my birthday?"})
+    return {"user_id": user_id, "answers": [first, second, run["output"]],
+            "tool_calls": [(step.tool, step.tool_input) for step, _ in run["intermediate_steps"]],
+            "counters": llm.counters, "transcript": memory.buffer_as_str}
 
 
 if __name__ == "__main__":
     args = parse_args(__doc__)
     with serving(args.model):
-        result = main(max_tokens=args.max_tokens)
+        result = main(max_tokens=args.max_tokens, mode=args.mode)
     print(result["transcript"])
     print("served:", result["counters"])

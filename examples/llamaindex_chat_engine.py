@@ -13,8 +13,8 @@ from serving import USER_ID, parse_args, serving
 from inferscale_integrations import InferScaleLLM, KVMemory
 
 
-def main(user_id: str = USER_ID, max_tokens: int = 48) -> dict:
-    llm = InferScaleLLM(max_tokens=max_tokens)
+def main(user_id: str = USER_ID, max_tokens: int = 48, mode: str = "kv") -> dict:
+    llm = InferScaleLLM(max_tokens=max_tokens, mode=mode)
     memory = KVMemory(user_id=user_id, k=4)
     chat_engine = SimpleChatEngine.from_defaults(llm=llm, memory=memory)
     first = chat_engine.chat("What is the name of my dog?").response
@@ -27,7 +27,7 @@ def main(user_id: str = USER_ID, max_tokens: int = 48) -> dict:
 if __name__ == "__main__":
     args = parse_args(__doc__)
     with serving(args.model):
-        result = main(max_tokens=args.max_tokens)
+        result = main(max_tokens=args.max_tokens, mode=args.mode)
     for answer in result["answers"]:
         print("AI:", answer.strip())
     print("served:", result["counters"])

@@ -40,4 +40,6 @@ def parse_args(description: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--model", default="auto", help="auto | small | tiny | a model folder")
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--mode", default="kv", choices=("kv", "text"),
+                        help="kv: facts injected as KV; text: the same facts prefilled as text")
     return parser.parse_args()

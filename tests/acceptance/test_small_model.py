@@ -1,0 +1,95 @@
+"""Acceptance with the real Qwen2.5-Coder-0.5B: every user-facing path answers Caroline's
+questions correctly, with her facts injected as KV and, for comparison, pasted as text.
+
+The model is built once from its PyPI-packaged GGUF (the `smallmodel` extra; cached in
+~/.cache/inferscale between runs that keep the folder). Greedy decoding; assertions are on
+what the answers say. Skipped, with the reason, when the extra is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+from inferscale_engine.small_model import small_model_available
+
+pytestmark = [pytest.mark.vllm, pytest.mark.acceptance,
+              pytest.mark.skipif(not small_model_available(),
+                                 reason="needs the smallmodel extra (the 0.5B GGUF from PyPI)")]
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+MODES = ("kv", "text")
+QUESTIONS = [("What is my dog's name?", "pepper"), ("Where do I live?", "lisbon"),
+             ("What am I allergic to?", "peanut"), ("When is my birthday?", "14")]
+
+
+@pytest.fixture(scope="module")
+def served():
+    """Caroline's demo facts in a Memory over the 0.5B, registered as 'default'."""
+    sys.path.insert(0, str(EXAMPLES))
+    serving = importlib.import_module("serving")
+    with serving.serving("small") as memory:
+        yield memory
+    sys.path.remove(str(EXAMPLES))
+
+
+def example(name: str):
+    sys.modules.pop(name, None)
+    return importlib.import_module(name)
+
+
+def said(answer: str, expected: str) -> bool:
+    return expected in answer.lower()
+
+
+def birthday_call(calls: list[tuple[str, dict]]) -> bool:
+    """The agent called days_until with the 14th of March."""
+    return any(name == "days_until" and "14" in str(args) and "march" in str(args).lower()
+               for name, args in calls)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_memory_generate(served, mode):
+    from vllm import SamplingParams
+
+    for question, expected in QUESTIONS:
+        out = served.generate(user_id="caroline", query=question, k=5, mode=mode,
+                              sampling=SamplingParams(max_tokens=32, temperature=0.0))
+        print(f"[{mode}] {question} -> {out.text.strip()!r}")
+        assert said(out.text, expected), (question, out.text)
+        assert (out.plan_status == "inject") == (mode == "kv")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_langchain_conversation_chain_and_agent_executor(served, mode):
+    result = example("langchain_kv_memory").main(mode=mode)
+    dog, city, _ = result["answers"]
+    print(f"[{mode}] {result['answers']} {result['tool_calls']}")
+    assert said(dog, "pepper") and said(city, "lisbon")
+    assert birthday_call(result["tool_calls"])
+    if mode == "kv":
+        assert result["counters"]["injected"] == result["counters"]["requests_with_handle"] > 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_create_agent(served, mode):
+    result = example("langchain_create_agent").main(mode=mode)
+    print(f"[{mode}] {result['tool_calls']} {result['answers']}")
+    assert birthday_call(result["tool_calls"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_llamaindex_simple_chat_engine(served, mode):
+    result = example("llamaindex_chat_engine").main(mode=mode)
+    print(f"[{mode}] {result['answers']}")
+    assert said(result["answers"][0], "pepper")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_llamaindex_function_agent(served, mode):
+    result = example("llamaindex_function_agent").main(mode=mode)
+    print(f"[{mode}] {result['tool_calls']} {result['answers']}")
+    assert birthday_call(result["tool_calls"])
