@@ -2,8 +2,16 @@
 
 Stored keys are re-rotated from one position to another (Chunked RoPE). That is exact only if we
 use the same frequencies as the serving engine, so inverse frequencies are computed with the same
-fp32 formulas vLLM uses (default, linear, llama3, yarn). Magnitude scaling (yarn's mscale) is
-already inside the stored keys and is never applied again: re-rotation is a pure rotation.
+fp32 formulas vLLM uses (default, linear, llama3, yarn, longrope). Magnitude scaling (yarn's and
+LongRoPE's mscale) is already inside the stored keys and is never applied again: re-rotation is
+a pure rotation. A model may rotate its layer types differently (Gemma 3: local layers with
+one base, global layers with another): `layer_rope_specs` gives one spec per layer.
+
+LongRoPE (Phi-3 / Phi-4-mini) has a short and a long factor set. vLLM (0.26 and 0.32, since
+vllm-project/vllm#27431) picks ONE set per engine: long iff max_model_len >
+original_max_position_embeddings, for every position of every request, so no request ever
+switches sets mid-sequence. Stored keys are re-rotated with that same set, chosen from the
+same max_model_len; no request has to fall back to text mode.
 """
 
 from __future__ import annotations
@@ -17,17 +25,27 @@ import torch
 
 from inferscale_engine.errors import UnsupportedModelError
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
-# Architectures whose attention we have checked: RoPE style and the config fields we rely on.
-# GPT-J applies RoPE to adjacent pairs (interleaved) and only to `rotary_dim` of each head.
+# Architectures whose attention we have checked (tests/invariants/test_model_families.py): RoPE
+# style and the config fields we rely on. GPT-J applies RoPE to adjacent pairs (interleaved) and
+# only to `rotary_dim` of each head; Phi-3 to the first partial_rotary_factor of each head.
 _ARCHITECTURE_STYLES = {
     "LlamaForCausalLM": "rotate_half",
     "MistralForCausalLM": "rotate_half",
     "Qwen2ForCausalLM": "rotate_half",
     "Qwen3ForCausalLM": "rotate_half",
     "GPTJForCausalLM": "interleaved",
+    "MixtralForCausalLM": "rotate_half",
+    "Qwen2MoeForCausalLM": "rotate_half",
+    "Qwen3MoeForCausalLM": "rotate_half",
+    "Olmo2ForCausalLM": "rotate_half",
+    "GraniteForCausalLM": "rotate_half",
+    "Phi3ForCausalLM": "rotate_half",
+    "Gemma2ForCausalLM": "rotate_half",
+    "Gemma3ForCausalLM": "rotate_half",
 }
+SUPPORTED_ARCHITECTURES = tuple(sorted(_ARCHITECTURE_STYLES))
 
 
 class RopeStyle(enum.Enum):
@@ -75,6 +93,9 @@ class RopeSpec:
         exponents = torch.arange(0, dim, 2, dtype=torch.float) / dim
         if self.rope_type in ("default", "linear"):
             return 1.0 / (self.theta ** exponents)
+        if self.rope_type == "longrope":  # vLLM Phi3LongRoPEScaledRotaryEmbedding
+            factors = torch.tensor(self.param_dict["factors"], dtype=torch.float32)
+            return 1.0 / (factors * (self.theta ** exponents))
         if self.rope_type == "llama3":
             return _llama3_inv_freq(1.0 / (self.theta ** exponents), self.param_dict)
         return _yarn_inv_freq(self.theta ** exponents, dim, self.theta, self.param_dict)
@@ -94,23 +115,28 @@ class RopeSpec:
         return angles.cos().to(device), angles.sin().to(device)
 
     @classmethod
-    def from_hf_config(cls, config: Any) -> RopeSpec:
-        """Read the spec from a transformers PretrainedConfig; refuse what we cannot re-rotate."""
+    def from_hf_config(cls, config: Any, max_model_len: int | None = None,
+                       layer_type: str | None = None) -> RopeSpec:
+        """Read the spec from a transformers PretrainedConfig; refuse what we cannot re-rotate.
+
+        Args:
+            config: the model's config (its text config is used).
+            max_model_len: the engine's max_model_len; LongRoPE picks its factor set from it.
+            layer_type: an entry of config.layer_types, for models whose rope_parameters are
+                nested by layer type (Gemma 3); default: the full-attention layers'.
+        """
         architectures = list(getattr(config, "architectures", None) or [])
         arch = next((a for a in architectures if a in _ARCHITECTURE_STYLES), None)
         if arch is None:
             raise UnsupportedModelError(
                 f"architecture {architectures or '(none)'} is not supported; supported: "
-                f"{', '.join(sorted(_ARCHITECTURE_STYLES))}. Stored KV must be re-rotated with the "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)}. Stored KV must be re-rotated with the "
                 "model's exact RoPE, so each architecture is enabled only once it is tested."
             )
+        config = getattr(config, "get_text_config", lambda: config)()
         head_dim = getattr(config, "head_dim", None) or (
             config.hidden_size // config.num_attention_heads)
-        params = dict(getattr(config, "rope_parameters", None) or {})
-        legacy = getattr(config, "rope_scaling", None)
-        if legacy and not params:
-            params = dict(legacy)
-        params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+        params = _rope_parameters(config, layer_type)
         rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
         theta = float(params.pop("rope_theta"))
         partial = params.pop("partial_rotary_factor", None) or getattr(
@@ -119,6 +145,8 @@ class RopeSpec:
         if rope_type == "yarn":
             params.setdefault("original_max_position_embeddings",
                               config.max_position_embeddings)
+        if rope_type == "longrope":
+            params = _longrope_factor_set(config, params, max_model_len)
         keep = _PARAM_KEYS.get(rope_type, ())
         return cls(
             style=RopeStyle(_ARCHITECTURE_STYLES[arch]),
@@ -130,18 +158,73 @@ class RopeSpec:
         )
 
 
+def layer_rope_specs(config: Any, max_model_len: int) -> tuple[RopeSpec, ...]:
+    """One RopeSpec per decoder layer, in layer order (equal specs where the layers share one).
+
+    Gemma 3 nests rope_parameters by layer type (`layer_types`): its sliding-window layers
+    rotate with a local base, its global layers with another (and linear scaling).
+    """
+    text_config = getattr(config, "get_text_config", lambda: config)()
+    num_layers = int(text_config.num_hidden_layers)
+    if not _is_nested(getattr(text_config, "rope_parameters", None)):
+        return (RopeSpec.from_hf_config(config, max_model_len),) * num_layers
+    layer_types = list(getattr(text_config, "layer_types", None) or [])
+    if len(layer_types) != num_layers:
+        raise UnsupportedModelError(
+            f"rope_parameters are given per layer type but layer_types has {len(layer_types)} "
+            f"entries for {num_layers} layers; the config is inconsistent")
+    specs = {t: RopeSpec.from_hf_config(config, max_model_len, t) for t in set(layer_types)}
+    return tuple(specs[t] for t in layer_types)
+
+
 _PARAM_KEYS = {
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate"),
+    "longrope": ("factors", "long", "original_max_position_embeddings"),
 }
+
+
+def _is_nested(rope_parameters: Any) -> bool:
+    """rope_parameters keyed by layer type ({"full_attention": {...}, ...}), as Gemma 3's."""
+    return isinstance(rope_parameters, dict) and bool(rope_parameters) and all(
+        isinstance(v, dict) for v in rope_parameters.values())
+
+
+def _rope_parameters(config: Any, layer_type: str | None) -> dict[str, Any]:
+    """A flat copy of the rope parameters of `layer_type`'s layers (with rope_theta set)."""
+    params = getattr(config, "rope_parameters", None) or {}
+    if _is_nested(params):
+        layer_type = layer_type or "full_attention"
+        if layer_type not in params:
+            raise UnsupportedModelError(
+                f"rope_parameters has no entry for layer type {layer_type!r} (has "
+                f"{sorted(params)}); the config is inconsistent")
+        params = params[layer_type]
+    params = dict(params)
+    legacy = getattr(config, "rope_scaling", None)
+    if legacy and not params:
+        params = dict(legacy)
+    params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+    return params
+
+
+def _longrope_factor_set(config: Any, params: dict[str, Any], max_model_len: int | None
+                         ) -> dict[str, Any]:
+    """LongRoPE's parameters with the one factor set vLLM uses for this max_model_len."""
+    if max_model_len is None:
+        raise ValueError("LongRoPE picks its factor set from max_model_len; pass it")
+    params.setdefault("original_max_position_embeddings", getattr(
+        config, "original_max_position_embeddings", None) or config.max_position_embeddings)
+    # short_mscale / long_mscale are magnitudes: already inside the stored keys, never re-applied.
+    long = max_model_len > int(params["original_max_position_embeddings"])
+    factors = params["long_factor" if long else "short_factor"]
+    return dict(params, factors=tuple(float(f) for f in factors), long=long)
 
 
 def _unsupported_message(rope_type: str) -> str:
     reason = {
         "dynamic": "changes frequencies with sequence length, so stored keys cannot be re-rotated",
-        "longrope": "switches frequency tables at a length threshold, so stored keys cannot be "
-                    "re-rotated",
         "mrope": "uses multi-dimensional positions",
     }.get(rope_type, "is not implemented")
     return (f"rope_type {rope_type!r} {reason}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}. "

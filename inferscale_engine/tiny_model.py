@@ -1,8 +1,9 @@
-"""Tiny random-init Llama / Qwen2 models with a locally trained tokenizer (no network).
+"""Tiny random-init models with a locally trained tokenizer (no network).
 
 Tests, the demo and CPU benchmarks need a model that vLLM loads in seconds and that exercises
-the real architecture code (RoPE variants, GQA, qkv bias). Weights are random but scaled up
-(std ~0.08) so attention is far from uniform and numerical tests keep their power.
+the real architecture code (RoPE variants, GQA, qkv bias, MoE, QK-norm, sliding windows).
+Weights are random but scaled up (std ~0.08) so attention is far from uniform and numerical
+tests keep their power.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class TinyModelSpec:
     """Shape of a tiny test model; the folder name is derived from it."""
 
     architecture: str = "llama"
-    """'llama' (LlamaForCausalLM, llama3 rope scaling) or 'qwen2' (Qwen2ForCausalLM, qkv bias)."""
+    """'llama' (LlamaForCausalLM, llama3 rope scaling), 'qwen2' (Qwen2ForCausalLM, qkv bias) or a
+    key of FAMILIES."""
     num_layers: int = 4
     hidden_size: int = 256
     num_heads: int = 4
@@ -50,7 +52,9 @@ class TinyModelSpec:
 
     def digest(self) -> str:
         """Short hash of the spec, used in the cache folder name."""
-        blob = json.dumps(asdict(self), sort_keys=True).encode()
+        family = FAMILIES.get(self.architecture)
+        blob = json.dumps([asdict(self), family] if family else asdict(self),
+                          sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
 
@@ -98,8 +102,45 @@ def build_tokenizer(out_dir: Path, vocab_size: int) -> None:
     fast.save_pretrained(str(out_dir))
 
 
+_LONGROPE = {  # Phi-3 LongRoPE: two factor sets for the 24 rotary pairs of 0.75 * 64 dims
+    "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+    "short_factor": [1.0 + 0.04 * i for i in range(24)],
+    "long_factor": [1.0 + 0.9 * i for i in range(24)],
+    "original_max_position_embeddings": 512}
+_GEMMA = dict(query_pre_attn_scalar=100, sliding_window=32, tie_word_embeddings=True,
+              hidden_activation="gelu_pytorch_tanh")
+FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    # family: (transformers config class, fields on top of the spec's shape)
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2,
+                                      sliding_window=None, rope_theta=1e6)),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(num_experts=4, num_experts_per_tok=2,
+                                         moe_intermediate_size=128,
+                                         shared_expert_intermediate_size=256,
+                                         use_sliding_window=False, rope_theta=1e6)),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(num_experts=4, num_experts_per_tok=2,
+                                         moe_intermediate_size=128, norm_topk_prob=True,
+                                         rope_theta=1e6)),
+    "olmo2": ("Olmo2Config", dict(rope_theta=500000.0)),
+    "granite": ("GraniteConfig", dict(attention_multiplier=0.2, residual_multiplier=0.5,
+                                      embedding_multiplier=4.0, logits_scaling=2.0)),
+    "phi3": ("Phi3Config", dict(rope_parameters=_LONGROPE, original_max_position_embeddings=512,
+                                tie_word_embeddings=True)),
+    "gemma2": ("Gemma2Config", dict(
+        _GEMMA, attn_logit_softcapping=50.0, final_logit_softcapping=30.0, rope_theta=10000.0,
+        layer_types=["sliding_attention", "full_attention"] * 2)),
+    "gemma3": ("Gemma3TextConfig", dict(
+        _GEMMA, layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                            "rope_theta": 1e6}})),
+}
+"""Tiny configs of the families the engine serves beyond Llama / Qwen2 (4 layers by default):
+MoE (Mixtral, Qwen2-MoE, Qwen3-MoE), QK-norm (OLMo2), multipliers (Granite), partial rotary +
+LongRoPE (Phi-3), sliding-window layers next to global ones (Gemma 2 / 3)."""
+
+
 def _hf_config(spec: TinyModelSpec, vocab_size: int, eos_id: int, pad_id: int):
-    from transformers import LlamaConfig, Qwen2Config
+    import transformers
 
     common: dict[str, Any] = dict(
         vocab_size=vocab_size,
@@ -121,13 +162,22 @@ def _hf_config(spec: TinyModelSpec, vocab_size: int, eos_id: int, pad_id: int):
             "rope_theta": 10000.0,
             "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                              "high_freq_factor": 4.0, "original_max_position_embeddings": 256}}
-        return LlamaConfig(head_dim=spec.head_dim, **rope, **common)
+        return transformers.LlamaConfig(head_dim=spec.head_dim, **rope, **common)
     if spec.architecture == "qwen2":
         if spec.hidden_size // spec.num_heads != spec.head_dim:
             raise ValueError("qwen2 derives head_dim from hidden_size // num_heads")
         qwen_rope: dict[str, Any] = {"rope_theta": 1_000_000.0}
-        return Qwen2Config(use_sliding_window=False, **qwen_rope, **common)
-    raise ValueError(f"unknown tiny architecture {spec.architecture!r}; use 'llama' or 'qwen2'")
+        return transformers.Qwen2Config(use_sliding_window=False, **qwen_rope, **common)
+    if spec.architecture in FAMILIES:
+        class_name, extra = FAMILIES[spec.architecture]
+        layer_types = extra.get("layer_types")
+        if layer_types is not None and len(layer_types) != spec.num_layers:
+            extra = dict(extra, layer_types=[layer_types[i % len(layer_types)]
+                                             for i in range(spec.num_layers)])
+        return getattr(transformers, class_name)(head_dim=spec.head_dim,
+                                                 **{**common, **extra})
+    raise ValueError(f"unknown tiny architecture {spec.architecture!r}; use one of "
+                     f"{['llama', 'qwen2', *FAMILIES]}")
 
 
 def build_tiny_model(out_dir: str | os.PathLike, spec: TinyModelSpec = TinyModelSpec()) -> Path:

@@ -21,7 +21,11 @@ from inferscale_engine.kernels import reference
 
 
 class RopeTables(Protocol):
-    """fp32 cos/sin tables and the pairing style of the model's RoPE."""
+    """fp32 cos/sin tables and the pairing style of the model's RoPE.
+
+    cos, sin: [P, R // 2] for every layer, or [G, P, R // 2] with layer_tables [L] (int64)
+    naming each layer's table (Gemma 3's local and global layers); see kernels/reference.py.
+    """
 
     @property
     def cos(self) -> torch.Tensor: ...
@@ -29,6 +33,8 @@ class RopeTables(Protocol):
     def sin(self) -> torch.Tensor: ...
     @property
     def style(self) -> str: ...
+    @property
+    def layer_tables(self) -> torch.Tensor | None: ...
 
 
 class PagedKV(Protocol):
@@ -140,9 +146,9 @@ class CpuPackedPagedKV:
                 from_positions: torch.Tensor, to_positions: torch.Tensor,
                 rope: RopeTables) -> None:
         """Slab rows -> paged slots through vLLM's own cache-write op, one call per layer."""
-        move = reference.rotation(from_positions, to_positions, rope.cos, rope.sin)
-        keys = reference.apply_rotation(slab.keys[:, src_rows], *move, rope.style,
-                                        self._kv_caches[0].dtype)  # [L, T, H, D], all layers
+        keys = reference.rotate_layers(slab.keys[:, src_rows], from_positions, to_positions,
+                                       rope.cos, rope.sin, rope.style, rope.layer_tables,
+                                       self._kv_caches[0].dtype)  # [L, T, H, D], all layers
         values = slab.values[:, src_rows]
         for layer, kv in enumerate(self._kv_caches):
             self._write(kv, dst_slots, keys[layer], values[layer])
@@ -151,8 +157,9 @@ class CpuPackedPagedKV:
                  from_positions: torch.Tensor, to_positions: torch.Tensor,
                  rope: RopeTables) -> None:
         """Paged slots -> slab rows, gathered with the probed index."""
-        move = reference.rotation(from_positions, to_positions, rope.cos, rope.sin)
-        for layer in range(self.num_layers):
+        moves = reference.layer_rotations(from_positions, to_positions, rope.cos, rope.sin,
+                                          rope.layer_tables, self.num_layers)
+        for layer, move in enumerate(moves):
             keys, values = self.read(layer, src_slots)
             slab.keys[layer, dst_rows] = reference.apply_rotation(keys, *move, rope.style,
                                                                   slab.keys.dtype)
@@ -194,11 +201,12 @@ class StridedPagedKV:
             from inferscale_engine.kernels import chunked_rope
 
             chunked_rope.inject_(self._pointers, slab.keys, slab.values, src_rows, dst_slots,
-                                 from_positions, to_positions, rope.cos, rope.sin, rope.style)
+                                 from_positions, to_positions, rope.cos, rope.sin, rope.style,
+                                 rope.layer_tables)
             return
         reference.inject_(self.key_caches, self.value_caches, slab.keys, slab.values, src_rows,
                           dst_slots, from_positions, to_positions, rope.cos, rope.sin,
-                          rope.style)
+                          rope.style, rope.layer_tables)
 
     def capture_(self, slab: KVSlab, src_slots: torch.Tensor, dst_rows: torch.Tensor,
                  from_positions: torch.Tensor, to_positions: torch.Tensor,
@@ -208,11 +216,12 @@ class StridedPagedKV:
             from inferscale_engine.kernels import chunked_rope
 
             chunked_rope.capture_(self._pointers, slab.keys, slab.values, src_slots, dst_rows,
-                                  from_positions, to_positions, rope.cos, rope.sin, rope.style)
+                                  from_positions, to_positions, rope.cos, rope.sin, rope.style,
+                                  rope.layer_tables)
             return
         reference.capture_(self.key_caches, self.value_caches, slab.keys, slab.values,
                            src_slots, dst_rows, from_positions, to_positions, rope.cos,
-                           rope.sin, rope.style)
+                           rope.sin, rope.style, rope.layer_tables)
 
 
 def strided_views(kv: torch.Tensor, num_kv_heads: int, head_dim: int

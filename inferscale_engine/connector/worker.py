@@ -26,7 +26,7 @@ from inferscale_engine.connector.paged import (
 )
 from inferscale_engine.connector.slab import KVSlab, SlabEntry
 from inferscale_engine.plan import SYSTEM_OWNER
-from inferscale_engine.rope import RopeSpec
+from inferscale_engine.rope import RopeSpec, layer_rope_specs
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -36,9 +36,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class _Rope:
+    """The RopeTables of paged.py: one [P, R/2] table, or [G, P, R/2] and each layer's."""
+
     cos: torch.Tensor
     sin: torch.Tensor
     style: str
+    layer_tables: torch.Tensor | None = None
 
 
 class InferScaleWorker:
@@ -47,7 +50,8 @@ class InferScaleWorker:
     def __init__(self, vllm_config: VllmConfig, config: ConnectorConfig) -> None:
         model_config = vllm_config.model_config
         self._config = config
-        self._rope_spec = RopeSpec.from_hf_config(model_config.hf_config)
+        # LongRoPE's factor set follows vLLM's own max_model_len (as its rotary embedding does).
+        self._layer_specs = layer_rope_specs(model_config.hf_config, model_config.max_model_len)
         self._num_kv_heads = model_config.get_num_kv_heads(vllm_config.parallel_config)
         self._head_dim = model_config.get_head_size()
         self._block_size = vllm_config.cache_config.block_size
@@ -74,8 +78,8 @@ class InferScaleWorker:
         self.slab = KVSlab(len(layers), self._config.slab_pages, self._config.page_tokens,
                            self._num_kv_heads, self._head_dim, first.dtype, first.device)
         self._staging = _PinnedStaging(first.device)
-        cos, sin = self._rope_spec.cos_sin(self._config.max_positions, first.device)
-        self._rope = _Rope(cos, sin, self._rope_spec.style.value)
+        self._rope = _rope_tables(self._layer_specs, list(kv_caches), self._config.max_positions,
+                                  first.device)
         logger.info("InferScale slab: %d layers, %d pages x %d tokens, %.1f MiB on %s",
                     len(layers), self._config.slab_pages, self._config.page_tokens,
                     self.slab.stats()["capacity_bytes"] / 2**20, first.device)
@@ -264,6 +268,29 @@ def _entry_problem(entry: SlabEntry | None, user_id: str, length: int) -> str:
     if entry.num_tokens != length:
         return "stored length differs from the plan"
     return ""
+
+
+def _rope_tables(specs: tuple[RopeSpec, ...], layer_names: list[str], num_positions: int,
+                 device: torch.device) -> _Rope:
+    """RoPE tables of the cache layers `layer_names` (model layer i uses specs[i]).
+
+    One table when every layer rotates alike; otherwise one per distinct spec and each cache
+    layer's index into them (layers are matched by the index in their vLLM name).
+    """
+    distinct = list(dict.fromkeys(specs))
+    if len(distinct) == 1:
+        cos, sin = distinct[0].cos_sin(num_positions, device)
+        return _Rope(cos, sin, distinct[0].style.value)
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    if len({(spec.style, spec.rotary_dim) for spec in distinct}) > 1:
+        raise NotImplementedError("layers differ in RoPE style or rotary_dim; InferScale "
+                                  "supports per-layer bases and scalings only")
+    tables = [spec.cos_sin(num_positions, device) for spec in distinct]
+    layer_tables = [distinct.index(specs[extract_layer_index(name)]) for name in layer_names]
+    return _Rope(torch.stack([cos for cos, _ in tables]), torch.stack([sin for _, sin in tables]),
+                 distinct[0].style.value,
+                 torch.tensor(layer_tables, dtype=torch.int64, device=device))
 
 
 def _detect_layout(layers: list[torch.Tensor], num_kv_heads: int, head_dim: int,

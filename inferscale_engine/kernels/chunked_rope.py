@@ -6,6 +6,8 @@ from `from_positions` to `to_positions` in fp32, with the angle difference compo
 tables exactly as `reference.rerotate_keys` does, and cast once; V is copied.
 
 Shapes: T tokens, L layers, H kv heads, D head_dim, R rotary_dim (<= D), P table positions.
+Tables are [P, R // 2] (every layer) or [G, P, R // 2] with `layer_tables` [L] naming each
+layer's table, as in reference.py.
 Index values (rows, slots, positions) are not checked on the host, since that would synchronize
 the device. A token with any of them out of range is skipped (nothing read or written), so a bad
 index never touches memory out of bounds. Destination slots (inject) and rows (capture) must be
@@ -70,12 +72,15 @@ class PagedKVPointers:
         """[L, 2] int64 element offsets of layer l's K and V views from `base`."""
         self.offset_alignment = math.gcd(_MAX_OFFSET_ALIGN, *(o for pair in offsets for o in pair))
         """Power of two (<= 16) dividing every layer offset: lets the compiler vectorize."""
+        self.one_table = torch.zeros(self.num_layers, dtype=torch.int64, device=self.device)
+        """[L] layer_tables of a single [P, R // 2] table (every layer uses table 0)."""
         self._views = views
 
 
 def inject_(cache: PagedKVPointers, slab_keys: torch.Tensor, slab_values: torch.Tensor,
             src_rows: torch.Tensor, dst_slots: torch.Tensor, from_positions: torch.Tensor,
-            to_positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> None:
+            to_positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str,
+            layer_tables: torch.Tensor | None = None) -> None:
     """Write slab rows into paged slots of every layer, keys rotated to serving positions.
 
     Args:
@@ -87,54 +92,62 @@ def inject_(cache: PagedKVPointers, slab_keys: torch.Tensor, slab_values: torch.
         dst_slots: [T] int64 (or int32) paged slots, block * block_size + offset; unique.
         from_positions: [T] int64 (or int32) canonical positions.
         to_positions: [T] int64 (or int32) serving positions.
-        cos: [P, R // 2] fp32 table of the model's RoPE (RopeSpec.cos_sin).
-        sin: [P, R // 2] fp32, likewise.
+        cos: [P, R // 2] fp32 table of the model's RoPE (RopeSpec.cos_sin), or [G, P, R // 2]
+            tables, one per distinct layer RoPE.
+        sin: fp32, likewise.
         style: "rotate_half" (pairs i, i + R/2) or "interleaved" (pairs 2i, 2i + 1).
+        layer_tables: [L] int64 table of each layer, with [G, P, R // 2] tables only; values
+            are not checked on the host: a layer naming no table is skipped.
     """
     _launch(cache, slab_keys, slab_values, src_rows, dst_slots, from_positions, to_positions,
-            cos, sin, style, to_cache=True,
+            cos, sin, style, layer_tables, to_cache=True,
             index_names=("src_rows", "dst_slots", "from_positions", "to_positions"))
 
 
 def capture_(cache: PagedKVPointers, slab_keys: torch.Tensor, slab_values: torch.Tensor,
              src_slots: torch.Tensor, dst_rows: torch.Tensor, from_positions: torch.Tensor,
-             to_positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> None:
+             to_positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str,
+             layer_tables: torch.Tensor | None = None) -> None:
     """Copy paged slots of every layer into slab rows, keys rotated to canonical positions.
 
     Same shapes as `inject_`, with src_slots / dst_rows (unique) in place of src_rows /
     dst_slots, from_positions = serving positions and to_positions = canonical positions.
     """
     _launch(cache, slab_keys, slab_values, dst_rows, src_slots, from_positions, to_positions,
-            cos, sin, style, to_cache=False,
+            cos, sin, style, layer_tables, to_cache=False,
             index_names=("dst_rows", "src_slots", "from_positions", "to_positions"))
 
 
 def _launch(cache: PagedKVPointers, slab_keys: torch.Tensor, slab_values: torch.Tensor,
             rows: torch.Tensor, slots: torch.Tensor, from_positions: torch.Tensor,
             to_positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str,
-            to_cache: bool, index_names: tuple[str, str, str, str]) -> None:
+            layer_tables: torch.Tensor | None, to_cache: bool,
+            index_names: tuple[str, str, str, str]) -> None:
     """Check the arguments, then one launch over (token blocks, layers, head blocks)."""
     indices = dict(zip(index_names, (rows, slots, from_positions, to_positions), strict=True))
     _check_slab(cache, slab_keys, slab_values)
     num_tokens = _check_indices(cache, indices)
-    _check_tables(cache, cos, sin, style)
+    layer_tables = _check_tables(cache, cos, sin, style, layer_tables)
     if cache.device.type == "cuda" and cache.device.index != torch.cuda.current_device():
         # Triton launches on the current device, not on the tensors' device.
         raise ValueError(f"the cache is on {cache.device} but the current CUDA device is "
                          f"{torch.cuda.current_device()}; call torch.cuda.set_device first")
     if num_tokens == 0:
         return
-    half = cos.shape[1]
+    half = cos.shape[-1]
+    num_tables, num_positions = (1, cos.shape[0]) if cos.dim() == 2 else cos.shape[:2]
+    table_stride_group = 0 if cos.dim() == 2 else cos.stride(0)
     head_pad = triton.next_power_of_2(cache.head_dim)
     block_h = min(triton.next_power_of_2(cache.num_kv_heads), max(1, _TILE_ELEMENTS // head_pad))
     block_t = max(1, _TILE_ELEMENTS // (block_h * head_pad))
     grid = (triton.cdiv(num_tokens, block_t), cache.num_layers,
             triton.cdiv(cache.num_kv_heads, block_h))
     _move_kernel[grid](
-        cache.base, cache.layer_offsets, slab_keys, slab_values, rows, slots, from_positions,
-        to_positions, cos, sin,
-        num_tokens, slab_keys.shape[1], cache.num_slots, cos.shape[0], cache.num_kv_heads,
-        cache.block_size, *cache.strides, *slab_keys.stride()[:3], cos.stride(0),
+        cache.base, cache.layer_offsets, layer_tables, slab_keys, slab_values, rows, slots,
+        from_positions, to_positions, cos, sin,
+        num_tokens, slab_keys.shape[1], cache.num_slots, num_positions, num_tables,
+        cache.num_kv_heads, cache.block_size, *cache.strides, *slab_keys.stride()[:3],
+        cos.stride(-2), table_stride_group,
         HEAD_DIM=cache.head_dim, HEAD_PAD=head_pad, ROTARY_DIM=2 * half,
         HALF_PAD=triton.next_power_of_2(half),
         PASS_PAD=triton.next_power_of_2(max(1, cache.head_dim - 2 * half)),
@@ -148,11 +161,11 @@ def _launch(cache: PagedKVPointers, slab_keys: torch.Tensor, slab_values: torch.
 
 @triton.jit(do_not_specialize=["rows_ptr", "slots_ptr", "from_ptr", "to_ptr", "num_tokens"])
 def _move_kernel(
-    cache_ptr, layer_offsets_ptr, slab_keys_ptr, slab_values_ptr,
+    cache_ptr, layer_offsets_ptr, layer_tables_ptr, slab_keys_ptr, slab_values_ptr,
     rows_ptr, slots_ptr, from_ptr, to_ptr, cos_ptr, sin_ptr,
-    num_tokens, num_rows, num_slots, num_positions, num_heads, block_size,
+    num_tokens, num_rows, num_slots, num_positions, num_tables, num_heads, block_size,
     cache_stride_block, cache_stride_slot, cache_stride_head,
-    slab_stride_layer, slab_stride_row, slab_stride_head, table_stride,
+    slab_stride_layer, slab_stride_row, slab_stride_head, table_stride, table_stride_group,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, ROTARY_DIM: tl.constexpr,
     HALF_PAD: tl.constexpr, PASS_PAD: tl.constexpr, INTERLEAVED_PAIRS: tl.constexpr,
     OFFSET_ALIGN: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -161,6 +174,10 @@ def _move_kernel(
     """Slab rows <-> paged slots of layer program_id(1), BLOCK_T tokens x BLOCK_H heads."""
     layer = tl.program_id(1).to(tl.int64)
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    # This layer's table, loaded per token (every lane reads the same entry).
+    tables = tl.load(layer_tables_ptr + layer + tokens * 0).to(tl.int64)
+    table_ok = (tables >= 0) & (tables < num_tables)
+    table_base = tl.where(table_ok, tables, 0) * table_stride_group
     heads = (tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
     in_range = tokens < num_tokens
     rows = tl.load(rows_ptr + tokens, mask=in_range, other=0).to(tl.int64)
@@ -169,7 +186,7 @@ def _move_kernel(
     to_pos = tl.load(to_ptr + tokens, mask=in_range, other=0).to(tl.int64)
     valid = (in_range & (rows >= 0) & (rows < num_rows) & (slots >= 0) & (slots < num_slots)
              & (from_pos >= 0) & (from_pos < num_positions)
-             & (to_pos >= 0) & (to_pos < num_positions))
+             & (to_pos >= 0) & (to_pos < num_positions) & table_ok)
     mask = valid[:, None] & (heads < num_heads)[None, :]  # [BLOCK_T, BLOCK_H]
     # Element offsets of (token, head, dim 0): [BLOCK_T, BLOCK_H].
     slab_rows = (layer * slab_stride_layer + rows * slab_stride_row)[:, None] \
@@ -181,8 +198,8 @@ def _move_kernel(
     value_offset = tl.multiple_of(tl.load(layer_offsets_ptr + 2 * layer + 1), OFFSET_ALIGN)
     cache_keys = cache_ptr + key_offset + cache_rows
     cache_values = cache_ptr + value_offset + cache_rows
-    cos_d, sin_d = _angle_difference(cos_ptr, sin_ptr, table_stride, from_pos, to_pos,
-                                     ROTARY_DIM // 2, HALF_PAD)
+    cos_d, sin_d = _angle_difference(cos_ptr, sin_ptr, table_base, table_stride, from_pos,
+                                     to_pos, ROTARY_DIM // 2, HALF_PAD)
     same = (from_pos == to_pos)[:, None, None]
     if TO_CACHE:
         _move(slab_keys_ptr + slab_rows, slab_values_ptr + slab_rows, cache_keys, cache_values,
@@ -199,17 +216,19 @@ _INTERPRETED = isinstance(_move_kernel, InterpretedFunction)
 
 
 @triton.jit
-def _angle_difference(cos_ptr, sin_ptr, table_stride, from_pos, to_pos,
+def _angle_difference(cos_ptr, sin_ptr, table_base, table_stride, from_pos, to_pos,
                       HALF: tl.constexpr, HALF_PAD: tl.constexpr):
     """cos, sin of (to - from) per token and pair: [BLOCK_T, 1, HALF_PAD] fp32.
+
+    table_base: [BLOCK_T] element offset of each token's table (this layer's).
 
     cos(a - b) = cos a cos b + sin a sin b, sin(a - b) = sin a cos b - cos a sin b: the same
     products and sums, in the same order, as reference.rerotate_keys.
     """
     pairs = tl.arange(0, HALF_PAD)[None, :]
     ok = pairs < HALF
-    to_row = to_pos[:, None] * table_stride + pairs
-    from_row = from_pos[:, None] * table_stride + pairs
+    to_row = (table_base + to_pos * table_stride)[:, None] + pairs
+    from_row = (table_base + from_pos * table_stride)[:, None] + pairs
     cos_a = tl.load(cos_ptr + to_row, mask=ok, other=0.0)
     sin_a = tl.load(sin_ptr + to_row, mask=ok, other=0.0)
     cos_b = tl.load(cos_ptr + from_row, mask=ok, other=0.0)
@@ -358,19 +377,31 @@ def _check_indices(cache: PagedKVPointers, indices: dict[str, torch.Tensor]) -> 
 
 
 def _check_tables(cache: PagedKVPointers, cos: torch.Tensor, sin: torch.Tensor,
-                  style: str) -> None:
+                  style: str, layer_tables: torch.Tensor | None) -> torch.Tensor:
+    """The [L] layer_tables to launch with, after checking the tables and their layer map."""
     if style not in (ROTATE_HALF, INTERLEAVED):
         raise ValueError(f"unknown rope style {style!r}; use {ROTATE_HALF!r} or {INTERLEAVED!r}")
     for name, table in (("cos", cos), ("sin", sin)):
-        if table.dim() != 2 or table.dtype != torch.float32 or table.stride(-1) != 1:
-            raise ValueError(f"{name} must be a [P, rotary_dim // 2] fp32 table with a contiguous "
-                             f"last dim (RopeSpec.cos_sin); got {table.dtype} "
-                             f"{list(table.shape)}, strides {table.stride()}")
+        if table.dim() not in (2, 3) or table.dtype != torch.float32 or table.stride(-1) != 1:
+            raise ValueError(f"{name} must be a [P, rotary_dim // 2] (or [G, P, rotary_dim // 2]) "
+                             f"fp32 table with a contiguous last dim (RopeSpec.cos_sin); got "
+                             f"{table.dtype} {list(table.shape)}, strides {table.stride()}")
         if table.device != cache.device:
             raise ValueError(f"{name} is on {table.device}, the cache on {cache.device}")
     if cos.shape != sin.shape or cos.stride() != sin.stride():
         raise ValueError(f"cos {list(cos.shape)} and sin {list(sin.shape)} must have one shape "
                          "and strides")
-    if not 0 < 2 * cos.shape[1] <= cache.head_dim:
-        raise ValueError(f"rotary_dim = 2 * cos.shape[1] = {2 * cos.shape[1]} must be in "
+    if not 0 < 2 * cos.shape[-1] <= cache.head_dim:
+        raise ValueError(f"rotary_dim = 2 * cos.shape[-1] = {2 * cos.shape[-1]} must be in "
                          f"(0, head_dim={cache.head_dim}]")
+    if cos.dim() == 2:
+        if layer_tables is not None:
+            raise ValueError("layer_tables goes with [G, P, rotary_dim // 2] tables only")
+        return cache.one_table
+    if (layer_tables is None or layer_tables.shape != (cache.num_layers,)
+            or layer_tables.dtype != torch.int64 or layer_tables.device != cache.device):
+        got = None if layer_tables is None else (
+            layer_tables.dtype, list(layer_tables.shape), layer_tables.device)
+        raise ValueError(f"[G, P, rotary_dim // 2] tables need layer_tables: a [L = "
+                         f"{cache.num_layers}] int64 tensor on {cache.device}; got {got}")
+    return layer_tables.contiguous()

@@ -5,10 +5,14 @@ the same fp32 tables vLLM uses for absolute positions (cos(a-b) = cos a cos b + 
 so a key captured at position p and injected back at p reproduces vLLM's own rotation to fp32
 rounding, whatever the absolute position. Math in fp32, one cast to the output dtype.
 
-Shapes: T tokens, H kv heads, D head_dim, R rotary_dim (<= D), P table positions.
+Shapes: T tokens, H kv heads, D head_dim, R rotary_dim (<= D), P table positions, L layers.
+Tables are [P, R // 2] (one RoPE for every layer) or [G, P, R // 2] with `layer_tables` [L]
+naming each layer's table (Gemma 3: local and global layers rotate with different bases).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -84,6 +88,38 @@ def apply_rotation(keys: torch.Tensor, cos_d: torch.Tensor, sin_d: torch.Tensor,
     return out
 
 
+def layer_rotations(from_positions: torch.Tensor, to_positions: torch.Tensor,
+                    cos: torch.Tensor, sin: torch.Tensor,
+                    layer_tables: Sequence[int] | torch.Tensor | None, num_layers: int
+                    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """`rotation()` of each of `num_layers` layers; layers that share a table share one.
+
+    Args:
+        cos, sin: [P, R // 2] (every layer) or [G, P, R // 2] fp32 tables.
+        layer_tables: [L] index of each layer's table; required with [G, P, R // 2] tables.
+    """
+    if cos.dim() == 2:
+        return [rotation(from_positions, to_positions, cos, sin)] * num_layers
+    if layer_tables is None or len(layer_tables) != num_layers:
+        raise ValueError(f"[G, P, R // 2] tables need layer_tables with one entry per layer "
+                         f"({num_layers}); got {layer_tables!r}")
+    tables = [int(t) for t in layer_tables]
+    moves = {t: rotation(from_positions, to_positions, cos[t], sin[t]) for t in set(tables)}
+    return [moves[t] for t in tables]
+
+
+def rotate_layers(keys: torch.Tensor, from_positions: torch.Tensor, to_positions: torch.Tensor,
+                  cos: torch.Tensor, sin: torch.Tensor, style: str,
+                  layer_tables: Sequence[int] | torch.Tensor | None = None,
+                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`rerotate_keys` of keys [L, T, H, D], each layer with its own table (see layer_rotations)."""
+    if cos.dim() == 2:
+        return rerotate_keys(keys, from_positions, to_positions, cos, sin, style, out_dtype)
+    moves = layer_rotations(from_positions, to_positions, cos, sin, layer_tables, keys.shape[0])
+    return torch.stack([apply_rotation(layer_keys, *move, style, out_dtype)
+                        for layer_keys, move in zip(keys, moves, strict=True)])
+
+
 def inject_(
     key_caches: list[torch.Tensor],
     value_caches: list[torch.Tensor],
@@ -96,6 +132,7 @@ def inject_(
     cos: torch.Tensor,
     sin: torch.Tensor,
     style: str,
+    layer_tables: Sequence[int] | torch.Tensor | None = None,
 ) -> None:
     """Write slab rows into paged KV slots of every layer, keys rotated to serving positions.
 
@@ -104,11 +141,13 @@ def inject_(
         slab_keys, slab_values: [L, num_rows, H, D] stored KV (keys at canonical positions).
         src_rows: [T] int64 slab rows.  dst_slots: [T] int64 paged slots (block * bs + offset).
         from_positions: [T] canonical positions.  to_positions: [T] serving positions.
+        cos, sin, layer_tables: the RoPE tables of every layer (see layer_rotations).
     """
     block_size = key_caches[0].shape[1]
     blocks, offsets = dst_slots // block_size, dst_slots % block_size
-    move = rotation(from_positions, to_positions, cos, sin)
-    for layer, (k_cache, v_cache) in enumerate(zip(key_caches, value_caches)):
+    moves = layer_rotations(from_positions, to_positions, cos, sin, layer_tables,
+                            len(key_caches))
+    for layer, (k_cache, v_cache, move) in enumerate(zip(key_caches, value_caches, moves)):
         k_cache[blocks, offsets] = apply_rotation(slab_keys[layer, src_rows], *move, style,
                                                   k_cache.dtype)
         v_cache[blocks, offsets] = slab_values[layer, src_rows].to(v_cache.dtype)
@@ -126,6 +165,7 @@ def capture_(
     cos: torch.Tensor,
     sin: torch.Tensor,
     style: str,
+    layer_tables: Sequence[int] | torch.Tensor | None = None,
 ) -> None:
     """Copy paged KV slots of every layer into slab rows, keys rotated to canonical positions.
 
@@ -134,8 +174,9 @@ def capture_(
     """
     block_size = key_caches[0].shape[1]
     blocks, offsets = src_slots // block_size, src_slots % block_size
-    move = rotation(from_positions, to_positions, cos, sin)
-    for layer, (k_cache, v_cache) in enumerate(zip(key_caches, value_caches)):
+    moves = layer_rotations(from_positions, to_positions, cos, sin, layer_tables,
+                            len(key_caches))
+    for layer, (k_cache, v_cache, move) in enumerate(zip(key_caches, value_caches, moves)):
         slab_keys[layer, dst_rows] = apply_rotation(k_cache[blocks, offsets], *move, style,
                                                     slab_keys.dtype)
         slab_values[layer, dst_rows] = v_cache[blocks, offsets].to(slab_values.dtype)

