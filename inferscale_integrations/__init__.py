@@ -1,5 +1,6 @@
 """InferScale for LangChain and LlamaIndex: KVMemory, chat-model wrappers, agent middleware.
 
+MemoryClient is the memory REST API of `inferscale serve` (KVMemory(base_url=...) uses it).
 Names resolve lazily (PEP 562), so importing this package imports no framework; a missing
 framework raises ImportError naming the extra to install.
 """
@@ -13,6 +14,7 @@ _EXPORTS = {
     "KVMemory": "inferscale_integrations.memory",
     "ChatInferScale": "inferscale_integrations.langchain.chat_model",
     "KVMemoryMiddleware": "inferscale_integrations.langchain.middleware",
+    "MemoryClient": "inferscale_integrations.client",
     "InferScaleLLM": "inferscale_integrations.llamaindex.llm",
     "register_memory": "inferscale_integrations.registry",
 }

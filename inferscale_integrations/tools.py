@@ -9,12 +9,11 @@ their own parser under a name (register_tool_parser).
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from inferscale_engine.tool_calls import ToolCall
+from inferscale_engine.tool_calls import ToolCall, format_tool_call
 
 if TYPE_CHECKING:
     from inferscale_engine.memory import Memory
@@ -50,12 +49,6 @@ def read_tool_calls(memory: Memory, parser: str, text: str, tools: Sequence[Mapp
     if custom is not None:
         return custom(text, tools, chat)
     return memory.parse_tool_calls(text, tools, parser)
-
-
-def format_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
-    """An earlier call written back into the chat, in the Hermes text form."""
-    payload = json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
-    return f"<tool_call>\n{payload}\n</tool_call>"
 
 
 def with_tool_choice(messages: list[dict[str, str]], tool_choice: str | None

@@ -123,8 +123,12 @@ async def run(args: argparse.Namespace, config: EngineConfig, keys: ApiKeys | No
             metrics.stop()
             await app.state.inferscale.drain()
             await asyncio.to_thread(memory.close)
-    sock.close()
-    await shutdown
+    # vLLM's order (launchers/api_server/entry.py): await the HTTP server's shutdown, then
+    # close the socket; closing first made every shutdown end in a ValueError traceback.
+    try:
+        await shutdown
+    finally:
+        sock.close()
 
 
 def open_memory(config: EngineConfig, ours: argparse.Namespace, client: Any,
@@ -192,8 +196,11 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int) -> 
 
 
 class BodyLimit:
-    """ASGI middleware: a body over max_bytes gets 413, whether its length is announced
-    (Content-Length) or not (chunked); nothing over the limit is buffered."""
+    """ASGI middleware: a body over max_bytes gets 413, announced or chunked.
+
+    Content-Length is checked first; a chunked body is counted as it is read, so nothing over
+    the limit is buffered.
+    """
 
     def __init__(self, app: Any, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
@@ -203,20 +210,42 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        from inferscale_engine.server.routes import http_error_response
+
+        refusal = http_error_response(HttpError(413, self.message))
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            from inferscale_engine.server.routes import http_error_response
-
-            await http_error_response(HttpError(413, self.message))(scope, receive, send)
+            await refusal(scope, receive, send)
             return
-        received = 0
+        received, exceeded, started = 0, False, False
 
         async def limited() -> Any:
-            nonlocal received
+            nonlocal received, exceeded
             message = await receive()
             received += len(message.get("body", b""))
-            if received > self.max_bytes:  # FastAPI re-raises it from its body reading
+            if received > self.max_bytes:
+                exceeded = True
                 raise StarletteHTTPException(413, self.message)
             return message
 
-        await self.app(scope, limited, send)
+        async def guarded(message: Any) -> None:
+            # Whatever the app makes of the interrupted body (FastAPI: a 400), the answer is
+            # our 413.
+            nonlocal started
+            if message["type"] == "http.response.start":
+                if started:
+                    return
+                started = True
+                if exceeded:
+                    await refusal(scope, receive, send)
+                    return
+            if not exceeded:
+                await send(message)
+
+        try:
+            await self.app(scope, limited, guarded)
+        except Exception:
+            if not exceeded:
+                raise
+        if exceeded and not started:
+            await refusal(scope, receive, send)

@@ -46,7 +46,8 @@ class MemoryMetrics:
         """Register with prometheus_client's registry and start refreshing."""
         from prometheus_client import REGISTRY
 
-        self.refresh()
+        # The first snapshot is taken by the thread: start() runs on the event loop, where
+        # Memory.stats() cannot wait for the workers (AsyncRunner needs the loop free).
         REGISTRY.register(self)
         self._thread.start()
 
@@ -68,6 +69,7 @@ class MemoryMetrics:
             logger.debug("InferScale metrics refresh failed", exc_info=True)
 
     def _refresh_loop(self) -> None:
+        self.refresh()
         while not self._stop.wait(self._interval_s):
             self.refresh()
 

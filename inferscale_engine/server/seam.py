@@ -65,8 +65,11 @@ class MemoryContext:
     def add_messages(self, *, user_id: str, session_id: str | None,
                      messages: Sequence[Mapping[str, Any]],
                      metadata: Mapping[str, Any] | None = None) -> list[tuple[int, Any]]:
-        """Memory.add of conversation turns, a turn too long for one fact cut in pieces (as
-        the local KVMemory does); per fact, (index of its message, AddResult). Blocking."""
+        """Memory.add of turns; per fact, (index of its message, AddResult). Blocking.
+
+        A turn too long for one fact is cut in pieces (as the local KVMemory does), so a long
+        turn is never refused.
+        """
         turns = check_messages(messages)  # the layer's own checks and messages, before cutting
         pieces = [(index, role, part) for index, (role, content) in enumerate(turns)
                   for part in (self.memory.split_text(content)
@@ -84,6 +87,7 @@ class MemoryContext:
             return
         messages = [{"role": "user", "content": question},
                     {"role": "assistant", "content": answer}]
+        assert options.user_id is not None  # active
         task = asyncio.get_running_loop().create_task(asyncio.to_thread(
             self.add_messages, user_id=options.user_id, session_id=options.session_id,
             messages=messages))

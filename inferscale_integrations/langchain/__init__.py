@@ -1,6 +1,7 @@
 """LangChain adapters: KVMemory for classic chains, ChatInferScale, the create_agent middleware.
 
-Needs the `langchain` extra: pip install 'inferscale[langchain]'.
+chat_openai gives a ChatOpenAI pointed at `inferscale serve`.
+Needs the `langchain` extra: pip install 'inferscale[langchain]' (chat_openai: 'serve-clients').
 """
 
 from __future__ import annotations
@@ -17,5 +18,6 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from inferscale_integrations.langchain.chat_model import ChatInferScale
 from inferscale_integrations.langchain.memory import LangChainKVMemory
 from inferscale_integrations.langchain.middleware import KVMemoryMiddleware
+from inferscale_integrations.langchain.server import chat_openai
 
-__all__ = ["ChatInferScale", "KVMemoryMiddleware", "LangChainKVMemory"]
+__all__ = ["ChatInferScale", "KVMemoryMiddleware", "LangChainKVMemory", "chat_openai"]

@@ -70,7 +70,12 @@ class LangChainKVMemory(LangChainSerializable, KVMemoryBase, BaseMemory):
         return [self.memory_key]
 
     def load_memory_variables(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        """The handle for this input: top-k facts and the recent turns."""
+        """The handle for this input: top-k facts and the recent turns.
+
+        Remote mode: nothing ('' or []); the server retrieves the facts for the chat request.
+        """
+        if self.base_url is not None:
+            return {self.memory_key: [] if self.return_messages else ""}
         marker, extra = self.handle_message_parts(self._query(inputs))
         if not self.return_messages:
             return {self.memory_key: marker}

@@ -1,6 +1,8 @@
 """LlamaIndex adapters: KVMemory for chat engines and agents, and InferScaleLLM.
 
-Needs the `llamaindex` extra: pip install 'inferscale[llamaindex]'.
+openai_like gives an OpenAILike pointed at `inferscale serve`.
+Needs the `llamaindex` extra: pip install 'inferscale[llamaindex]'
+(openai_like: 'serve-clients').
 """
 
 from __future__ import annotations
@@ -14,5 +16,6 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from inferscale_integrations.llamaindex.llm import InferScaleLLM
 from inferscale_integrations.llamaindex.memory import LlamaIndexKVMemory
+from inferscale_integrations.llamaindex.server import openai_like
 
-__all__ = ["InferScaleLLM", "LlamaIndexKVMemory"]
+__all__ = ["InferScaleLLM", "LlamaIndexKVMemory", "openai_like"]

@@ -43,7 +43,7 @@ class LlamaIndexKVMemory(KVMemoryBase, BaseMemory):
         return memory
 
     def get(self, input: str | None = None, **kwargs: Any) -> list[ChatMessage]:
-        """[handle message] + the trailing messages not answered yet.
+        """[handle message] + the trailing messages not answered yet (remote mode: no handle).
 
         Args:
             input: what to retrieve facts by; None: the latest user message.
@@ -51,11 +51,14 @@ class LlamaIndexKVMemory(KVMemoryBase, BaseMemory):
                 by k and recent_turns instead.
         """
         pending = self.pending_turns()
+        tail = [turn_to_chat_message(t) for t in self.turns[len(self.turns) - pending:]
+                ] if pending else []
+        if self.base_url is not None:  # the server retrieves the facts for the chat request
+            return tail
         marker, extra = self.handle_message_parts(input or self.last_user_text(), pending)
         handle = ChatMessage(role=MessageRole(self.handle_role), content=marker,
                              additional_kwargs=extra)
-        tail = self.turns[len(self.turns) - pending:] if pending else []
-        return [handle, *(turn_to_chat_message(t) for t in tail)]
+        return [handle, *tail]
 
     def get_all(self) -> list[ChatMessage]:
         """The whole conversation as text messages."""

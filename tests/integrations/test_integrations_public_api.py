@@ -14,13 +14,15 @@ import inferscale_integrations
 
 def test_exports():
     assert inferscale_integrations.__all__ == [
-        "ChatInferScale", "InferScaleLLM", "KVMemory", "KVMemoryMiddleware", "register_memory"]
+        "ChatInferScale", "InferScaleLLM", "KVMemory", "KVMemoryMiddleware", "MemoryClient",
+        "register_memory"]
     for name in inferscale_integrations.__all__:
         assert getattr(inferscale_integrations, name) is not None
     from inferscale_integrations import langchain, llamaindex
 
-    assert langchain.__all__ == ["ChatInferScale", "KVMemoryMiddleware", "LangChainKVMemory"]
-    assert llamaindex.__all__ == ["InferScaleLLM", "LlamaIndexKVMemory"]
+    assert langchain.__all__ == ["ChatInferScale", "KVMemoryMiddleware", "LangChainKVMemory",
+                                 "chat_openai"]
+    assert llamaindex.__all__ == ["InferScaleLLM", "LlamaIndexKVMemory", "openai_like"]
 
 
 def test_importing_the_package_imports_no_framework():
@@ -65,10 +67,24 @@ WITHOUT_LANGCHAIN = {
 }
 
 
+# The server helpers need their client packages only when called; a remote KVMemory needs none.
+WITHOUT_SERVE_CLIENTS = {
+    "from inferscale_integrations.langchain import chat_openai\n"
+    "chat_openai(base_url='http://127.0.0.1:9', user_id='u', model='m')":
+        "pip install 'inferscale[serve-clients]'",
+    "from inferscale_integrations.llamaindex import openai_like\n"
+    "openai_like(base_url='http://127.0.0.1:9', user_id='u', model='m')":
+        "pip install 'inferscale[serve-clients]'",
+    "from inferscale_integrations import KVMemory\n"
+    "KVMemory(base_url='http://127.0.0.1:9', user_id='u').load_memory_variables({})": None,
+}
+
+
 @pytest.mark.parametrize(("blocked", "expected"), [
     (("llama_index",), WITHOUT_LLAMAINDEX),
     (("langchain", "langchain_core", "langchain_classic"), WITHOUT_LANGCHAIN),
-], ids=["without-llamaindex", "without-langchain"])
+    (("langchain_openai", "llama_index.llms.openai_like"), WITHOUT_SERVE_CLIENTS),
+], ids=["without-llamaindex", "without-langchain", "without-serve-clients"])
 def test_each_framework_works_alone_and_a_missing_one_names_its_extra(blocked, expected):
     code = _PROBE.format(blocked=list(blocked), statements=list(expected))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

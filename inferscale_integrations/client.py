@@ -1,0 +1,252 @@
+"""MemoryClient: the memory REST API of `inferscale serve`, with Memory's verbs.
+
+The remote KVMemory (KVMemory(base_url=...)) writes through it, and apps use it to add, search
+and delete a user's facts on a server. Every verb is scoped by `user_id=`, as on Memory; writes
+return once the server has stored the facts and encoded their KV. The API key is sent as
+`Authorization: Bearer`; without one, the INFERSCALE_API_KEY environment variable is used.
+Importing this module imports no framework, torch or vLLM (httpx comes with the openai SDK).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferscale_engine.errors import InferScaleError
+from inferscale_engine.facts import FactId
+from inferscale_engine.memory.types import AddResult
+
+API_KEY_ENV = "INFERSCALE_API_KEY"
+"""Environment variable read when no api_key is given (and by restored KVMemory copies)."""
+USER_HEADER = "X-User-Id"
+"""The header naming the user a chat request is for (the server reads it first)."""
+
+
+class MemoryServerError(InferScaleError):
+    """The server refused a call (status 4xx/5xx) or could not be reached (status None)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteFact:
+    """One memory as the server returns it."""
+
+    fact_id: FactId
+    user_id: str
+    text: str
+    score: float | None = None
+    """Cosine similarity to the query (search only)."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    session_id: str | None = None
+
+
+def api_url(base_url: str) -> str:
+    """The server's OpenAI-style base URL (ending in /v1) from its address, with or without."""
+    url = base_url.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"base_url {base_url!r} must be an http(s) URL of `inferscale serve`, "
+                         "e.g. http://127.0.0.1:8000")
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+def resolve_api_key(api_key: str | None) -> str | None:
+    """`api_key`, else $INFERSCALE_API_KEY, else None (a server without --api-keys)."""
+    return api_key or os.environ.get(API_KEY_ENV) or None
+
+
+class MemoryClient:
+    """A user-scoped client of the memory REST API (thread-safe; close() when done)."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, *,
+                 timeout_s: float = 120.0) -> None:
+        """Nothing is sent until the first call.
+
+        Args:
+            base_url: the server, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine).
+            api_key: a key from the server's --api-keys file (default: $INFERSCALE_API_KEY).
+            timeout_s: per call; a write waits for the facts' KV to be encoded.
+        """
+        httpx = _httpx()
+        self.base_url = api_url(base_url)
+        key = resolve_api_key(api_key)
+        self._http = httpx.Client(
+            base_url=self.base_url, timeout=timeout_s,
+            headers={"Authorization": f"Bearer {key}"} if key else {})
+
+    # ---- writes ------------------------------------------------------------------------
+    def add(self, *, user_id: str, texts: Sequence[str] | None = None,
+            messages: Sequence[Mapping[str, str]] | None = None, session_id: str | None = None,
+            metadata: Mapping[str, Any] | None = None) -> list[AddResult]:
+        """Remember facts (texts) or a conversation's turns (messages); one result per fact."""
+        return [result for _, result in self._add(user_id, texts, messages, session_id,
+                                                  metadata)]
+
+    def add_messages(self, *, user_id: str, session_id: str | None,
+                     messages: Sequence[Mapping[str, str]]) -> list[list[FactId]]:
+        """Record conversation turns; per message, the ids of the facts made of it.
+
+        Several for a turn the server cut; none for a system, tool or blank one.
+        """
+        per_message: list[list[FactId]] = [[] for _ in messages]
+        for index, result in self._add(user_id, None, messages, session_id, None):
+            per_message[index].append(result.fact_id)
+        return per_message
+
+    def update(self, *, user_id: str, fact_id: int, text: str,
+               metadata: Mapping[str, Any] | None = None) -> RemoteFact:
+        """Replace a memory's text (the server rebuilds its KV)."""
+        self._owned(user_id, fact_id)
+        body = {"text": text, **({"metadata": dict(metadata)} if metadata is not None else {})}
+        return _fact(self._call("PUT", f"/memories/{int(fact_id)}", json=body))
+
+    def delete(self, *, user_id: str, fact_ids: Sequence[int]) -> None:
+        """Delete memories, one call each."""
+        for fact_id in fact_ids:
+            self._owned(user_id, fact_id)
+            self._call("DELETE", f"/memories/{int(fact_id)}")
+
+    def reset(self, *, user_id: str) -> int:
+        """Delete every memory and turn of a user (admin keys only); the number deleted."""
+        return int(self._call("POST", "/memories/reset", json={"user_id": user_id})["deleted"])
+
+    # ---- reads -------------------------------------------------------------------------
+    def search(self, *, user_id: str, query: str, k: int = 5) -> list[RemoteFact]:
+        """The user's k memories most similar to `query`, best first (score set)."""
+        body = {"query": query, "user_id": user_id, "top_k": k}
+        return [_fact(r) for r in self._call("POST", "/memories/search", json=body)["results"]]
+
+    def get_all(self, *, user_id: str) -> list[RemoteFact]:
+        """Every memory of a user, oldest first."""
+        return [_fact(r) for r in self._call("GET", "/memories",
+                                             params={"user_id": user_id})["results"]]
+
+    def get(self, *, user_id: str, fact_id: int) -> RemoteFact:
+        """One memory with its metadata."""
+        fact = _fact(self._call("GET", f"/memories/{int(fact_id)}"))
+        if fact.user_id != user_id:
+            raise MemoryServerError(f"memory {fact_id} is not user {user_id!r:.40}'s", 404)
+        return fact
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> MemoryClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- internals ---------------------------------------------------------------------
+    def _add(self, user_id: str, texts: Sequence[str] | None,
+             messages: Sequence[Mapping[str, str]] | None, session_id: str | None,
+             metadata: Mapping[str, Any] | None) -> list[tuple[int, AddResult]]:
+        body: dict[str, Any] = {"user_id": user_id, "session_id": session_id}
+        if texts is not None:
+            body["texts"] = list(texts)
+        if messages is not None:
+            body["messages"] = [dict(m) for m in messages]
+        if metadata is not None:
+            body["metadata"] = dict(metadata)
+        return [(int(r.get("message_index", 0)),
+                 AddResult(FactId(int(r["id"])), r["memory"], r["event"], r.get("similarity")))
+                for r in self._call("POST", "/memories", json=body)["results"]]
+
+    def _owned(self, user_id: str, fact_id: int) -> None:
+        """Raise unless `fact_id` is `user_id`'s (the server checks the key's users too)."""
+        self.get(user_id=user_id, fact_id=fact_id)
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        httpx = _httpx()
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise MemoryServerError(f"cannot reach the InferScale server at {self.base_url} "
+                                    f"({type(exc).__name__}: {exc}); is `inferscale serve` "
+                                    "running there?") from None
+        if response.status_code >= 400:
+            raise MemoryServerError(f"{method} {path}: {response.status_code} "
+                                    f"{_error_message(response)}", response.status_code)
+        return response.json()
+
+
+def memory_options(user_id: str, *, session_id: str | None = None, k: int | None = None,
+                   recent_facts: int | None = None, write: bool | None = None
+                   ) -> dict[str, Any]:
+    """The `memory` object of a chat request body (extra_body={"memory": ...}).
+
+    The user and the options given (None: the server's default).
+    """
+    options: dict[str, Any] = {"user_id": user_id, "session_id": session_id, "k": k,
+                               "recent_facts": recent_facts, "write": write}
+    return {name: value for name, value in options.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """What an OpenAI client needs to answer as one user of `inferscale serve`."""
+
+    model: str
+    url: str
+    """The OpenAI base URL (…/v1)."""
+    api_key: str
+    headers: dict[str, str]
+    """The caller's default headers plus X-User-Id (it survives a per-call extra_body)."""
+    memory: dict[str, Any]
+    """The body's `memory` object (extra_body={"memory": ...})."""
+
+
+def client_settings(*, base_url: str, user_id: str, api_key: str | None,
+                    session_id: str | None, k: int | None, recent_facts: int | None,
+                    write: bool | None, model: str | None,
+                    default_headers: Mapping[str, str] | None) -> ClientSettings:
+    """Resolve the key, the model (GET /v1/models when None), the headers and the options."""
+    key = resolve_api_key(api_key)
+    return ClientSettings(
+        model=model or served_model(base_url, key), url=api_url(base_url),
+        api_key=key or "no-key", headers={**(default_headers or {}), USER_HEADER: user_id},
+        memory=memory_options(user_id, session_id=session_id, k=k, recent_facts=recent_facts,
+                              write=write))
+
+
+def served_model(base_url: str, api_key: str | None = None) -> str:
+    """The model name the server serves (GET /v1/models), for clients that must name it."""
+    httpx = _httpx()
+    key = resolve_api_key(api_key)
+    try:
+        response = httpx.get(api_url(base_url) + "/models", timeout=30.0,
+                             headers={"Authorization": f"Bearer {key}"} if key else {})
+    except httpx.TransportError as exc:
+        raise MemoryServerError(f"cannot reach the InferScale server at {base_url} "
+                                f"({type(exc).__name__}: {exc})") from None
+    if response.status_code >= 400:
+        raise MemoryServerError(f"GET /v1/models: {response.status_code} "
+                                f"{_error_message(response)}", response.status_code)
+    return str(response.json()["data"][0]["id"])
+
+
+def _httpx() -> Any:
+    try:
+        import httpx
+    except ImportError as exc:  # pragma: no cover - httpx comes with openai and vLLM
+        raise ImportError("the InferScale server client needs httpx; install it with: pip "
+                          "install 'inferscale[serve-clients]'") from exc
+    return httpx
+
+
+def _fact(record: Mapping[str, Any]) -> RemoteFact:
+    return RemoteFact(FactId(int(record["id"])), str(record["user_id"]), str(record["memory"]),
+                      record.get("score"), dict(record.get("metadata") or {}),
+                      record.get("session_id"))
+
+
+def _error_message(response: Any) -> str:
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:300]

@@ -1,0 +1,150 @@
+"""`inferscale serve` in a child process on 127.0.0.1, for the server tests and the load benchmark.
+
+The server runs in its own process group (vLLM's engine core and worker are its children), so
+kill() takes the whole server down at once, as a crash would; the group also dies with the
+process that started it (PR_SET_PDEATHSIG), so an interrupted run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+
+KEYS = {
+    "a": "sk-test-tenant-a-0123456789",
+    "b": "sk-test-tenant-b-0123456789",
+    "admin": "sk-test-admin-0123456789ab",
+}
+"""API keys of the test keys file: tenant a reaches users 'a:*', tenant b 'b:*', admin both."""
+
+
+def keys_file(path: Path) -> Path:
+    """Write the test keys file (KEYS) to `path`."""
+    path.write_text(json.dumps({"keys": {
+        KEYS["a"]: {"tenant": "a", "users": ["a:*"]},
+        KEYS["b"]: {"tenant": "b", "users": ["b:*"]},
+        KEYS["admin"]: {"tenant": "ops", "users": ["a:*", "b:*"], "admin": True}}}))
+    return path
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class ServerProcess:
+    """One `inferscale serve` child: start(), kill() (SIGKILL, as a crash), stop()."""
+
+    def __init__(self, db_path: Path, log_path: Path, *, model: str = "tiny",
+                 api_keys: Path | None = None, admin_key: str | None = None,
+                 extra_args: Sequence[str] = ()) -> None:
+        self.db_path, self.log_path, self.model = db_path, log_path, model
+        self.api_keys, self.admin_key, self.extra_args = api_keys, admin_key, list(extra_args)
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.attached = False
+
+    @classmethod
+    def attach(cls, base_url: str) -> ServerProcess:
+        """A server started elsewhere (it cannot be started, killed or stopped from here)."""
+        server = cls(Path("/nonexistent"), Path("/nonexistent"))
+        server.port = int(base_url.rstrip("/").rsplit(":", 1)[1])
+        server.attached = True
+        return server
+
+    @property
+    def base_url(self) -> str:
+        """http://127.0.0.1:PORT (add /v1 for OpenAI clients)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 420.0) -> ServerProcess:
+        """Start the server and wait until /health answers; raise with the log tail if not."""
+        assert not self.attached, "an attached server is started elsewhere"
+        command = [sys.executable, "-m", "inferscale_engine.cli", "serve", "--model", self.model,
+                   "--port", str(self.port), "--db", str(self.db_path), "--enforce-eager",
+                   "--slab-mib", "32", "--kv-cache-memory-bytes", str(128 * 2**20),
+                   "--max-model-len", "2048", "--uvicorn-log-level", "warning",
+                   *(["--api-keys", str(self.api_keys)] if self.api_keys else []),
+                   *self.extra_args]
+        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True,
+                                            preexec_fn=_die_with_parent)
+        deadline = time.monotonic() + timeout_s
+        headers = {"Authorization": f"Bearer {self.admin_key}"} if self.admin_key else {}
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"inferscale serve exited ({self.process.returncode}):\n"
+                                   f"{self.log_tail()}")
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{self.base_url}/health", headers=headers,
+                             timeout=5).status_code == 200:
+                    return self
+            time.sleep(0.5)
+        self.kill()
+        raise TimeoutError(f"inferscale serve not ready in {timeout_s:.0f} s:\n"
+                           f"{self.log_tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL the whole server (API process, engine core, worker) and reap it."""
+        self._signal(signal.SIGKILL, wait_s=60)
+
+    def stop(self) -> None:
+        """SIGTERM the server; SIGKILL it if it has not exited in 30 s."""
+        if not self._signal(signal.SIGTERM, wait_s=30):
+            self.kill()
+
+    def log_tail(self, num_chars: int = 4000) -> str:
+        """The end of the server's log."""
+        try:
+            return self.log_path.read_text(errors="replace")[-num_chars:]
+        except OSError:
+            return ""
+
+    def _signal(self, signum: int, wait_s: float) -> bool:
+        """Signal the server's process group; True once the API process has exited."""
+        if self.process is None:
+            return True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signum)
+        try:
+            self.process.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            return False
+        if signum == signal.SIGKILL or self.process.returncode is not None:
+            with contextlib.suppress(ProcessLookupError):  # stragglers of the group
+                os.killpg(self.process.pid, signal.SIGKILL)
+        self.process = None
+        return True
+
+
+@contextlib.contextmanager
+def running_server(db_path: Path, log_path: Path, **options: object) -> Iterator[ServerProcess]:
+    """A started ServerProcess, stopped at the end of the block."""
+    server = ServerProcess(db_path, log_path, **options)  # type: ignore[arg-type]
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
