@@ -33,6 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import (  # noqa: E402
+    compilation_overrides,
     environment,
     locomo_facts,
     resolve_model,
@@ -57,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-model-len", type=int, default=8192)
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--cudagraph-sizes", default=None,
+                        help="capture CUDA graphs for these batch sizes only, e.g. 1,2,4,8,"
+                             "16,32,64,128 (a kv prefill at k=50 computes ~50 tokens)")
     parser.add_argument("--embedder", default="auto",
                         help="auto | none | a sentence-transformers model (retrieval timing)")
     parser.add_argument("--slab-mib", type=int, default=4096)
@@ -86,7 +90,8 @@ def build_engine(args: argparse.Namespace):
         slab_capacity_bytes=args.slab_mib * 2**20, context_window_tokens=0,
         block_size=args.block_size, kv_cache_memory_bytes=kv_bytes,
         enforce_eager=True if args.enforce_eager else None, max_fact_tokens=128,
-        multiprocessing=args.multiprocessing, vllm_overrides={"disable_log_stats": False},
+        multiprocessing=args.multiprocessing,
+        vllm_overrides={"disable_log_stats": False, **compilation_overrides(args.cudagraph_sizes)},
     )
     return Engine(config), config
 

@@ -227,6 +227,13 @@ def tiny_model_path(spec: TinyModelSpec = TinyModelSpec()) -> Path:
     return build_tiny_model(default_cache_dir() / f"tiny-{spec.architecture}-{spec.digest()}", spec)
 
 
+_PHI4_MINI_LONG_FACTOR = [  # rope_scaling.long_factor of microsoft/Phi-4-mini-instruct
+    1.0, 1.118320672, 1.250641126, 1.398617824, 1.564103225, 1.74916897, 1.956131817,
+    2.187582649, 2.446418898, 2.735880826, 3.059592084, 3.421605075, 3.826451687, 4.279200023,
+    4.785517845, 5.351743533, 5.984965424, 6.693110555, 7.485043894, 8.370679318, 9.36110372,
+    10.4687158, 11.70738129, 13.09260651, 14.64173252, 16.37415215, 18.31155283, 20.47818807,
+    22.90118105, 25.61086418, 28.64115884, 32.03, 32.1, 32.13, 32.23, 32.6, 32.61, 32.64,
+    32.66, 32.7, 32.71, 32.93, 32.97, 33.28, 33.49, 33.5, 44.16, 47.77]
 REFERENCE_CONFIGS: dict[str, dict[str, object]] = {
     # Public architecture numbers; used with load_format="dummy" (timing does not depend on
     # weight values) and the tiny ChatML tokenizer (its ids are valid in any larger vocab).
@@ -246,6 +253,51 @@ REFERENCE_CONFIGS: dict[str, dict[str, object]] = {
         rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
         hidden_act="silu", torch_dtype="bfloat16", attention_bias=False,
     ),
+    "mixtral-8x7b": dict(  # Mixtral-8x7B-v0.1
+        architectures=["MixtralForCausalLM"], model_type="mixtral", hidden_size=4096,
+        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, num_local_experts=8, num_experts_per_tok=2,
+        vocab_size=32000, max_position_embeddings=32768, rms_norm_eps=1e-5,
+        rope_theta=1000000.0, sliding_window=None, tie_word_embeddings=False,
+        hidden_act="silu", torch_dtype="bfloat16",
+    ),
+    "qwen3-30b-a3b": dict(  # Qwen3-30B-A3B: 128 experts, 8 active, every layer sparse
+        architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=2048,
+        intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+        num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+        vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, use_sliding_window=False, sliding_window=None,
+        tie_word_embeddings=False, attention_bias=False, hidden_act="silu",
+        torch_dtype="bfloat16",
+    ),
+    "gemma-3-12b": dict(  # Gemma-3-12B's text model: 5 sliding layers, then 1 global
+        architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", hidden_size=3840,
+        intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=256, vocab_size=262208, max_position_embeddings=131072,
+        rms_norm_eps=1e-6, query_pre_attn_scalar=256, sliding_window=1024,
+        attn_logit_softcapping=None, final_logit_softcapping=None,
+        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, torch_dtype="bfloat16",
+        # transformers 5 reads layer_types + rope_parameters by layer type; the hub's own
+        # (transformers 4) keys say the same and are kept for readers of either version.
+        layer_types=[("full_attention" if (i + 1) % 6 == 0 else "sliding_attention")
+                     for i in range(48)],
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}},
+        sliding_window_pattern=6, rope_local_base_freq=10000.0, rope_theta=1000000.0,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+    ),
+    "phi-4-mini": dict(  # Phi-4-mini-instruct: partial rotary (96 of 128 dims), LongRoPE
+        architectures=["Phi3ForCausalLM"], model_type="phi3", hidden_size=3072,
+        intermediate_size=8192, num_hidden_layers=32, num_attention_heads=24,
+        num_key_value_heads=8, vocab_size=200064, max_position_embeddings=131072,
+        original_max_position_embeddings=4096, partial_rotary_factor=0.75, rope_theta=10000.0,
+        rope_scaling={"type": "longrope", "short_factor": [1.0] * 48,
+                      "long_factor": _PHI4_MINI_LONG_FACTOR},
+        rms_norm_eps=1e-5, sliding_window=262144, tie_word_embeddings=True, hidden_act="silu",
+        torch_dtype="bfloat16",
+    ),
 }
 
 
@@ -258,8 +310,13 @@ def dummy_model_path(name: str) -> Path:
     if name not in REFERENCE_CONFIGS:
         raise ValueError(f"unknown reference config {name!r}; known: {sorted(REFERENCE_CONFIGS)}")
     folder = default_cache_dir() / f"dummy-{name}"
-    if not (folder / "config.json").exists():
-        folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / "tokenizer.json").exists():
         build_tokenizer(folder, TinyModelSpec().vocab_size)
-        (folder / "config.json").write_text(json.dumps(REFERENCE_CONFIGS[name], indent=1))
+    config = json.dumps(REFERENCE_CONFIGS[name], indent=1)
+    path = folder / "config.json"
+    if not path.exists() or path.read_text() != config:  # an edited entry replaces the old one
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(config)
+        tmp.replace(path)
     return folder

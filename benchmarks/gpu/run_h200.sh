@@ -6,7 +6,18 @@
 # MP=1 all k, MP=0 k=0,50), throughput (Llama-3.1-8B), qwen3 (TTFT Qwen3-8B), minilm (a random-init
 # all-MiniLM-L6-v2 from the config/tokenizer files carried in .device/minilm: retrieval is timed with
 # the real architecture, weights do not change its cost), final (TTFT of both models, MP=0, all k,
-# retrieval timed on the GPU), ingest (facts/s with W in {0, 64}, both models).
+# retrieval timed on the GPU), ingest (facts/s with W in {0, 64}, both models), families (same-
+# position exactness and moved keys on Phi-4-mini, Gemma-3-12B, Qwen3-30B-A3B and Mixtral-8x7B
+# configs, dummy weights, one process each), families_ttft (ttft.py at k=50 for each of them),
+# server (TTFT of `inferscale serve` over HTTP vs in-process, Llama-3.1-8B, k=50).
+# FAMILY_MODELS picks a subset of the families, e.g. FAMILY_MODELS="qwen3-30b-a3b mixtral-8x7b".
+# The MoE families need vLLM 0.26's _moe_C_stable_libtorch.abi3.so, which the bundle drops. Pack
+# it once (40 MiB) and carry .device/moe with the first families command (after the bundle's):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --platform manylinux_2_28_x86_64 -d /tmp/w vllm==0.26.0
+#   mkdir -p .device/moe && unzip -p /tmp/w/vllm-0.26.0-*.whl vllm/_moe_C_stable_libtorch.abi3.so \
+#     | xz -6 > .device/moe/_moe_C_stable_libtorch.abi3.so.xz
+# minilm and server need .device/minilm: the all-MiniLM-L6-v2 folder without model.safetensors.
 # Results (logs, JSON, PNG) go to $OUT (or benchmarks/results when $OUT is unset).
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
@@ -14,23 +25,46 @@ export INFERSCALE_CACHE=/tmp/inferscale-cache INFERSCALE_RESULTS=${OUT:-benchmar
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$INFERSCALE_RESULTS"
 quiet='^\(|INFO|WARNING|Warn|warn|^$'
+families=${FAMILY_MODELS:-phi-4-mini gemma-3-12b qwen3-30b-a3b mixtral-8x7b}
+graphs=1,2,4,8,16,32,64,128  # CUDA graphs of families_ttft / server: a kv prefill is ~50 tokens
+stage_moe() {  # unpack .device/moe into the bundle's vllm/ (once per machine)
+  local dir
+  dir=$(python3 -c "import importlib.util as u; print(u.find_spec('vllm').submodule_search_locations[0])")
+  [ -f "$dir/_moe_C_stable_libtorch.abi3.so" ] && return 0
+  [ -f .device/moe/_moe_C_stable_libtorch.abi3.so.xz ] || {
+    echo "MoE kernels missing: carry .device/moe (see the header)"; return 1; }
+  python3 - "$dir/_moe_C_stable_libtorch.abi3.so" <<'P'
+import hashlib, lzma, os, pathlib, sys
+data = lzma.open(".device/moe/_moe_C_stable_libtorch.abi3.so.xz").read()
+sums = pathlib.Path(".device/moe/SHA256SUMS")
+if sums.exists() and hashlib.sha256(data).hexdigest() != sums.read_text().split()[0]:
+    sys.exit("_moe_C_stable_libtorch.abi3.so: sha256 mismatch")
+pathlib.Path(sys.argv[1] + ".tmp").write_bytes(data)
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+print("staged vLLM's MoE kernels")
+P
+}
+random_minilm() {  # a random-init all-MiniLM-L6-v2 in /tmp/minilm (cost is the architecture's)
+  [ -f /tmp/minilm/model.safetensors ] && return 0
+  python3 -c "
+import shutil, transformers
+shutil.copytree('.device/minilm', '/tmp/minilm', dirs_exist_ok=True)
+transformers.BertModel(transformers.BertConfig.from_pretrained('/tmp/minilm')).save_pretrained('/tmp/minilm')
+print('random-init MiniLM in /tmp/minilm')" 2>&1 | tail -1
+}
 python3 -c "import torch, triton, vllm; print('torch', torch.__version__, 'triton', triton.__version__, 'vllm', vllm.__version__, torch.cuda.get_device_name(0))"
 for step in "$@"; do
   echo "=== $step"
   case $step in
     kernels) TRITON_INTERPRET=0 python3 -m pytest tests/engine/kernels -q -p no:cacheprovider 2>&1 | tail -3 ;;
-    tests) python3 -m pytest tests/gpu -q -s -p no:cacheprovider 2>&1 | tee "$INFERSCALE_RESULTS/gpu_tests.log" | grep -E "^\[gpu|passed|failed|^E " | head -40 ;;
+    tests) python3 -m pytest tests/gpu -q -s -p no:cacheprovider --ignore=tests/gpu/test_gpu_families.py 2>&1 | tee "$INFERSCALE_RESULTS/gpu_tests.log" | grep -E "^\[gpu|passed|failed|^E " | head -40 ;;
     bandwidth) python3 benchmarks/kernel_bandwidth.py 2>&1 | tail -8 ;;
     ttft)
       python3 benchmarks/ttft.py --model llama-3.1-8b --multiprocessing --embedder none --tag h200-mp1 --plot --warmup 2 2>&1 | grep -vE "$quiet" | tail -9
       python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50 --embedder none --tag h200-mp0 --warmup 2 2>&1 | grep -vE "$quiet" | tail -5 ;;
     throughput) python3 benchmarks/throughput.py --model llama-3.1-8b --multiprocessing --tag h200 --repeats 2 2>&1 | grep -vE "$quiet" | tail -8 ;;
     qwen3) python3 benchmarks/ttft.py --model qwen3-8b --multiprocessing --embedder none --tag h200-mp1 --plot --warmup 2 2>&1 | grep -vE "$quiet" | tail -9 ;;
-    minilm) python3 -c "
-import shutil, transformers
-shutil.copytree('.device/minilm', '/tmp/minilm', dirs_exist_ok=True)
-transformers.BertModel(transformers.BertConfig.from_pretrained('/tmp/minilm')).save_pretrained('/tmp/minilm')
-print('random-init MiniLM in /tmp/minilm')" 2>&1 | tail -1
+    minilm) random_minilm
       INFERSCALE_TEST_EMBEDDER=/tmp/minilm python3 -m pytest tests/gpu/test_query_graphs.py -q -s -p no:cacheprovider 2>&1 | grep -E "^\[gpu|passed|failed|^E " ;;
     final)
       for m in ${MODELS:-llama-3.1-8b qwen3-8b}; do
@@ -40,6 +74,19 @@ print('random-init MiniLM in /tmp/minilm')" 2>&1 | tail -1
       for m in llama-3.1-8b qwen3-8b; do
         python3 benchmarks/ingest.py --model $m --facts 4000 --batch 512 --tag h200 2>&1 | grep -vE "$quiet" | tail -3
       done ;;
+    families)
+      stage_moe || echo "(Mixtral / Qwen3-MoE will fail without them)"
+      for m in $families; do
+        timeout 420 python3 -m pytest "tests/gpu/test_gpu_families.py::test_family[$m]" -q -s -p no:cacheprovider 2>&1 | tee -a "$INFERSCALE_RESULTS/gpu_families.log" | grep -E "^\[gpu|passed|failed|^E " | head -12
+      done ;;
+    families_ttft)
+      stage_moe || echo "(Mixtral / Qwen3-MoE will fail without them)"
+      for m in $families; do
+        timeout 420 python3 benchmarks/ttft.py --model $m --ks 50 --embedder none --tag h200-family --warmup 3 --repeats 10 --slab-mib 6144 --cudagraph-sizes $graphs 2>&1 | grep -vE "$quiet" | tail -4
+      done ;;
+    server)
+      random_minilm
+      timeout 590 python3 benchmarks/server_ttft.py --model llama-3.1-8b --embedder /tmp/minilm --tag h200 --cudagraph-sizes $graphs 2>&1 | grep -vE "$quiet" | tail -12 ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -1,7 +1,9 @@
 """`inferscale serve`: start vLLM's OpenAI server with InferScale's memory installed.
 
     inferscale serve --model tiny|small|PATH [--host 127.0.0.1] [--port 8000] [--db PATH]
-                     [--api-keys FILE] [--k 5] [--window 64] [vLLM's own serve flags]
+                     [--api-keys FILE] [--k 5] [--window 64] [--slab-mib 256]
+                     [--embedding-model NAME|DIR] [--dedupe-threshold 0.95|none]
+                     [vLLM's own serve flags]
 
 vLLM's engine (AsyncLLM) starts with InferScale's KV connector and worker extension forced;
 the Memory runs on top of it in worker threads (AsyncRunner); vLLM's app is built as usual and
@@ -22,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inferscale_engine.config import EngineConfig, plan_secret
 from inferscale_engine.errors import ConfigError
+from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL, check_dedupe_threshold
 from inferscale_engine.server.auth import ApiKeys, HttpError, check_bind
 
 logger = logging.getLogger(__name__)
@@ -41,7 +44,16 @@ def our_parser() -> argparse.ArgumentParser:
     parser.add_argument("--k", type=int, default=5, help="facts retrieved per request")
     parser.add_argument("--window", type=int, default=64, help="context window W (tokens)")
     parser.add_argument("--slab-mib", type=int, default=256, help="fact KV per worker (MiB)")
+    parser.add_argument("--embedding-model", default=DEFAULT_EMBEDDING_MODEL,
+                        help="sentence-transformers name or folder (default: offline MiniLM)")
+    parser.add_argument("--dedupe-threshold", type=_threshold, default=0.95,
+                        help="cosine at which an added fact is a duplicate; 'none' stores all")
     return parser
+
+
+def _threshold(value: str) -> float | None:
+    """--dedupe-threshold: a float, or 'none' (main checks the range)."""
+    return None if value.lower() == "none" else float(value)
 
 
 def main(argv: list[str]) -> int:
@@ -50,6 +62,7 @@ def main(argv: list[str]) -> int:
     if os.environ.get("VLLM_SERVER_DEV_MODE", "0") not in ("", "0", "false", "False"):
         raise ConfigError("VLLM_SERVER_DEV_MODE exposes /collective_rpc (the slab's control "
                           "calls) to every client; unset it")
+    check_dedupe_threshold(ours.dedupe_threshold)  # before vLLM starts, not after
     keys = ApiKeys.load(ours.api_keys) if ours.api_keys else None
     check_bind(ours.host, keys)
     plan_secret()  # in the environment before vLLM starts its processes: they inherit it
@@ -137,7 +150,9 @@ def open_memory(config: EngineConfig, ours: argparse.Namespace, client: Any,
     from inferscale_engine.memory import Memory, MemoryConfig
     from inferscale_engine.runner import AsyncRunner
 
-    return Memory.from_config(MemoryConfig(engine=config, db_path=ours.db),
+    return Memory.from_config(MemoryConfig(engine=config, db_path=ours.db,
+                                           embedding_model=ours.embedding_model,
+                                           dedupe_threshold=ours.dedupe_threshold),
                               runner=lambda _config, _connector: AsyncRunner(client, loop))
 
 

@@ -40,6 +40,11 @@ def keys_file(path: Path) -> Path:
     return path
 
 
+CPU_SIZING = ("--enforce-eager", "--slab-mib", "32", "--kv-cache-memory-bytes", str(128 * 2**20),
+              "--max-model-len", "2048")
+"""Sizing flags of the test server (a tiny model on CPU); a GPU run passes its own."""
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now."""
     with socket.socket() as sock:
@@ -57,9 +62,11 @@ class ServerProcess:
 
     def __init__(self, db_path: Path, log_path: Path, *, model: str = "tiny",
                  api_keys: Path | None = None, admin_key: str | None = None,
-                 extra_args: Sequence[str] = ()) -> None:
+                 extra_args: Sequence[str] = (), sizing_args: Sequence[str] = CPU_SIZING
+                 ) -> None:
         self.db_path, self.log_path, self.model = db_path, log_path, model
         self.api_keys, self.admin_key, self.extra_args = api_keys, admin_key, list(extra_args)
+        self.sizing_args = list(sizing_args)
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.attached = False
@@ -81,9 +88,8 @@ class ServerProcess:
         """Start the server and wait until /health answers; raise with the log tail if not."""
         assert not self.attached, "an attached server is started elsewhere"
         command = [sys.executable, "-m", "inferscale_engine.cli", "serve", "--model", self.model,
-                   "--port", str(self.port), "--db", str(self.db_path), "--enforce-eager",
-                   "--slab-mib", "32", "--kv-cache-memory-bytes", str(128 * 2**20),
-                   "--max-model-len", "2048", "--uvicorn-log-level", "warning",
+                   "--port", str(self.port), "--db", str(self.db_path), *self.sizing_args,
+                   "--uvicorn-log-level", "warning",
                    *(["--api-keys", str(self.api_keys)] if self.api_keys else []),
                    *self.extra_args]
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
