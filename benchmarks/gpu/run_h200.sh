@@ -85,6 +85,10 @@ for step in "$@"; do
         timeout 420 python3 benchmarks/ttft.py --model $m --ks 50 --embedder none --tag h200-family --warmup 3 --repeats 10 --slab-mib 6144 --cudagraph-sizes $graphs 2>&1 | grep -vE "$quiet" | tail -4
       done ;;
     server)
+      # The bundle lacks the HTTP server's pure-Python deps (uvicorn, h11, click, jmespath,
+      # supervisor); carry their wheels in .device/uv (pip download --no-deps --only-binary=:all:
+      # uvicorn h11 click jmespath supervisor -d .device/uv).
+      for w in .device/uv/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site; done
       random_minilm
       timeout 590 python3 benchmarks/server_ttft.py --model llama-3.1-8b --embedder /tmp/minilm --tag h200 --cudagraph-sizes $graphs 2>&1 | grep -vE "$quiet" | tail -12 ;;
     *) echo "unknown step $step" ;;
