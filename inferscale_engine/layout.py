@@ -77,6 +77,15 @@ class Layout:
                               "facts of the handle; lower it (r <= k)")
 
 
+QUALITY_LAYOUT = Layout(repair_facts=2, repair_placement="user")
+"""The LoCoMo dev grid's best kv setting under the TTFT budget (r <= 4): the 2 most relevant
+facts repeated as text in a "More memories:" block before the question, the rest injected
+(`kv-w64-user2` in benchmarks/results/locomo-dev-grid.md: dev F1 26.1 vs 18.9 with no repair,
+best text 30.5, Qwen2.5-Coder-0.5B, k=20). Opt in with EngineConfig(layout=QUALITY_LAYOUT);
+the engine's default stays Layout() (every fact injected) until the held-out test fold is in.
+"""
+
+
 def arrange(layout: Layout, fact_ids: Sequence[int], lengths: Sequence[int],
             scores: Sequence[float] = ()) -> tuple[list[int], list[int]]:
     """Which facts of a handle are injected and which are repaired as text, in prompt order.

@@ -10,7 +10,7 @@ import pytest
 
 from inferscale_engine.errors import ConfigError
 from inferscale_engine.facts import MemoryHandle
-from inferscale_engine.layout import USER_BLOCK_HEADER, Layout, arrange
+from inferscale_engine.layout import QUALITY_LAYOUT, USER_BLOCK_HEADER, Layout, arrange
 from tests.conftest import FACTS, QUESTIONS, greedy, running_engine
 
 pytestmark = pytest.mark.vllm
@@ -69,6 +69,16 @@ def test_user_placement_writes_a_block_before_the_question(engine, handle):
     assert tail.index(USER_BLOCK_HEADER) < tail.index(best) < tail.index(QUESTIONS[2])
     assert len(prompt.facts) == 3 and not prompt.repaired
     assert plan.num_tokens == len(prompt.preamble) + sum(map(len, prompt.facts))
+
+
+def test_quality_layout_moves_the_two_best_facts_before_the_question(engine, handle):
+    prompt, plan = engine.prepare_request(handle, QUESTIONS[2], layout=QUALITY_LAYOUT)
+    tail = engine.tokenizer.decode(prompt.rest)
+    texts = [engine._facts[f].fact.text for f in handle.fact_ids]
+    assert len(prompt.facts) == len(texts) - 2 and plan.num_tokens == len(prompt.preamble) + sum(
+        map(len, prompt.facts))
+    assert sum(t in tail for t in texts) == 2 and tail.index(USER_BLOCK_HEADER) < tail.index(
+        QUESTIONS[2])
 
 
 def test_also_inject_keeps_every_fact_and_repeats_the_best(engine, handle):
