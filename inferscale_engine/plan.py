@@ -12,14 +12,17 @@ import base64
 import binascii
 import hashlib
 import hmac
+import struct
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import accumulate
 from typing import Any
 
 from inferscale_engine.errors import PlanError
 
-PLAN_VERSION = 3
+PLAN_VERSION = 4
+"""4: slab keys and run lengths travel packed like the tokens (3: lists of ints)."""
 PARAMS_KEY = "inferscale"
 SYSTEM_OWNER = ""
 """Owner of shared entries (the preamble): readable by every user, writable by the engine only."""
@@ -62,9 +65,10 @@ class Segment:
 class InjectionPlan:
     """Read path: runs of stored KV that tile prompt[0:num_tokens), and their token ids.
 
-    Token ids travel packed (int32, base64 in the params) so that copying, hashing and
-    comparing a plan of thousands of tokens costs a few C-level passes, not Python loops: vLLM
-    deep-copies sampling params and the scheduler checks every plan.
+    Slab keys, run lengths and token ids travel packed (little-endian int64 / int32 / int32,
+    base64 in the params), so that copying, parsing, hashing and comparing a plan of thousands
+    of tokens costs a few C-level passes, not Python loops: vLLM deep-copies and walks
+    sampling params, and the scheduler checks every plan.
     """
 
     user_id: str
@@ -76,13 +80,38 @@ class InjectionPlan:
     mac: str = ""
 
     @classmethod
+    def from_runs(cls, user_id: str, slab_keys: Sequence[int], runs: Sequence[bytes],
+                  cache_salt: str) -> InjectionPlan:
+        """Build from each run's token ids, packed (pack_token_ids), in prompt order (unsigned).
+
+        Facts keep their ids packed (FactRecord.packed_ids), so a plan is a join, not a loop.
+
+        Raises:
+            PlanError: no runs, an empty or ragged run, or not one slab key per run.
+        """
+        lengths = tuple(len(run) >> 2 for run in runs)
+        tokens = b"".join(runs)
+        # A run of 1-3 bytes counts 0 ids; a ragged one makes the lengths sum short.
+        if (len(slab_keys) != len(runs) or not runs or not min(lengths)
+                or sum(lengths) * 4 != len(tokens)):
+            raise PlanError(f"a plan needs one slab key per non-empty run of packed int32 ids; "
+                            f"got {len(slab_keys)} keys for runs of {lengths!r:.80} ids")
+        return cls(user_id, tuple(slab_keys), lengths, tokens, cache_salt)
+
+    @classmethod
     def from_segments(cls, user_id: str, segments: Sequence[Segment], cache_salt: str
                       ) -> InjectionPlan:
-        """Build from segments that tile the prompt from position 0 (unsigned)."""
+        """Build from segments that tile the prompt from position 0 (unsigned).
+
+        Raises:
+            PlanError: the segments do not tile the prompt, or an id is out of int32.
+        """
         _check_tiling(tuple(segments))
-        tokens = array("i", [t for seg in segments for t in seg.token_ids]).tobytes()
-        return cls(user_id, tuple(s.slab_key for s in segments),
-                   tuple(len(s.token_ids) for s in segments), tokens, cache_salt)
+        try:
+            runs = [pack_token_ids(s.token_ids) for s in segments]
+        except (struct.error, TypeError) as exc:
+            raise PlanError(f"token ids must be ints in [-2**31, 2**31): {exc}") from None
+        return cls.from_runs(user_id, [s.slab_key for s in segments], runs, cache_salt)
 
     @property
     def num_tokens(self) -> int:
@@ -92,32 +121,31 @@ class InjectionPlan:
     @property
     def starts(self) -> list[int]:
         """Serving position of each run's first token."""
-        starts, position = [], 0
-        for length in self.lengths:
-            starts.append(position)
-            position += length
-        return starts
+        return list(accumulate(self.lengths[:-1], initial=0))
 
     @property
     def segments(self) -> tuple[Segment, ...]:
         """The runs as Segments (app side and tests; the hot path never builds them)."""
-        ids = array("i")
-        ids.frombytes(self.tokens)
-        return tuple(Segment(k, s, tuple(ids[s:s + n]))
+        ids = struct.unpack(f"<{self.num_tokens}i", self.tokens)
+        return tuple(Segment(k, s, ids[s:s + n])
                      for k, s, n in zip(self.slab_keys, self.starts, self.lengths))
 
     def matches(self, prompt_token_ids: Sequence[int]) -> bool:
         """True if the prompt starts with exactly the plan's tokens."""
         n = self.num_tokens
+        if len(prompt_token_ids) < n:
+            return False
         try:
-            return array("i", prompt_token_ids[:n]).tobytes() == self.tokens
-        except OverflowError:
+            return pack_token_ids(prompt_token_ids[:n]) == self.tokens
+        except (struct.error, TypeError):
             return False
 
     def _payload(self) -> bytes:
-        layout = ",".join(f"{k}:{n}" for k, n in zip(self.slab_keys, self.lengths))
-        return (_utf8(f"inject|{PLAN_VERSION}|{self.user_id}|{self.cache_salt}|{layout}|")
-                + self.tokens)
+        # Strings are length-prefixed so that no two (user, salt) pairs share a payload.
+        user, salt = _utf8(self.user_id), _utf8(self.cache_salt)
+        header = b"inject|%d|%d:%b|%d:%b|%d|" % (PLAN_VERSION, len(user), user, len(salt), salt,
+                                                 len(self.lengths))
+        return header + _pack_keys(self.slab_keys) + _pack_lengths(self.lengths) + self.tokens
 
     def signed(self, secret: bytes) -> InjectionPlan:
         """Copy with the MAC set."""
@@ -125,15 +153,28 @@ class InjectionPlan:
 
     def verify(self, secret: bytes) -> bool:
         """True if the MAC is valid for this content."""
-        return hmac.compare_digest(_utf8(self.mac), _utf8(_mac(secret, self._payload())))
+        try:
+            payload = self._payload()
+        except struct.error:  # a key out of int64 (only a forged plan has one)
+            return False
+        return hmac.compare_digest(_utf8(self.mac), _utf8(_mac(secret, payload)))
 
     def to_params(self) -> dict[str, Any]:
         """kv_transfer_params for SamplingParams(extra_args=...) or the OpenAI server."""
         return {PARAMS_KEY: {
             "v": PLAN_VERSION, "kind": "inject", "user": self.user_id, "salt": self.cache_salt,
-            "keys": list(self.slab_keys), "lengths": list(self.lengths),
-            "tokens": base64.b64encode(self.tokens).decode("ascii"), "mac": self.mac,
+            "keys": _b64(_pack_keys(self.slab_keys)), "lengths": _b64(_pack_lengths(self.lengths)),
+            "tokens": _b64(self.tokens), "mac": self.mac,
         }}
+
+
+def pack_token_ids(token_ids: Sequence[int]) -> bytes:
+    """Token ids as little-endian int32 bytes (one C-level pass; struct beats array here).
+
+    Raises:
+        struct.error: an id is out of int32 or not an int.
+    """
+    return struct.pack(f"<{len(token_ids)}i", *token_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +208,7 @@ class SavePlan:
         header = _utf8(f"save|{PLAN_VERSION}|{self.user_id}|{self.slab_key}|{self.start}|"
                        f"{self.num_tokens}|{','.join(map(str, self.pages))}|"
                        f"{','.join(map(repr, self.key_scale))}|")
-        return header + array("i", prompt_token_ids).tobytes()
+        return header + pack_token_ids(prompt_token_ids)
 
     def signed(self, secret: bytes, prompt_token_ids: Sequence[int]) -> SavePlan:
         """Copy with the MAC set for this save prompt.
@@ -186,7 +227,7 @@ class SavePlan:
             return False
         try:
             payload = self._payload(prompt_token_ids)
-        except (TypeError, OverflowError):
+        except (TypeError, struct.error):
             return False
         return hmac.compare_digest(_utf8(self.mac), _utf8(_mac(secret, payload)))
 
@@ -222,15 +263,18 @@ def from_params(params: Mapping[str, Any] | None) -> Plan | None:
     user = _str(raw, "user")
     mac = _str(raw, "mac")
     if kind == "inject":
-        keys, lengths = _ints(raw, "keys"), _ints(raw, "lengths")
-        tokens = _packed(raw.get("tokens"))
-        if len(keys) != len(lengths) or not keys or 0 in lengths:
-            raise PlanError("inject plan needs equally long, non-empty 'keys' and 'lengths' "
-                            "lists of positive run lengths")
+        keys = _unpack(raw, "keys", "q", "int64 slab keys")
+        lengths = _unpack(raw, "lengths", "i", "int32 run lengths")
+        tokens = _packed(raw, "tokens", 4, "int32 token ids")
+        if len(keys) != len(lengths) or not keys:
+            raise PlanError(f"inject plan needs as many 'keys' as 'lengths', at least one; got "
+                            f"{len(keys)} and {len(lengths)}")
+        if min(keys) < 0 or min(lengths) <= 0:
+            raise PlanError("inject plan needs non-negative 'keys' and positive 'lengths'")
         if sum(lengths) * 4 != len(tokens):
             raise PlanError(f"inject plan lengths sum to {sum(lengths)} but 'tokens' holds "
                             f"{len(tokens) // 4} token ids")
-        return InjectionPlan(user, tuple(keys), tuple(lengths), tokens, _str(raw, "salt"), mac)
+        return InjectionPlan(user, keys, lengths, tokens, _str(raw, "salt"), mac)
     if kind == "save":
         pages = tuple(_ints(raw, "pages"))
         key, start, num_tokens = _int(raw, "key"), _int(raw, "start"), _int(raw, "num_tokens")
@@ -250,17 +294,37 @@ def _scales(value: Any) -> tuple[float, ...]:
     return tuple(float(v) for v in value)
 
 
-def _packed(value: Any) -> bytes:
+def _packed(raw: Mapping[str, Any], name: str, item_size: int, what: str) -> bytes:
+    value = raw.get(name)
     if not isinstance(value, str):
-        raise PlanError(f"plan field 'tokens' must be a base64 string of int32 token ids, got "
+        raise PlanError(f"plan field {name!r} must be a base64 string of {what}, got "
                         f"{type(value).__name__}")
     try:
-        raw = base64.b64decode(value, validate=True)
+        data = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
-        raise PlanError("plan field 'tokens' is not valid base64") from None
-    if len(raw) % 4:
-        raise PlanError("plan field 'tokens' must hold whole int32 values")
-    return raw
+        raise PlanError(f"plan field {name!r} is not valid base64") from None
+    if len(data) % item_size:
+        raise PlanError(f"plan field {name!r} must hold whole {what} ({item_size} bytes each), "
+                        f"got {len(data)} bytes")
+    return data
+
+
+def _unpack(raw: Mapping[str, Any], name: str, code: str, what: str) -> tuple[int, ...]:
+    size = struct.calcsize("<" + code)
+    data = _packed(raw, name, size, what)
+    return struct.unpack(f"<{len(data) // size}{code}", data)
+
+
+def _pack_keys(slab_keys: Sequence[int]) -> bytes:
+    return struct.pack(f"<{len(slab_keys)}q", *slab_keys)
+
+
+def _pack_lengths(lengths: Sequence[int]) -> bytes:
+    return struct.pack(f"<{len(lengths)}i", *lengths)
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
 
 
 def _utf8(text: str) -> bytes:

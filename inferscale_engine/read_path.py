@@ -24,7 +24,7 @@ from inferscale_engine.errors import (
 from inferscale_engine.facts import FactId, MemoryHandle
 from inferscale_engine.generation import Generation, from_output
 from inferscale_engine.layout import Layout, arrange
-from inferscale_engine.plan import InjectionPlan, Segment, cache_salt
+from inferscale_engine.plan import InjectionPlan, cache_salt, pack_token_ids
 from inferscale_engine.preambles import PreambleCache
 from inferscale_engine.prompt import MemoryPrompt, PromptBuilder
 from inferscale_engine.residency import FactRecord, Residency
@@ -171,12 +171,15 @@ class RequestPlanner:
              pinned: set[FactId] | None = None) -> InjectionPlan:
         """The signed plan of a prompt whose facts are resident."""
         pinned = pinned if pinned is not None else {r.fact.fact_id for r in records}
-        segments = [Segment(self._preambles.key(prompt.preamble, pinned), 0, prompt.preamble)]
-        segments += [Segment(r.slab_key or 0, start, r.fact.token_ids)
-                     for r, start in zip(records, prompt.fact_starts(), strict=True)]
+        if len(records) != len(prompt.facts):
+            raise ValueError(f"{len(records)} records for a prompt of {len(prompt.facts)} facts")
+        # The runs are the stored token ids (the prompt was built from them; the connector
+        # checks that it still holds exactly these), packed when each fact was added.
+        keys = [self._preambles.key(prompt.preamble, pinned), *(r.slab_key or 0 for r in records)]
+        runs = [pack_token_ids(prompt.preamble), *(r.packed_ids for r in records)]
         user_id = check_user_id(handle.user_id)
-        salt = cache_salt(self._secret, user_id, [s.slab_key for s in segments])
-        return InjectionPlan.from_segments(user_id, segments, salt).signed(self._secret)
+        salt = cache_salt(self._secret, user_id, keys)
+        return InjectionPlan.from_runs(user_id, keys, runs, salt).signed(self._secret)
 
 
 def collect(prepared: list[PreparedRequest], outputs: list[Any], latency_ms: float,

@@ -11,10 +11,11 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from inferscale_engine.errors import SlabFullError
 from inferscale_engine.facts import Fact, FactId
+from inferscale_engine.plan import pack_token_ids
 
 
 @dataclass(slots=True)
@@ -28,6 +29,11 @@ class FactRecord:
     pages: tuple[int, ...] | None = None
     key_scale: tuple[float, ...] = ()
     """Key temperature the KV is encoded with (() = 1): kept so a re-encode matches."""
+    packed_ids: bytes = field(init=False, repr=False)
+    """fact.token_ids packed once (plan.pack_token_ids): a plan joins these, no per-token work."""
+
+    def __post_init__(self) -> None:
+        self.packed_ids = pack_token_ids(self.fact.token_ids)
 
     @property
     def resident(self) -> bool:

@@ -2,13 +2,16 @@
 
 One record per request and direction (two typed lists, never a load/save flag). Block ids are
 sent instead of per-token slots: the worker derives slots with one vectorized expression, and
-the record stays small when pickled to worker processes every step.
+the record stays small when pickled to worker processes every step. A load's per-segment and
+per-block fields are int64 arrays, so the worker's index math never loops over Python ints.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
 
@@ -18,15 +21,21 @@ class LoadSpec:
 
     req_id: str
     user_id: str
-    slab_keys: list[int]
-    """Slab entry of each plan segment, in prompt order."""
-    starts: list[int]
-    """Serving position of each segment's first token."""
-    lengths: list[int]
+    slab_keys: np.ndarray
+    """[num_segments] int64: slab entry of each plan segment, in prompt order."""
+    lengths: np.ndarray
+    """[num_segments] int64: tokens of each segment; they tile the prompt from position 0."""
     load_start: int
     load_end: int
-    block_ids: list[int]
-    """The request's block table (covering at least [0, load_end))."""
+    block_ids: np.ndarray
+    """[num_blocks] int64: the request's block table (covering at least [0, load_end))."""
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # The arrays travel as raw bytes: the metadata is pickled every step when the workers
+        # run in processes of their own, and an ndarray pickles ~20x slower than its bytes.
+        return _load_spec, (self.req_id, self.user_id, _int64_bytes(self.slab_keys),
+                            _int64_bytes(self.lengths), self.load_start, self.load_end,
+                            _int64_bytes(self.block_ids))
 
 
 @dataclass(slots=True)
@@ -50,3 +59,15 @@ class InferScaleMetadata(KVConnectorMetadata):
 
     loads: list[LoadSpec] = field(default_factory=list)
     captures: list[CaptureSpec] = field(default_factory=list)
+
+
+def _int64_bytes(array: np.ndarray) -> bytes:
+    return np.ascontiguousarray(array, dtype=np.int64).tobytes()
+
+
+def _load_spec(req_id: str, user_id: str, slab_keys: bytes, lengths: bytes, load_start: int,
+               load_end: int, block_ids: bytes) -> LoadSpec:
+    """Unpickle a LoadSpec (read-only arrays over the pickled bytes)."""
+    return LoadSpec(req_id, user_id, np.frombuffer(slab_keys, np.int64),
+                    np.frombuffer(lengths, np.int64), load_start, load_end,
+                    np.frombuffer(block_ids, np.int64))

@@ -13,6 +13,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from inferscale_engine.config import ConnectorConfig
 from inferscale_engine.connector.metadata import CaptureSpec, InferScaleMetadata, LoadSpec
 from inferscale_engine.errors import PlanError
@@ -128,9 +130,10 @@ class InferScaleScheduler:
             plan, num_external = pending
             meta.loads.append(LoadSpec(
                 req_id=rid, user_id=plan.user_id,
-                slab_keys=list(plan.slab_keys), starts=plan.starts, lengths=list(plan.lengths),
+                slab_keys=np.array(plan.slab_keys, dtype=np.int64),
+                lengths=np.array(plan.lengths, dtype=np.int64),
                 load_start=num_computed - num_external, load_end=num_computed,
-                block_ids=block_ids,
+                block_ids=np.array(block_ids, dtype=np.int64),
             ))
             self.counters["loads"] += 1
             self.counters["loaded_tokens"] += num_external

@@ -8,15 +8,15 @@ rows and which allocation last wrote each page.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class SlabEntry:
-    """Where one fact's KV lives and who may read it."""
+    """Where one fact's KV lives and who may read it (compared by identity: cheap lookups)."""
 
     owner: str
     rows: torch.Tensor
@@ -24,11 +24,11 @@ class SlabEntry:
     num_tokens: int
     origin: int
     """Position whose rotation token 0's stored key carries (token i: origin + i)."""
+    row_array: np.ndarray = field(init=False, repr=False, compare=False)
+    """`rows` as a numpy view, made once: the per-step index math runs in numpy."""
 
-    @property
-    def row_array(self) -> np.ndarray:
-        """`rows` as a numpy view (the per-step index math runs in numpy)."""
-        return self.rows.numpy()
+    def __post_init__(self) -> None:
+        self.row_array = self.rows.numpy()
 
 
 class KVSlab:

@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import base64
+import struct
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferscale_engine.errors import PlanError
-from inferscale_engine.plan import InjectionPlan, SavePlan, Segment, from_params
+from inferscale_engine.plan import (
+    InjectionPlan,
+    SavePlan,
+    Segment,
+    from_params,
+    pack_token_ids,
+)
 
 SECRET = b"k" * 32
+
+
+def packed(code: str, *values: int) -> str:
+    """Base64 of little-endian values, as plans carry slab keys (q), lengths and tokens (i)."""
+    return base64.b64encode(struct.pack(f"<{len(values)}{code}", *values)).decode()
 
 
 def make_plan() -> InjectionPlan:
@@ -44,9 +58,9 @@ def test_save_mac_covers_the_whole_prompt():
         SavePlan("bob", 3, 10, 3, (0, 1)).signed(SECRET, prompt[:-1])
 
 
-@pytest.mark.parametrize("field,value", [("user", "mallory"), ("keys", [1, 9, 5]),
-                                         ("salt", "other"), ("lengths", [2, 3, 1]),
-                                         ("tokens", "BQAAAAYAAAAHAAAACAAAAAkAAAACAAAA")])
+@pytest.mark.parametrize("field,value", [("user", "mallory"), ("keys", packed("q", 1, 9, 5)),
+                                         ("salt", "other"), ("lengths", packed("i", 2, 3, 1)),
+                                         ("tokens", packed("i", 5, 6, 7, 8, 9, 2))])
 def test_tampering_breaks_the_mac(field, value):
     params = make_plan().to_params()
     params["inferscale"][field] = value
@@ -54,34 +68,64 @@ def test_tampering_breaks_the_mac(field, value):
     assert not make_plan().verify(b"x" * 32)
 
 
+def test_mac_framing_keeps_user_and_salt_apart():
+    signed = InjectionPlan.from_runs("a|b", [1], [pack_token_ids([5])], "c").signed(SECRET)
+    params = signed.to_params()
+    params["inferscale"].update(user="a", salt="b|c")
+    assert signed.verify(SECRET) and not from_params(params).verify(SECRET)
+
+
 def test_not_ours():
     assert from_params(None) is None and from_params({"other_connector": 1}) is None
 
 
-@pytest.mark.parametrize("raw", [
-    "str", {"v": 1}, {"v": 3, "kind": "inject"},
-    {"v": 3, "kind": "inject", "user": "u", "salt": "s", "keys": [1], "lengths": [2],
-     "tokens": "AQAAAA==", "mac": ""},  # lengths do not match the tokens
-    {"v": 3, "kind": "inject", "user": "u", "salt": "s", "keys": [1, 2], "lengths": [1],
-     "tokens": "AQAAAA==", "mac": ""},
-    {"v": 3, "kind": "inject", "user": "u", "salt": "s", "keys": [1], "lengths": [1],
-     "tokens": "not base64!", "mac": ""},
-    {"v": 3, "kind": "inject", "user": "u", "salt": "s", "keys": [1], "lengths": [1],
-     "tokens": [1], "mac": ""},
-    {"v": 3, "kind": "save", "user": "u", "key": -1, "start": 0, "num_tokens": 1, "pages": [0],
-     "mac": ""},
-    {"v": 3, "kind": "save", "user": "u", "key": 1, "start": 0, "num_tokens": 0, "pages": [0],
-     "mac": ""},
-    {"v": 3, "kind": "save", "user": "u", "key": 1, "start": 0, "num_tokens": 1, "pages": [],
-     "mac": ""},
-    {"v": 3, "kind": "save", "user": "u", "key": True, "start": 0, "num_tokens": 1,
-     "pages": [1], "mac": ""},
-    {"v": 2, "kind": "save", "user": "u", "key": 1, "start": 0, "tokens": [1], "pages": [0],
-     "mac": ""},  # the version before saves were bound to their whole prompt
+K1, L1, T1 = packed("q", 1), packed("i", 1), packed("i", 1)
+INJECT = {"v": 4, "kind": "inject", "user": "u", "salt": "s", "mac": ""}
+
+
+@pytest.mark.parametrize("raw,message", [
+    ("str", "must be a mapping"), ({"v": 1}, "version 1"), ({"v": 4, "kind": "inject"}, "'user'"),
+    ({**INJECT, "keys": K1, "lengths": packed("i", 2), "tokens": T1}, "sum to 2"),
+    ({**INJECT, "keys": packed("q", 1, 2), "lengths": L1, "tokens": T1}, "as many 'keys'"),
+    ({**INJECT, "keys": "", "lengths": "", "tokens": ""}, "at least one"),
+    ({**INJECT, "keys": K1, "lengths": L1, "tokens": "not base64!"}, "not valid base64"),
+    ({**INJECT, "keys": K1, "lengths": L1, "tokens": [1]}, "'tokens' must be a base64 string"),
+    ({**INJECT, "keys": [1], "lengths": L1, "tokens": T1}, "'keys' must be a base64 string"),
+    ({**INJECT, "keys": K1, "lengths": [1], "tokens": T1}, "'lengths' must be a base64"),
+    ({**INJECT, "keys": L1, "lengths": L1, "tokens": T1}, "whole int64 slab keys"),
+    ({**INJECT, "keys": K1, "lengths": L1, "tokens": "AQAA"}, "whole int32 token ids"),
+    ({**INJECT, "keys": packed("q", -1), "lengths": L1, "tokens": T1}, "non-negative 'keys'"),
+    ({**INJECT, "keys": packed("q", 1, 2), "lengths": packed("i", 1, 0), "tokens": T1},
+     "positive 'lengths'"),
+    ({**INJECT, "v": 3, "keys": [1], "lengths": [1], "tokens": T1}, "version 3"),  # lists of ints
+    ({"v": 4, "kind": "save", "user": "u", "key": -1, "start": 0, "num_tokens": 1, "pages": [0],
+      "mac": ""}, "'key'"),
+    ({"v": 4, "kind": "save", "user": "u", "key": 1, "start": 0, "num_tokens": 0, "pages": [0],
+      "mac": ""}, "num_tokens > 0"),
+    ({"v": 4, "kind": "save", "user": "u", "key": 1, "start": 0, "num_tokens": 1, "pages": [],
+      "mac": ""}, "at least one page"),
+    ({"v": 4, "kind": "save", "user": "u", "key": True, "start": 0, "num_tokens": 1,
+      "pages": [1], "mac": ""}, "'key'"),
+    ({"v": 2, "kind": "save", "user": "u", "key": 1, "start": 0, "tokens": [1], "pages": [0],
+      "mac": ""}, "version 2"),  # the version before saves were bound to their whole prompt
 ])
-def test_malformed_params_raise_plan_error(raw):
-    with pytest.raises(PlanError):
+def test_malformed_params_raise_plan_error(raw, message):
+    with pytest.raises(PlanError, match=message):
         from_params({"inferscale": raw})
+
+
+def test_from_runs_joins_packed_runs_and_refuses_bad_ones():
+    runs = [pack_token_ids(run) for run in [(5, 6, 7), [8, 9], (1,)]]
+    plan = InjectionPlan.from_runs("alice", [1, 9, 4], runs, "salt")
+    assert plan == InjectionPlan.from_segments("alice", make_plan().segments, "salt")
+    assert plan.lengths == (3, 2, 1) and plan.starts == [0, 3, 5] and plan.num_tokens == 6
+    assert not plan.matches([5, 6, 7, 8, 9]) and not plan.matches([5, 6, 7, 8, 9, 2**40])
+    for keys, bad in [([1, 2], [runs[0], b""]), ([1, 2], runs[:1]), ([], []),
+                      ([1], [runs[0][:-1]])]:
+        with pytest.raises(PlanError, match="one slab key per non-empty run"):
+            InjectionPlan.from_runs("alice", keys, bad, "salt")
+    with pytest.raises(PlanError, match="ints in"):
+        InjectionPlan.from_segments("alice", [Segment(1, 0, (2**31,))], "salt")
 
 
 json_values = st.recursive(
@@ -91,14 +135,16 @@ json_values = st.recursive(
                                                                        children, max_size=4),
     max_leaves=20,
 )
+packed_ints = st.builds(lambda code, values: packed(code, *values), st.sampled_from("qi"),
+                        st.lists(st.integers(-3, 600), max_size=6))
 plan_like = st.fixed_dictionaries({}, optional={
-    "v": st.sampled_from([3, 3, 3, 2, "3", None]),
+    "v": st.sampled_from([4, 4, 4, 3, "4", None]),
     "kind": st.sampled_from(["inject", "save", "x", 3]),
     "user": st.text(max_size=4) | json_values, "salt": st.text(max_size=4) | json_values,
-    "keys": st.lists(st.integers(-3, 50), max_size=4) | json_values,
-    "lengths": st.lists(st.integers(-3, 5), max_size=4) | json_values,
-    "tokens": st.lists(st.integers(-3, 600), max_size=8) | json_values
-    | st.binary(max_size=24).map(lambda b: __import__("base64").b64encode(b).decode()),
+    "keys": packed_ints | st.lists(st.integers(-3, 50), max_size=4) | json_values,
+    "lengths": packed_ints | st.lists(st.integers(-3, 5), max_size=4) | json_values,
+    "tokens": st.lists(st.integers(-3, 600), max_size=8) | json_values | packed_ints
+    | st.binary(max_size=24).map(lambda b: base64.b64encode(b).decode()),
     "key": st.integers(-3, 50) | json_values, "start": st.integers(-3, 50) | json_values,
     "num_tokens": st.integers(-3, 50) | json_values,
     "pages": st.lists(st.integers(-3, 50), max_size=4) | json_values,

@@ -1,0 +1,118 @@
+"""The worker's index math for a load: vectorized, checked against a per-token reference."""
+
+from __future__ import annotations
+
+import pickle
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from inferscale_engine.config import ConnectorConfig
+from inferscale_engine.connector.metadata import InferScaleMetadata, LoadSpec
+from inferscale_engine.connector.slab import KVSlab, SlabEntry
+from inferscale_engine.connector.worker import InferScaleWorker
+from inferscale_engine.plan import SYSTEM_OWNER
+
+BLOCK_SIZE = 16
+PAGE_TOKENS = 16
+
+
+def make_worker() -> InferScaleWorker:
+    from transformers import LlamaConfig
+
+    hf_config = LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                            num_key_value_heads=1, architectures=["LlamaForCausalLM"])
+    vllm_config = SimpleNamespace(
+        model_config=SimpleNamespace(hf_config=hf_config, max_model_len=4096,
+                                     get_num_kv_heads=lambda parallel: 1,
+                                     get_head_size=lambda: 8),
+        parallel_config=None,
+        cache_config=SimpleNamespace(block_size=BLOCK_SIZE, cache_dtype="auto"))
+    config = ConnectorConfig(slab_pages=256, page_tokens=PAGE_TOKENS, max_positions=4096)
+    worker = InferScaleWorker(vllm_config, config)  # type: ignore[arg-type]
+    worker.slab = KVSlab(1, 256, PAGE_TOKENS, 1, 8, torch.float32, torch.device("cpu"))
+    return worker
+
+
+def make_load(worker: InferScaleWorker, rng: random.Random, user: str = "alice"
+              ) -> LoadSpec:
+    """A preamble and facts in scattered slab pages, and a random block table."""
+    assert worker.slab is not None
+    lengths = [rng.randint(1, 40) for _ in range(rng.randint(1, 12))]
+    pages = rng.sample(range(256), sum(-(-n // PAGE_TOKENS) for n in lengths))
+    keys = rng.sample(range(1, 10_000), len(lengths))
+    for i, (key, n) in enumerate(zip(keys, lengths)):
+        num_pages = -(-n // PAGE_TOKENS)
+        mine, pages = pages[:num_pages], pages[num_pages:]
+        worker.slab.entries[key] = SlabEntry(SYSTEM_OWNER if i == 0 else user,
+                                             worker.slab.rows_for(mine, n), n,
+                                             rng.randint(0, 500))
+    num_tokens = sum(lengths)
+    lo = rng.randint(0, num_tokens - 1)
+    hi = rng.randint(lo + 1, num_tokens)
+    blocks = rng.sample(range(1000), -(-(num_tokens + 5) // BLOCK_SIZE))
+    return LoadSpec("req", user, np.array(keys, dtype=np.int64),
+                    np.array(lengths, dtype=np.int64), lo, hi, np.array(blocks, dtype=np.int64))
+
+
+def reference_indices(worker: InferScaleWorker, load: LoadSpec) -> np.ndarray:
+    """The same four rows, one token at a time."""
+    assert worker.slab is not None
+    out, start = [], 0
+    for key, n in zip(load.slab_keys.tolist(), load.lengths.tolist()):
+        entry = worker.slab.entries[key]
+        for i in range(n):
+            position = start + i
+            if load.load_start <= position < load.load_end:
+                block = int(load.block_ids[position // BLOCK_SIZE])
+                out.append((int(entry.rows[i]), block * BLOCK_SIZE + position % BLOCK_SIZE,
+                            entry.origin + i, position))
+        start += n
+    return np.array(out, dtype=np.int64).T
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_load_indices_match_a_per_token_reference(seed):
+    worker = make_worker()
+    load = make_load(worker, random.Random(seed))
+    got = worker._load_indices(load)
+    assert got is not None and np.array_equal(got, reference_indices(worker, load))
+    assert not worker.take_failed_block_ids()
+
+
+@pytest.mark.parametrize("problem", ["missing", "foreign", "length"])
+def test_a_bad_segment_fails_the_whole_load(problem):
+    worker = make_worker()
+    assert worker.slab is not None
+    load = make_load(worker, random.Random(7))
+    load = LoadSpec(load.req_id, load.user_id, load.slab_keys, load.lengths, 0,
+                    int(load.lengths.sum()), load.block_ids)
+    key = int(load.slab_keys[-1])
+    entry = worker.slab.entries[key]
+    if problem == "missing":
+        del worker.slab.entries[key]
+    elif problem == "foreign":
+        worker.slab.entries[key] = SlabEntry("mallory", entry.rows, entry.num_tokens, 0)
+    else:
+        worker.slab.entries[key] = SlabEntry("alice", entry.rows[:-1], entry.num_tokens - 1, 0)
+    worker.paged = SimpleNamespace(inject_=lambda *a: pytest.fail("injected"))  # type: ignore
+    worker._rope = SimpleNamespace()  # type: ignore[assignment]
+    worker.start_load(InferScaleMetadata(loads=[load]))
+    num_blocks = -(-load.load_end // BLOCK_SIZE)
+    assert worker.take_failed_block_ids() == set(load.block_ids[:num_blocks].tolist())
+    assert worker.counters["load_errors"] == 1 and worker.counters["injected_tokens"] == 0
+
+
+def test_load_spec_pickles_its_arrays_as_bytes():
+    load = make_load(make_worker(), random.Random(3))
+    data = pickle.dumps(InferScaleMetadata(loads=[load]))
+    back = pickle.loads(data).loads[0]
+    assert (back.req_id, back.user_id, back.load_start, back.load_end) == (
+        load.req_id, load.user_id, load.load_start, load.load_end)
+    for name in ("slab_keys", "lengths", "block_ids"):
+        assert np.array_equal(getattr(back, name), getattr(load, name))
+        assert getattr(back, name).dtype == np.int64
+    assert b"numpy" not in data
