@@ -161,9 +161,9 @@ class InferScaleWorker:
         """[4, n] int64 array of one load (None if it failed).
 
         Rows: slab rows, paged slots, the positions the stored keys are rotated for, and the
-        serving positions. No Python loop: the per-segment checks (resident, owner, length)
-        are C-level map/compare passes, the index math a dozen numpy calls (torch's per-op
-        overhead is higher on arrays this small; the step uploads all loads in one copy).
+        serving positions. No per-token Python: one check per segment (_entry_problem), the
+        index math a dozen numpy calls (torch's per-op overhead is higher on arrays this small;
+        the step uploads all loads in one copy).
         """
         assert self.slab is not None
         lo, hi = load.load_start, load.load_end
@@ -176,11 +176,10 @@ class InferScaleWorker:
             return None
         keys, lengths = load.slab_keys[first:last].tolist(), load.lengths[first:last].tolist()
         selected = list(map(self.slab.entries.get, keys))
-        if (None in selected or not {load.user_id, SYSTEM_OWNER}.issuperset(
-                map(_OWNER, selected)) or list(map(_NUM_TOKENS, selected)) != lengths):
-            key, problem = next((k, p) for k, e, n in zip(keys, selected, lengths)
-                                if (p := _entry_problem(e, load.user_id, n)))
-            self._fail(load, problem, key)
+        failed = next(((k, p) for k, e, n in zip(keys, selected, lengths)
+                       if (p := _entry_problem(e, load.user_id, n))), None)
+        if failed is not None:
+            self._fail(load, failed[1], failed[0])
             return None
         packed = np.empty((4, hi - lo), dtype=np.int64)
         rows, slots, canonical, serving = packed
@@ -271,7 +270,6 @@ class _PinnedStaging:
         return out
 
 
-_OWNER, _NUM_TOKENS = attrgetter("owner"), attrgetter("num_tokens")
 _ORIGIN, _ROW_ARRAY = attrgetter("origin"), attrgetter("row_array")
 
 
