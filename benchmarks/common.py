@@ -52,6 +52,21 @@ def compilation_overrides(cudagraph_sizes: str | None) -> dict[str, Any]:
     return {"compilation_config": {"cudagraph_capture_sizes": sizes}}
 
 
+def vllm_args(pairs: list[str] | None) -> dict[str, Any]:
+    """vLLM engine arguments from repeated --vllm-arg KEY=VALUE (VALUE parsed as JSON when it
+    is JSON, else kept as a string), e.g. async_scheduling=true; recorded with the results."""
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--vllm-arg {pair!r}: use KEY=VALUE, e.g. async_scheduling=true")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
 def locomo_facts(count: int, min_tokens: int, tokenizer: Any) -> list[str] | None:
     """Up to `count` LoCoMo observation facts (distinct, >= min_tokens tokens each, formatted as
     in prompts), or None when the data is not on this machine. Benchmark use only."""
@@ -93,10 +108,14 @@ def synthetic_texts(tokenizer: Any, count: int, num_tokens: int, seed: int,
 
 
 def summarize(samples_ms: list[float]) -> dict[str, float]:
-    """Median, p90, mean, min, max of a list of milliseconds."""
+    """Median, p90, p99, mean, min, max of a list of milliseconds."""
     ordered = sorted(samples_ms)
-    p90 = ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
-    return {"median_ms": statistics.median(ordered), "p90_ms": p90,
+
+    def quantile(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+    return {"median_ms": statistics.median(ordered), "p90_ms": quantile(0.9),
+            "p99_ms": quantile(0.99),
             "mean_ms": statistics.fmean(ordered), "min_ms": ordered[0], "max_ms": ordered[-1],
             "n": len(ordered)}
 

@@ -22,7 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import environment, resolve_model, synthetic_texts, write_record  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    environment,
+    resolve_model,
+    synthetic_texts,
+    vllm_args,
+    write_record,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kv-cache-gib", type=float, default=None)
     parser.add_argument("--multiprocessing", action="store_true")
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--vllm-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="a vLLM engine argument for every mode alike, e.g. "
+                             "async_scheduling=true (repeatable)")
     parser.add_argument("--tag", default="")
     return parser.parse_args(argv)
 
@@ -64,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
         slab_capacity_bytes=args.slab_mib * 2**20, context_window_tokens=0, max_fact_tokens=128,
         kv_cache_memory_bytes=int(args.kv_cache_gib * 2**30) if args.kv_cache_gib else None,
         multiprocessing=args.multiprocessing, enforce_eager=True if args.enforce_eager else None,
-        vllm_overrides={"disable_log_stats": False})
+        vllm_overrides={"disable_log_stats": False, **vllm_args(args.vllm_arg)})
     engine = Engine(config)
     facts = synthetic_texts(engine.tokenizer, args.pool, args.fact_tokens, seed=1)
     start = time.perf_counter()

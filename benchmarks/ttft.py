@@ -39,6 +39,7 @@ from benchmarks.common import (  # noqa: E402
     resolve_model,
     summarize,
     synthetic_texts,
+    vllm_args,
     write_record,
 )
 
@@ -76,6 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--facts", default="auto", choices=("auto", "synthetic", "locomo"),
                         help="auto: LoCoMo observations (~30 tokens) for a real tokenizer when "
                              "the data is present, else synthetic texts of --fact-tokens")
+    parser.add_argument("--vllm-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="a vLLM engine argument for every mode alike, e.g. "
+                             "async_scheduling=true (repeatable)")
     parser.add_argument("--tag", default="")
     return parser.parse_args(argv)
 
@@ -91,7 +95,8 @@ def build_engine(args: argparse.Namespace):
         block_size=args.block_size, kv_cache_memory_bytes=kv_bytes,
         enforce_eager=True if args.enforce_eager else None, max_fact_tokens=128,
         multiprocessing=args.multiprocessing,
-        vllm_overrides={"disable_log_stats": False, **compilation_overrides(args.cudagraph_sizes)},
+        vllm_overrides={"disable_log_stats": False, **compilation_overrides(args.cudagraph_sizes),
+                        **vllm_args(args.vllm_arg)},
     )
     return Engine(config), config
 

@@ -9,7 +9,11 @@
 # retrieval timed on the GPU), ingest (facts/s with W in {0, 64}, both models), families (same-
 # position exactness and moved keys on Phi-4-mini, Gemma-3-12B, Qwen3-30B-A3B and Mixtral-8x7B
 # configs, dummy weights, one process each), families_ttft (ttft.py at k=50 for each of them),
-# server (TTFT of `inferscale serve` over HTTP vs in-process, Llama-3.1-8B, k=50).
+# server (TTFT of `inferscale serve` over HTTP vs in-process, Llama-3.1-8B, k=50), ceiling (issue 13:
+# ttft.py for Llama-3.1-8B with the LoCoMo arms' layouts (kv-userR, text-userR) at k=0..100 incl.
+# 20, and Qwen3-8B, MP=0, retrieval timed on the GPU), async (the same with vLLM's
+# async_scheduling, Llama, k=0,50,100), memory1m (memory_ops.py: 1M facts of one user, index and
+# query embedder on the GPU), throughput (k=50, N up to 128, text / kv / resident, MP=1).
 # FAMILY_MODELS picks a subset of the families, e.g. FAMILY_MODELS="qwen3-30b-a3b mixtral-8x7b".
 # The MoE families need vLLM 0.26's _moe_C_stable_libtorch.abi3.so, which the bundle drops. Pack
 # it once (40 MiB) and carry .device/moe with the first families command (after the bundle's):
@@ -62,7 +66,14 @@ for step in "$@"; do
     ttft)
       python3 benchmarks/ttft.py --model llama-3.1-8b --multiprocessing --embedder none --tag h200-mp1 --plot --warmup 2 2>&1 | grep -vE "$quiet" | tail -9
       python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50 --embedder none --tag h200-mp0 --warmup 2 2>&1 | grep -vE "$quiet" | tail -5 ;;
-    throughput) python3 benchmarks/throughput.py --model llama-3.1-8b --multiprocessing --tag h200 --repeats 2 2>&1 | grep -vE "$quiet" | tail -8 ;;
+    throughput) python3 benchmarks/throughput.py --model llama-3.1-8b --multiprocessing --tag h200 --concurrency 1,8,32,64,128 --repeats 3 2>&1 | grep -vE "$quiet" | tail -12 ;;
+    ceiling) random_minilm
+      python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,10,20,25,50,100 --modes text,kv,resident,kv-user2,kv-user4,text-user2,text-user4 --embedder /tmp/minilm --tag h200-ceiling --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -12
+      python3 benchmarks/ttft.py --model qwen3-8b --ks 0,10,25,50,100 --embedder /tmp/minilm --tag h200-ceiling --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -9 ;;
+    async)
+      timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50,100 --embedder none --tag h200-async --warmup 4 --vllm-arg async_scheduling=true 2>&1 | grep -vE "$quiet" | tail -8 ;;
+    memory1m) random_minilm
+      timeout 500 python3 benchmarks/memory_ops.py --model tiny --device cuda --sizes 10000,1000000 --real-embed-up-to 0 --skip-encode --k 50 --queries 300 --batch 20000 --embedder /tmp/minilm --tag h200 2>&1 | grep -vE "$quiet" | tail -8 ;;
     qwen3) python3 benchmarks/ttft.py --model qwen3-8b --multiprocessing --embedder none --tag h200-mp1 --plot --warmup 2 2>&1 | grep -vE "$quiet" | tail -9 ;;
     minilm) random_minilm
       INFERSCALE_TEST_EMBEDDER=/tmp/minilm python3 -m pytest tests/gpu/test_query_graphs.py -q -s -p no:cacheprovider 2>&1 | grep -E "^\[gpu|passed|failed|^E " ;;
