@@ -52,6 +52,16 @@ def compilation_overrides(cudagraph_sizes: str | None) -> dict[str, Any]:
     return {"compilation_config": {"cudagraph_capture_sizes": sizes}}
 
 
+def open_text(path: Path, mode: str = "r") -> Any:
+    """Open a results file as text; a '.gz' name is gzip (appends add a gzip member, which
+    readers concatenate), so finished JSONL results can be stored compressed."""
+    import gzip
+
+    if path.suffix == ".gz":
+        return gzip.open(path, mode + "t", encoding="utf-8")
+    return path.open(mode, encoding="utf-8")
+
+
 def vllm_args(pairs: list[str] | None) -> dict[str, Any]:
     """vLLM engine arguments from repeated --vllm-arg KEY=VALUE (VALUE parsed as JSON when it
     is JSON, else kept as a string), e.g. async_scheduling=true; recorded with the results."""

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import RESULTS_DIR, environment, write_record  # noqa: E402
+from benchmarks.common import RESULTS_DIR, environment, open_text, write_record  # noqa: E402
 from benchmarks.locomo_arms import (  # noqa: E402
     DEFAULT_ARMS,
     Arm,
@@ -148,7 +148,7 @@ def read_results(path: Path, args: argparse.Namespace) -> Results:
     out = Results()
     if not path.exists():
         return out
-    with path.open() as lines:
+    with open_text(path) as lines:
         for line in lines:
             try:
                 record = json.loads(line)

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import open_text
+
 CACHE_VERSION = 1
 """Bump when what a cached generation holds changes."""
 
@@ -50,7 +52,7 @@ class TextAnswerCache:
         self.hits = 0
         self.misses = 0
         if path is not None and path.exists():
-            with path.open() as lines:
+            with open_text(path) as lines:
                 for line in lines:
                     try:
                         entry = json.loads(line)
@@ -77,6 +79,6 @@ class TextAnswerCache:
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as out:
+        with open_text(self.path, "a") as out:
             out.write(json.dumps({"key": key, "generation": dict(generation),
                                   "about": dict(about or {})}) + "\n")

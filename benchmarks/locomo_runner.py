@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from benchmarks.common import resolve_model
+from benchmarks.common import open_text, resolve_model
 from benchmarks.locomo_arms import Arm, arm_request
 from benchmarks.locomo_cache import TextAnswerCache, text_cache_key
 from benchmarks.locomo_data import Conversation, Question
@@ -253,7 +253,7 @@ def run(args: argparse.Namespace, arms: Sequence[Arm], selection: Selection,
     engine.generate(None, "Hello", SamplingParams(max_tokens=2, temperature=0.0))
     embedder = Embedder(args.embedder, device="cpu")
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    with out_path.open("a") as out:
+    with open_text(out_path, "a") as out:
         config = {k: v for k, v in vars(args).items() if k != "arm_list"}
         config["arms"] = [a.name for a in arms]
         out.write(json.dumps({"type": "config", "config": config}, default=str) + "\n")
