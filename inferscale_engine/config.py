@@ -35,6 +35,11 @@ class EngineConfig:
     """Tokens per slab page (allocation granularity)."""
     context_window_tokens: int = 64
     """W: tokens of preceding conversation each fact is encoded after (0 = encode alone)."""
+    context_run_tokens: int = 0
+    """R: facts added together (Memory.add(texts=[...])) are encoded in runs of up to R fact
+    tokens, one save request per run: a run's first fact sees the W tokens before it, every
+    later one those and the run's facts before it (W to W + R tokens of context). 0: each
+    fact is encoded on its own after exactly its last W tokens (inferscale_engine.contexts)."""
     max_fact_tokens: int = 256
     """Longest fact accepted, in tokens."""
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -92,15 +97,17 @@ class EngineConfig:
             raise ConfigError(f"dtype {self.dtype!r} is not supported; use one of {_DTYPES}")
         _positive(self, "max_model_len", "slab_capacity_bytes", "slab_page_tokens",
                   "max_fact_tokens", "save_batch_size", "tensor_parallel_size")
-        if self.context_window_tokens < 0:
-            raise ConfigError(f"context_window_tokens must be >= 0, got "
-                              f"{self.context_window_tokens}")
+        for name in ("context_window_tokens", "context_run_tokens"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int
+                                                                       ) or getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be an int >= 0, got {getattr(self, name)!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got "
                               f"{self.gpu_memory_utilization}")
-        if self.max_fact_tokens + self.context_window_tokens >= self.max_model_len:
-            raise ConfigError("max_fact_tokens + context_window_tokens must be below "
-                              f"max_model_len ({self.max_model_len})")
+        if (self.max_fact_tokens + self.context_window_tokens + self.context_run_tokens
+                >= self.max_model_len):
+            raise ConfigError("max_fact_tokens + context_window_tokens + context_run_tokens must "
+                              f"be below max_model_len ({self.max_model_len})")
         for name, allowed in (("key_origin", ("encoded", "zero")),
                               ("on_slab_full", ("evict", "error")),
                               ("on_evicted", ("reencode", "text"))):

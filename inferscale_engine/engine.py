@@ -19,6 +19,7 @@ from typing import Any
 from inferscale_engine.calibration import Calibration, model_fingerprint
 from inferscale_engine.checks import check_text, check_user_id
 from inferscale_engine.config import ConnectorConfig, EngineConfig, plan_secret
+from inferscale_engine.contexts import Context, context_tokens
 from inferscale_engine.errors import (
     ConfigError,
     EngineClosedError,
@@ -89,7 +90,7 @@ class Engine:
 
     # ---- write path --------------------------------------------------------------------
     def add_facts(self, user_id: str, texts: Sequence[str],
-                  contexts: Sequence[str | None] | None = None, *,
+                  contexts: Sequence[Context] | None = None, *,
                   fact_ids: Sequence[FactId] | None = None, window: int | None = None,
                   encode: bool = True, key_scale: float | tuple[float, ...] | None = None
                   ) -> list[FactId]:
@@ -98,8 +99,9 @@ class Engine:
         Args:
             user_id: owner of the facts.
             texts: fact texts.
-            contexts: per fact, the conversation text that preceded it (Context-Window
-                Encoding keeps its last `window` tokens before the fact), or None.
+            contexts: per fact, what it is encoded after (Context-Window Encoding): the
+                text that preceded it (its last `window` tokens are kept), a RunContext
+                (facts added together; inferscale_engine.contexts), or None.
             fact_ids: ids to use (e.g. a durable store's); default: the engine numbers them.
             window: tokens of context to keep (default EngineConfig.context_window_tokens).
             encode: False registers the facts only; their KV is built on first use.
@@ -123,7 +125,7 @@ class Engine:
         return ids
 
     def add_tokenized_facts(self, facts: Sequence[Fact],
-                            contexts: Sequence[str | None] | None = None, *,
+                            contexts: Sequence[Context] | None = None, *,
                             window: int | None = None, encode: bool = True,
                             key_scale: float | tuple[float, ...] | None = None) -> None:
         """Register facts whose ids and token ids are already known (a durable store's).
@@ -151,8 +153,9 @@ class Engine:
             self._check_length(fact.token_ids, fact.text)
         scale = self._key_scale if key_scale is None else _key_scale(key_scale,
                                                                       self._num_layers)
+        known = {f.text: tuple(f.token_ids) for f in facts}  # a run's facts, tokenized once
         records = [FactRecord(Fact(f.fact_id, check_user_id(f.user_id), f.text,
-                                   tuple(f.token_ids)), self._context_tokens(c, window),
+                                   tuple(f.token_ids)), self._context_tokens(c, window, known),
                               key_scale=scale)
                    for f, c in zip(facts, contexts, strict=True)]
         with self._lock:
@@ -213,13 +216,11 @@ class Engine:
                                    "(EngineConfig.context_window_tokens)")
         return window
 
-    def _context_tokens(self, context: object, window: int) -> tuple[int, ...]:
-        if context is None or window == 0:
-            return ()
-        if not isinstance(context, str):
-            raise InvalidFactError(f"a context must be a string or None, got "
-                                   f"{type(context).__name__}")
-        return self.prompts.encode(context)[-window:]
+    def _context_tokens(self, context: object, window: int,
+                        known: Mapping[str, tuple[int, ...]]) -> tuple[int, ...]:
+        return context_tokens(context, window, self.prompts.encode,
+                              lambda text: known.get(text) or self.prompts.fact_ids(text),
+                              limit=window + self.config.context_run_tokens)
 
     # ---- read path ---------------------------------------------------------------------
     def generate(self, handle: MemoryHandle | None, messages: Messages | str,

@@ -1,9 +1,13 @@
 """The write path: encode facts once and keep their KV in the slab.
 
-A fact is encoded by a vLLM "save" request, prompt [preamble][<= W context tokens][fact],
+A fact is encoded by a vLLM "save" request, prompt [preamble][context tokens][fact],
 max_tokens=1; its signed SavePlan names the slab pages to fill, and the worker-side connector
-copies only the fact's K/V there (Context-Window Encoding). Pages are allocated here, least
-recently used facts evicted when the slab is full; a batch is all or nothing.
+copies only the fact's K/V there (Context-Window Encoding). Facts whose contexts chain (each
+fact's context is the previous fact's context followed by the previous fact, as a run of
+facts added together has) share ONE save request: the last fact's prompt holds every earlier
+fact's prompt as a prefix, and causal attention makes each fact's K/V there the same as in its
+own request. Pages are allocated here, least recently used facts evicted when the slab is
+full; a batch is all or nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from inferscale_engine.config import EngineConfig
 from inferscale_engine.facts import FactId
 from inferscale_engine.generation import RESULT_KEY
-from inferscale_engine.plan import SavePlan
+from inferscale_engine.plan import SavePlan, SaveSpan
 from inferscale_engine.residency import FactRecord, Residency
 from inferscale_engine.runner import Runner
 
@@ -54,11 +58,15 @@ class FactWriter:
                                                           evict)
                 self.free_records(evicted)
                 allocated.append((record, self._residency.next_slab_key(), pages))
-            prompts = [[*preamble, *r.context_ids, *r.fact.token_ids] for r, _, _ in allocated]
-            plans = [SavePlan(r.fact.user_id, key, len(preamble) + len(r.context_ids),
-                              len(r.fact.token_ids), pages,
-                              key_scale=r.key_scale).signed(self._secret, prompt)
-                     for (r, key, pages), prompt in zip(allocated, prompts, strict=True)]
+            prompts, plans = [], []
+            for run in _runs(allocated):
+                last = run[-1][0]
+                prompt = [*preamble, *last.context_ids, *last.fact.token_ids]
+                spans = tuple(SaveSpan(key, len(preamble) + len(r.context_ids),
+                                       len(r.fact.token_ids), pages) for r, key, pages in run)
+                plans.append(SavePlan(last.fact.user_id, spans, key_scale=last.key_scale
+                                      ).signed(self._secret, prompt))
+                prompts.append(prompt)
             self.run_saves(plans, prompts)
         except BaseException:
             for _, _, pages in allocated:
@@ -79,7 +87,7 @@ class FactWriter:
                                                   self._config.on_slab_full == "evict")
         self.free_records(evicted)
         key = self._residency.next_slab_key()
-        plan = SavePlan(owner, key, 0, len(preamble), pages).signed(self._secret, preamble)
+        plan = SavePlan.one(owner, key, 0, len(preamble), pages).signed(self._secret, preamble)
         try:
             self.run_saves([plan], [list(preamble)])
         except BaseException:
@@ -105,7 +113,7 @@ class FactWriter:
         """
         from vllm import SamplingParams, TokensPrompt
 
-        batch = self._config.save_batch_size
+        batch = self._config.save_batch_size  # requests (each one fact or a run of facts)
         for lo in range(0, len(plans), batch):
             chunk = slice(lo, lo + batch)
             params = [SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": p.to_params()})
@@ -116,8 +124,35 @@ class FactWriter:
                 result = (out.kv_transfer_params or {}).get(RESULT_KEY, {})
                 if result.get("status") != "save":
                     raise RuntimeError(f"fact encoding was refused by the connector: {result}")
-        keys = [p.slab_key for p in plans]
+        keys = [span.slab_key for p in plans for span in p.spans]
         for rank, resident in enumerate(self._runner.workers.resident(keys)):
             if not all(resident):
                 raise RuntimeError(f"worker {rank} did not capture {resident.count(False)} facts")
-        self._counters["encoded_facts"] += len(plans)
+        self._counters["encoded_facts"] += len(keys)
+        self._counters["save_requests"] += len(plans)
+
+
+_Allocated = tuple[FactRecord, int, tuple[int, ...]]
+
+
+def _runs(allocated: list[_Allocated]) -> list[list[_Allocated]]:
+    """Consecutive records split into runs whose contexts chain (see the module docstring).
+
+    A record joins the run before it when its context is exactly that run's last context
+    followed by that run's last fact, with the same key scale: then the run's last prompt
+    contains every earlier prompt of the run as a prefix.
+    """
+    runs: list[list[_Allocated]] = []
+    for item in allocated:
+        record = item[0]
+        if runs:
+            prev = runs[-1][-1][0]
+            n = len(prev.context_ids)
+            if (record.key_scale == prev.key_scale
+                    and len(record.context_ids) == n + len(prev.fact.token_ids)
+                    and record.context_ids[:n] == prev.context_ids
+                    and record.context_ids[n:] == prev.fact.token_ids):
+                runs[-1].append(item)
+                continue
+        runs.append([item])
+    return runs

@@ -142,14 +142,17 @@ class InferScaleScheduler:
             return
         save.block_ids = block_ids if replaces_blocks else save.block_ids + block_ids
         if not save.captured and num_computed + num_scheduled >= save.plan.end:
+            # Every span is captured in the step that computes the prompt's last token: the
+            # whole prompt's blocks are allocated then (chunked prefill included).
             save.captured = True
             saved = save.plan
-            meta.captures.append(CaptureSpec(
-                req_id=rid, user_id=saved.user_id, slab_key=saved.slab_key,
-                start=saved.start, num_tokens=saved.num_tokens, pages=list(saved.pages),
-                block_ids=list(save.block_ids), key_scale=list(saved.key_scale),
-            ))
-            self.counters["captures"] += 1
+            for span in saved.spans:
+                meta.captures.append(CaptureSpec(
+                    req_id=rid, user_id=saved.user_id, slab_key=span.slab_key,
+                    start=span.start, num_tokens=span.num_tokens, pages=list(span.pages),
+                    block_ids=list(save.block_ids), key_scale=list(saved.key_scale),
+                ))
+            self.counters["captures"] += len(saved.spans)
 
     def _check(self, request: Request) -> _Checked:
         rid = request.request_id

@@ -5,12 +5,13 @@ Argument checks live in inferscale_engine.checks (one implementation for every l
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from inferscale_engine import checks
+from inferscale_engine.contexts import Context, RunContext, run_contexts
 from inferscale_engine.facts import FactId
 from inferscale_engine.memory.records import Turn
 from inferscale_engine.memory.retrieval import RetrievalIndex
@@ -19,8 +20,30 @@ from inferscale_engine.memory.types import AddResult
 from inferscale_engine.prompt import FACT_FORMAT
 
 CONTEXT_KEY = "inferscale.context"
-"""Metadata key holding the conversation a turn fact was encoded after (Context-Window
-Encoding), so that its KV is rebuilt exactly. Keys starting with 'inferscale.' are reserved."""
+"""Metadata key holding what a fact was encoded after (Context-Window Encoding): the text
+before it, or a run context as JSON ({"lead": ..., "facts": [...]}), so that its KV is
+rebuilt exactly. Keys starting with 'inferscale.' are reserved."""
+
+
+def context_metadata(context: Context) -> dict[str, Any]:
+    """The metadata entry that stores `context` (none for no context)."""
+    if isinstance(context, RunContext):
+        return {CONTEXT_KEY: context.to_json()}
+    return {CONTEXT_KEY: context} if context else {}
+
+
+def with_context(metadata: dict[str, Any] | None, old: Mapping[str, Any]
+                 ) -> dict[str, Any] | None:
+    """An updated fact's new metadata (None: unchanged), keeping what it was encoded after."""
+    if metadata is None or CONTEXT_KEY not in old:
+        return metadata
+    return {**metadata, CONTEXT_KEY: old[CONTEXT_KEY]}
+
+
+def stored_context(metadata: Mapping[str, Any]) -> Context:
+    """The context a stored fact was encoded after (inverse of context_metadata)."""
+    value = metadata.get(CONTEXT_KEY)
+    return RunContext.from_json(value) if isinstance(value, Mapping) else value
 
 _DUPLICATE_CANDIDATES = 8
 """Most similar indexed facts compared by text per new fact."""
@@ -50,18 +73,27 @@ def turn_contexts(earlier: list[Turn], turns: list[tuple[str, str]],
 
 def contexts(store: FactStore, user_id: str, session_id: str | None,
              turns: list[tuple[str, str]] | None, facts: list[tuple[str, int]],
-             keep: list[int], limit: int) -> list[str | None]:
+             keep: list[int], limit: int, lengths: Sequence[int], run_tokens: int
+             ) -> list[Context]:
     """Per new fact (text, turn position), what it is encoded after.
 
     A turn's fact: the session's turns before it. A fact added as text: the user's facts
-    before it (the kept ones of this call included; duplicates get none: they are not stored).
+    before it (the kept ones of this call included; duplicates get none: they are not stored);
+    with run_tokens > 0 (EngineConfig.context_run_tokens) as runs of facts (RunContext), each
+    run encoded in one request.
+
+    Args:
+        lengths: token counts of `facts`.
     """
     if turns is not None:
         earlier = store.recent_turns(user_id=user_id, session_id=session_id, limit=limit)
-        return turn_contexts(earlier, turns, [p for _, p in facts])
-    recent = store.recent_facts(user_id=user_id, limit=limit)
-    kept = fact_contexts([f.text for f in recent], [facts[i][0] for i in keep])
-    out: list[str | None] = [None] * len(facts)
+        return list[Context](turn_contexts(earlier, turns, [p for _, p in facts]))
+    recent = [f.text for f in store.recent_facts(user_id=user_id, limit=limit)]
+    texts = [facts[i][0] for i in keep]
+    kept: list[Context] = list(
+        run_contexts(recent, texts, [lengths[i] for i in keep], run_tokens=run_tokens,
+                     lead_facts=limit) if run_tokens else fact_contexts(recent, texts))
+    out: list[Context] = [None] * len(facts)
     for i, context in zip(keep, kept, strict=True):
         out[i] = context
     return out

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from inferscale_engine import checks
+from inferscale_engine.contexts import Context
 from inferscale_engine.engine import Engine, Generation, Messages
 from inferscale_engine.errors import (
     EngineClosedError,
@@ -164,7 +165,8 @@ class Memory:
                 self._served.text_of)
             keep = [i for i, match in enumerate(matches) if match is None]
             contexts = ingest.contexts(self._store, user_id, session_id, turns, facts, keep,
-                                       self._context_turns)
+                                       self._context_turns, [len(t) for t in token_ids],
+                                       self._engine.config.context_run_tokens)
             stored = self._store_facts(user_id, session_id, metadata, [facts[i][0] for i in keep],
                                        [token_ids[i] for i in keep], vectors[keep],
                                        [contexts[i] for i in keep], turns or ())
@@ -200,9 +202,7 @@ class Memory:
         with self._lock:
             self._check_open()
             (old,) = self._store.get(user_id=user_id, fact_ids=[fact_id])
-            context = old.metadata.get(ingest.CONTEXT_KEY)
-            if metadata is not None and context is not None:
-                metadata = {**metadata, ingest.CONTEXT_KEY: context}
+            metadata = ingest.with_context(metadata, old.metadata)
             new = self._store.update(user_id=user_id, fact_id=fact_id, text=text,
                                      token_ids=token_ids, embedding=vector, metadata=metadata)
             self._served.forget(user_id, [fact_id])  # the new version is encoded afresh
@@ -431,10 +431,10 @@ class Memory:
     def _store_facts(self, user_id: str, session_id: str | None,
                      metadata: dict[str, Any] | None, texts: list[str],
                      token_ids: list[tuple[int, ...]], vectors: torch.Tensor,
-                     contexts: list[str | None], turns: Sequence[tuple[str, str]]
+                     contexts: list[Context], turns: Sequence[tuple[str, str]]
                      ) -> list[StoredFact]:
         """Write facts and turns in one transaction; returns the facts' records as stored."""
-        metas = [{**(metadata or {}), **({ingest.CONTEXT_KEY: c} if c else {})} for c in contexts]
+        metas = [{**(metadata or {}), **ingest.context_metadata(c)} for c in contexts]
         ids = self._store.add_facts(user_id=user_id, texts=texts, token_ids=token_ids,
                                     embeddings=list(vectors), metadata=metas, session_id=session_id,
                                     turns=turns)

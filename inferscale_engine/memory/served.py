@@ -21,7 +21,7 @@ from inferscale_engine.engine import Engine
 from inferscale_engine.errors import EngineClosedError, InvalidFactError
 from inferscale_engine.facts import Fact, FactId
 from inferscale_engine.memory.fingerprint import fingerprint, refresh, stale_parts
-from inferscale_engine.memory.ingest import CONTEXT_KEY
+from inferscale_engine.memory.ingest import stored_context
 from inferscale_engine.memory.records import StoredFact
 from inferscale_engine.memory.retrieval import RetrievalIndex
 from inferscale_engine.memory.store import FactStore
@@ -68,7 +68,7 @@ class ServedFacts:
         if not stored:
             return
         facts = [f.to_fact() for f in stored]
-        contexts = [f.metadata.get(CONTEXT_KEY) for f in stored]
+        contexts = [stored_context(f.metadata) for f in stored]
         ids = [f.fact_id for f in stored]
         try:
             self._engine.add_tokenized_facts(facts, contexts, encode=encode)

@@ -13,6 +13,7 @@ from inferscale_engine.errors import PlanError
 from inferscale_engine.plan import (
     InjectionPlan,
     SavePlan,
+    SaveSpan,
     Segment,
     from_params,
     pack_token_ids,
@@ -38,24 +39,59 @@ def test_round_trip_and_mac():
     assert parsed.segments[1] == Segment(9, 3, (8, 9)) and parsed.starts == [0, 3, 5]
     assert parsed.matches([5, 6, 7, 8, 9, 1, 42]) and not parsed.matches([5, 6, 7, 8, 9, 2, 42])
     prompt = list(range(100, 110)) + [1, 2, 3]
-    save = SavePlan("bob", 3, 10, 3, (0, 1)).signed(SECRET, prompt)
+    save = SavePlan.one("bob", 3, 10, 3, (0, 1)).signed(SECRET, prompt)
     assert from_params(save.to_params()) == save and save.verify(SECRET, prompt)
+    run = run_plan().signed(SECRET, prompt)
+    assert from_params(run.to_params()) == run and run.verify(SECRET, prompt) and run.end == 13
 
 
-def test_save_mac_covers_the_whole_prompt():
+def run_plan() -> SavePlan:
+    """Three facts of one save prompt of 13 tokens: [4, 6), [6, 10), [10, 13)."""
+    return SavePlan("bob", (SaveSpan(3, 4, 2, (0,)), SaveSpan(5, 6, 4, (1,)),
+                            SaveSpan(8, 10, 3, (2, 3))))
+
+
+@pytest.mark.parametrize("make", [lambda: SavePlan.one("bob", 3, 10, 3, (0, 1)), run_plan])
+def test_save_mac_covers_the_whole_prompt(make):
     prompt = list(range(100, 110)) + [1, 2, 3]
-    save = SavePlan("bob", 3, 10, 3, (0, 1)).signed(SECRET, prompt)
+    save = make().signed(SECRET, prompt)
     other_prefix = [7] * 10 + [1, 2, 3]
     assert not save.verify(SECRET, other_prefix)
     assert not save.verify(SECRET, prompt[:-1]) and not save.verify(SECRET, prompt + [4])
     assert not save.verify(b"x" * 32, prompt)
-    for field, value in [("user", "mallory"), ("key", 4), ("start", 9), ("num_tokens", 2),
-                         ("pages", [0, 2]), ("key_scale", [0.5])]:
+    for field, value in [("user", "mallory"), ("key_scale", [0.5])]:
         params = save.to_params()
         params["inferscale"][field] = value
         assert not from_params(params).verify(SECRET, prompt), field
+    for field, value in [("key", 4), ("start", 9), ("num_tokens", 2), ("pages", [0, 7])]:
+        params = save.to_params()
+        params["inferscale"]["spans"][-1][field] = value
+        try:
+            tampered = from_params(params)
+        except PlanError:  # spans that no longer describe one prompt
+            continue
+        assert not tampered.verify(SECRET, prompt), field
+    if len(save.spans) > 1:
+        params = save.to_params()
+        params["inferscale"]["spans"] = params["inferscale"]["spans"][-1:]
+        assert not from_params(params).verify(SECRET, prompt), "a span dropped"
     with pytest.raises(PlanError, match="save prompt has 12 tokens"):
-        SavePlan("bob", 3, 10, 3, (0, 1)).signed(SECRET, prompt[:-1])
+        make().signed(SECRET, prompt[:-1])
+
+
+@pytest.mark.parametrize("spans,message", [
+    ((), "at least one span"),
+    ((SaveSpan(1, 4, 3, (0,)), SaveSpan(2, 6, 2, (1,))), "without overlap"),
+    ((SaveSpan(1, 4, 0, (0,)),), "without overlap"),
+    ((SaveSpan(1, 4, 2, ()),), "hold pages"),
+    ((SaveSpan(1, 4, 2, (0,)), SaveSpan(1, 6, 2, (1,))), "distinct slab keys"),
+])
+def test_malformed_spans_are_refused(spans, message):
+    with pytest.raises(PlanError, match=message):
+        SavePlan("bob", spans).signed(SECRET, list(range(8)))
+    raw = SavePlan("bob", spans).to_params()["inferscale"]
+    with pytest.raises(PlanError, match=message if spans else "spans"):
+        from_params({"inferscale": raw})
 
 
 @pytest.mark.parametrize("field,value", [("user", "mallory"), ("keys", packed("q", 1, 9, 5)),
@@ -80,11 +116,12 @@ def test_not_ours():
 
 
 K1, L1, T1 = packed("q", 1), packed("i", 1), packed("i", 1)
-INJECT = {"v": 4, "kind": "inject", "user": "u", "salt": "s", "mac": ""}
+INJECT = {"v": 5, "kind": "inject", "user": "u", "salt": "s", "mac": ""}
+SAVE = {"v": 5, "kind": "save", "user": "u", "mac": ""}
 
 
 @pytest.mark.parametrize("raw,message", [
-    ("str", "must be a mapping"), ({"v": 1}, "version 1"), ({"v": 4, "kind": "inject"}, "'user'"),
+    ("str", "must be a mapping"), ({"v": 1}, "version 1"), ({"v": 5, "kind": "inject"}, "'user'"),
     ({**INJECT, "keys": K1, "lengths": packed("i", 2), "tokens": T1}, "sum to 2"),
     ({**INJECT, "keys": packed("q", 1, 2), "lengths": L1, "tokens": T1}, "as many 'keys'"),
     ({**INJECT, "keys": "", "lengths": "", "tokens": ""}, "at least one"),
@@ -98,14 +135,16 @@ INJECT = {"v": 4, "kind": "inject", "user": "u", "salt": "s", "mac": ""}
     ({**INJECT, "keys": packed("q", 1, 2), "lengths": packed("i", 1, 0), "tokens": T1},
      "positive 'lengths'"),
     ({**INJECT, "v": 3, "keys": [1], "lengths": [1], "tokens": T1}, "version 3"),  # lists of ints
-    ({"v": 4, "kind": "save", "user": "u", "key": -1, "start": 0, "num_tokens": 1, "pages": [0],
-      "mac": ""}, "'key'"),
-    ({"v": 4, "kind": "save", "user": "u", "key": 1, "start": 0, "num_tokens": 0, "pages": [0],
-      "mac": ""}, "num_tokens > 0"),
-    ({"v": 4, "kind": "save", "user": "u", "key": 1, "start": 0, "num_tokens": 1, "pages": [],
-      "mac": ""}, "at least one page"),
-    ({"v": 4, "kind": "save", "user": "u", "key": True, "start": 0, "num_tokens": 1,
-      "pages": [1], "mac": ""}, "'key'"),
+    ({**SAVE, "spans": [{"key": -1, "start": 0, "num_tokens": 1, "pages": [0]}]}, "'key'"),
+    ({**SAVE, "spans": [{"key": 1, "start": 0, "num_tokens": 0, "pages": [0]}]}, "non-empty"),
+    ({**SAVE, "spans": [{"key": 1, "start": 0, "num_tokens": 1, "pages": []}]}, "hold pages"),
+    ({**SAVE, "spans": [{"key": True, "start": 0, "num_tokens": 1, "pages": [1]}]}, "'key'"),
+    ({**SAVE, "spans": [[1, 0, 1, [0]]]}, "must be a mapping"),
+    ({**SAVE, "spans": {"key": 1}}, "'spans' must be a list"),
+    ({**SAVE, "spans": [{"key": i, "start": i, "num_tokens": 1, "pages": [0]}
+                        for i in range(4097)]}, "1..4096 spans"),
+    ({"v": 4, "kind": "save", "user": "u", "key": 1, "start": 0, "num_tokens": 1, "pages": [0],
+      "mac": ""}, "version 4"),  # the version before a save prompt could hold a run of facts
     ({"v": 2, "kind": "save", "user": "u", "key": 1, "start": 0, "tokens": [1], "pages": [0],
       "mac": ""}, "version 2"),  # the version before saves were bound to their whole prompt
 ])
@@ -138,16 +177,18 @@ json_values = st.recursive(
 packed_ints = st.builds(lambda code, values: packed(code, *values), st.sampled_from("qi"),
                         st.lists(st.integers(-3, 600), max_size=6))
 plan_like = st.fixed_dictionaries({}, optional={
-    "v": st.sampled_from([4, 4, 4, 3, "4", None]),
+    "v": st.sampled_from([5, 5, 5, 4, "5", None]),
     "kind": st.sampled_from(["inject", "save", "x", 3]),
     "user": st.text(max_size=4) | json_values, "salt": st.text(max_size=4) | json_values,
     "keys": packed_ints | st.lists(st.integers(-3, 50), max_size=4) | json_values,
     "lengths": packed_ints | st.lists(st.integers(-3, 5), max_size=4) | json_values,
     "tokens": st.lists(st.integers(-3, 600), max_size=8) | json_values | packed_ints
     | st.binary(max_size=24).map(lambda b: base64.b64encode(b).decode()),
-    "key": st.integers(-3, 50) | json_values, "start": st.integers(-3, 50) | json_values,
-    "num_tokens": st.integers(-3, 50) | json_values,
-    "pages": st.lists(st.integers(-3, 50), max_size=4) | json_values,
+    "spans": st.lists(st.fixed_dictionaries({}, optional={
+        "key": st.integers(-3, 50) | json_values, "start": st.integers(-3, 50) | json_values,
+        "num_tokens": st.integers(-3, 50) | json_values,
+        "pages": st.lists(st.integers(-3, 50), max_size=4) | json_values}) | json_values,
+        max_size=3) | json_values,
     "mac": st.text(max_size=4) | json_values,
 })
 

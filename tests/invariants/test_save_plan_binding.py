@@ -56,8 +56,8 @@ def replay(engine, plan, prompt):
 
 
 def other_prefix(engine, plan, prompt):
-    prefix = list(engine.prompts.encode("Bob hates everything. " * 100))[:plan.start]
-    return prefix + list(prompt[plan.start:])
+    prefix = list(engine.prompts.encode("Bob hates everything. " * 100))[:plan.spans[0].start]
+    return prefix + list(prompt[plan.spans[0].start:])
 
 
 def answers(engine, user_id, fact_id):
@@ -89,9 +89,9 @@ def test_replay_after_page_reuse_leaves_the_new_owner_exact(engine, monkeypatch)
     carol, (plan, prompt) = add_recording(engine, monkeypatch, "carol", CAROL)
     engine.delete("carol", [carol])
     assert replay(engine, plan, prompt) == "save"  # after delete, before reuse: refused too
-    assert engine.llm.collective_rpc("inferscale_resident", args=([plan.slab_key],)) == [[False]]
+    assert engine.llm.collective_rpc("inferscale_resident", args=([plan.spans[0].slab_key],)) == [[False]]
     dave = engine.add_facts("dave", [DAVE])[0]
-    assert engine._facts[dave].pages == plan.pages  # dave's KV sits in carol's old pages
+    assert engine._facts[dave].pages == plan.spans[0].pages  # dave's KV sits in carol's old pages
     kv, text = answers(engine, "dave", dave)
     assert max_abs_diff(kv.logprobs, text.logprobs) == 0.0
     before = refused(engine)
