@@ -7,7 +7,10 @@ An arm is a name, a kind and the engine's own prompt Layout (inferscale_engine.l
            retrieval score) and where ('end': the end of the memory block, 'user': a
            "More memories:" block in the user turn, 'also': injected AND repeated at the end)
 Names spell the setting: text, text-user4, text-end4, kv-w64, kv-w64-user4, kv-w256-end2,
-kv-w64-also4, kv-w64-a0.9 (facts encoded with key temperature: keys scaled by 0.9).
+kv-w64-also4, kv-w64-a0.9 (facts encoded with key temperature: keys scaled by 0.9),
+kv-w256r512 (the conversation's facts encoded in runs of up to 512 fact tokens, one save
+request per run: each fact after the W tokens before its run and the run's facts before it;
+inferscale_engine.contexts.RunContext).
 Every request is one handle, facts in chronological order with their retrieval scores, so the
 ENGINE picks the repaired facts; a text arm of a layout prefills the same prompt
 a kv arm of that layout sends. Text arms run first, so cached text answers are reused.
@@ -24,7 +27,8 @@ from inferscale_engine.layout import Layout
 
 KINDS = ("text", "kv")
 PLACEMENTS = {"end": "memory", "user": "user", "also": "memory"}
-_NAME = re.compile(r"(?P<kind>text|kv-w(?P<window>\d+)(?:-a(?P<alpha>\d+(?:\.\d+)?))?)"
+_NAME = re.compile(r"(?P<kind>text|kv-w(?P<window>\d+)(?:r(?P<run>\d+))?"
+                   r"(?:-a(?P<alpha>\d+(?:\.\d+)?))?)"
                    r"(?:-(?P<where>end|user|also)(?P<r>\d+))?")
 
 
@@ -50,6 +54,9 @@ class Arm:
     layout: Layout = Layout()
     key_scale: float = 1.0
     """kv: the key temperature the facts were encoded with (EngineConfig.key_scale)."""
+    run_tokens: int = 0
+    """kv: R of runs of facts encoded together (EngineConfig.context_run_tokens); 0: each
+    fact alone after its last W tokens."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -67,7 +74,7 @@ class Arm:
                 "window": self.window, "repair_facts": self.layout.repair_facts,
                 "repair_placement": self.layout.repair_placement,
                 "repair_also_inject": self.layout.repair_also_inject,
-                "key_scale": self.key_scale}
+                "key_scale": self.key_scale, "run_tokens": self.run_tokens}
 
 
 def get_arm(name: str) -> Arm:
@@ -75,7 +82,8 @@ def get_arm(name: str) -> Arm:
     match = _NAME.fullmatch(name)
     if match is None or (match["kind"] == "text" and match["where"] == "also"):
         raise ValueError(f"unknown arm {name!r}; names are text[-end|-user R] or "
-                         "kv-wW[-end|-user|-also R], e.g. text-user4, kv-w64-end2")
+                         "kv-wW[rRUN][-aALPHA][-end|-user|-also R], e.g. text-user4, "
+                         "kv-w64-end2, kv-w256r512-user2")
     where, r = match["where"], int(match["r"] or 0)
     if where is not None and r < 1:
         raise ValueError(f"arm {name!r}: repair at least one fact")
@@ -83,8 +91,11 @@ def get_arm(name: str) -> Arm:
     alpha = float(match["alpha"]) if match["alpha"] is not None else 1.0
     if not 0 < alpha < 100:
         raise ValueError(f"arm {name!r}: the key scale must be positive")
+    run = int(match["run"] or 0)
+    if match["run"] is not None and run < 1:
+        raise ValueError(f"arm {name!r}: a run holds at least one token")
     return Arm(name, "kv" if window is not None else "text",
-               f"{where}{r}" if where else "system", window, layout_of(where, r), alpha)
+               f"{where}{r}" if where else "system", window, layout_of(where, r), alpha, run)
 
 
 DEFAULT_ARMS = ("text", "kv-w64", "kv-w0")

@@ -62,6 +62,8 @@ class Conversation:
     facts: tuple[MemoryFact, ...]
     contexts: tuple[str, ...]
     questions: tuple[Question, ...]
+    context_kind: str = "memory"
+    """What `contexts` hold: 'memory' (preceding facts) or 'dialogue'."""
 
 
 def load_conversations(path: Path, facts: str = "observation",
@@ -83,7 +85,7 @@ def load_conversations(path: Path, facts: str = "observation",
         else:
             contexts = _dialogue_contexts(memory, sessions)
         out.append(Conversation(sample["sample_id"], tuple(memory), tuple(contexts),
-                                tuple(_questions(sample["qa"]))))
+                                tuple(_questions(sample["qa"])), context))
     return out
 
 

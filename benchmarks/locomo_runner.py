@@ -21,7 +21,7 @@ from typing import IO, Any
 from benchmarks.common import open_text, resolve_model
 from benchmarks.locomo_arms import Arm, arm_request
 from benchmarks.locomo_cache import TextAnswerCache, text_cache_key
-from benchmarks.locomo_data import Conversation, Question
+from benchmarks.locomo_data import CONTEXT_FACTS, Conversation, Question
 from benchmarks.locomo_protocol import Selection
 
 CATEGORY_HINTS = {2: " Use the dates of the memories to answer with an approximate date."}
@@ -71,7 +71,9 @@ def build_engine(args: argparse.Namespace, arms: Sequence[Arm]) -> Any:
     windows = [a.window for a in arms if a.window is not None]
     config = EngineConfig(
         model=model, dtype=args.dtype, load_format=load_format, max_model_len=args.max_model_len,
-        context_window_tokens=max(windows, default=0), system_prompt=args.system_prompt,
+        context_window_tokens=max(windows, default=0),
+        context_run_tokens=max((a.run_tokens for a in arms), default=0),
+        system_prompt=args.system_prompt,
         block_size=args.block_size, max_fact_tokens=args.max_fact_tokens,
         slab_capacity_bytes=args.slab_mib * 2**20, on_slab_full="error",
         kv_cache_memory_bytes=int(args.kv_cache_gib * 2**30),
@@ -155,21 +157,39 @@ class ConversationRun:
     def user(self, arm: Arm) -> tuple[str, dict[int, Any]]:
         """The arm's user and fact ids, registering (and for kv arms encoding) on first use."""
         name = f"{self.conv.sample_id}/" + ("text" if arm.window is None else f"w{arm.window}"
-                                             f"a{arm.key_scale:g}")
+                                             f"r{arm.run_tokens}a{arm.key_scale:g}")
         if name not in self.users:
             texts = [self.conv.facts[p].text for p in self.positions]
             start = time.perf_counter()
             if arm.window is None:
                 ids = self.engine.add_facts(name, texts, encode=False)
             else:
-                ids = self.engine.add_facts(name, texts, [self.conv.contexts[p]
-                                                          for p in self.positions],
+                before = self.engine.stats().counters.get("save_requests", 0)
+                contexts = self.contexts(arm.run_tokens)
+                ids = self.engine.add_facts(name, texts, [contexts[p] for p in self.positions],
                                             window=arm.window, key_scale=arm.key_scale)
                 self._out.write(json.dumps({
                     "type": "ingest", "conversation": self.conv.sample_id, "window": arm.window,
-                    "num_facts": len(texts), "seconds": time.perf_counter() - start}) + "\n")
+                    "run_tokens": arm.run_tokens, "num_facts": len(texts),
+                    "save_requests": self.engine.stats().counters.get("save_requests", 0)
+                    - before, "seconds": time.perf_counter() - start}) + "\n")
             self.users[name] = dict(zip(self.positions, ids, strict=True))
         return name, self.users[name]
+
+    def contexts(self, run_tokens: int) -> Sequence[Any]:
+        """Every fact's encoding context: its context string, or with runs its RunContext
+        (runs cut over the whole conversation, so a fact's KV never depends on which facts
+        the questions need)."""
+        if not run_tokens:
+            return self.conv.contexts
+        if self.conv.context_kind != "memory":
+            raise SystemExit("runs of facts (kv-wWrR arms) encode facts after the facts "
+                             "before them: use --context memory")
+        from inferscale_engine.contexts import run_contexts
+
+        texts = [f.text for f in self.conv.facts]
+        lengths = [len(self.engine.tokenize_fact(t)) for t in texts]
+        return run_contexts([], texts, lengths, run_tokens=run_tokens, lead_facts=CONTEXT_FACTS)
 
     def close(self) -> None:
         for name, ids in self.users.items():

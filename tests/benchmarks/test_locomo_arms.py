@@ -25,7 +25,11 @@ def test_names_spell_the_setting():
     assert user.layout == Layout(repair_facts=4, repair_placement="user")
     assert get_arm("text-end2").layout == Layout(repair_facts=2)
     assert get_arm("kv-w64-also4").layout == Layout(repair_facts=4, repair_also_inject=True)
-    for bad in ("kv-64", "text-also4", "kv-w64-user0", "kv-w64-side4"):
+    runs = get_arm("kv-w256r512-a0.9-user2")
+    assert (runs.window, runs.run_tokens, runs.key_scale, runs.layout_name) == (
+        256, 512, 0.9, "user2")
+    assert runs.describe()["run_tokens"] == 512 and get_arm("kv-w64").run_tokens == 0
+    for bad in ("kv-64", "text-also4", "kv-w64-user0", "kv-w64-side4", "kv-w64r0", "textr5"):
         with pytest.raises(ValueError):
             get_arm(bad)
     with pytest.raises(ValueError):
