@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"by every arm ({out_path.name}); kv fallbacks {record['kv_fallbacks']}; text cache "
           f"hits {record['text_cache_hits']}")
     print(record["table"])
-    print(f"wrote {write_record(out_path.name.split(".jsonl")[0], record)}")
+    print(f"wrote {write_record(out_path.name.split('.jsonl')[0], record)}")
     return record
 
 

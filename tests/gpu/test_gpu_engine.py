@@ -13,7 +13,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.vllm,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 GPU = dict(kv_cache_memory_bytes=None, gpu_memory_utilization=0.3, enforce_eager=True,
-           max_model_len=2048, slab_capacity_bytes=256 * 2**20, context_window_tokens=64)
+           max_model_len=2048, slab_capacity_bytes=256 * 2**20, context_window_tokens=64,
+           context_run_tokens=256)
 
 
 def _layout(worker) -> str:
@@ -64,6 +65,32 @@ def check_moved_layer0_keys(engine) -> tuple[float, float]:
     return relative, (ulps <= 1.0).float().mean().item()
 
 
+def check_run(engine) -> tuple[float, float]:
+    """Three facts encoded as one run (one save request) vs each alone after the same context:
+    max |dK| relative to max |K| over every layer; and the run injected where it was encoded
+    vs text (max |dlogprob|)."""
+    from inferscale_engine.contexts import run_contexts
+
+    texts = FACTS[:3]
+    contexts = run_contexts([], texts, [len(engine.tokenize_fact(t)) for t in texts],
+                            run_tokens=engine.config.context_run_tokens, lead_facts=4)
+    assert len(contexts[2].facts) == 2  # one run
+    ids = engine.add_facts("run", texts, contexts)
+    alone = [engine.add_facts("alone", [t], [c])[0] for t, c in zip(texts, contexts)]
+    worst = 0.0
+    for a, b in zip(ids, alone):
+        ka = engine.llm.collective_rpc("inferscale_read_entry",
+                                       args=(engine._facts[a].slab_key,))[0][0].float()
+        kb = engine.llm.collective_rpc("inferscale_read_entry",
+                                       args=(engine._facts[b].slab_key,))[0][0].float()
+        worst = max(worst, ((ka - kb).abs().max() / kb.abs().max()).item())
+    handle = MemoryHandle("run", tuple(ids))
+    kv = engine.generate(handle, QUESTIONS[0], greedy(8), mode="kv")
+    text = engine.generate(handle, QUESTIONS[0], greedy(8), mode="text")
+    assert kv.plan_status == "inject"
+    return worst, max_abs_diff(kv.logprobs, text.logprobs)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_tiny_fp32_exact_on_gpu(tiny_models, arch):
     # The injected KV is bit-identical to the captured KV (checked in benchmarks/gpu/
@@ -89,9 +116,12 @@ def test_bf16_same_position_and_moved_keys(tiny_models, name):
         layout = engine.llm.collective_rpc(_layout)[0]
         diff = check_same_position(engine, 1e-2)
         relative, within_one = check_moved_layer0_keys(engine)
+        run_keys, run_diff = check_run(engine)
         print(f"\n[gpu {name} bf16 {layout}] same-position max |dlogprob| {diff:.2e}; moved "
               f"keys (layer 0) vs fresh prefill: {100 * within_one:.2f}% within 1 bf16 ulp, "
-              f"max |diff| / max |K| {relative:.2e}")
+              f"max |diff| / max |K| {relative:.2e}; run of 3 facts vs alone max |dK| / "
+              f"max |K| {run_keys:.2e}, run at its position vs text {run_diff:.2e}")
+        assert run_keys <= 1e-2 and run_diff <= 1e-2
         assert "triton=True" in layout
         assert diff == 0.0  # same-position injection is bit-exact in bf16
         # vLLM rotates fresh keys with bf16-rounded cos/sin tables, Chunked RoPE in fp32:
