@@ -6,7 +6,7 @@
 # MP=1 all k, MP=0 k=0,50), throughput (Llama-3.1-8B), qwen3 (TTFT Qwen3-8B), minilm (a random-init
 # all-MiniLM-L6-v2 from the config/tokenizer files carried in .device/minilm: retrieval is timed with
 # the real architecture, weights do not change its cost), final (TTFT of both models, MP=0, all k,
-# retrieval timed on the GPU), ingest (facts/s with W in {0, 64}, both models), families (same-
+# retrieval timed on the GPU), ingest (facts/s with W 0/64/256, alone and in runs of 512 fact tokens, both models), families (same-
 # position exactness and moved keys on Phi-4-mini, Gemma-3-12B, Qwen3-30B-A3B and Mixtral-8x7B
 # configs, dummy weights, one process each), families_ttft (ttft.py at k=50 for each of them),
 # server (TTFT of `inferscale serve` over HTTP vs in-process, Llama-3.1-8B, k=50), ceiling (issue 13:
@@ -83,7 +83,7 @@ for step in "$@"; do
       done ;;
     ingest)
       for m in llama-3.1-8b qwen3-8b; do
-        python3 benchmarks/ingest.py --model $m --facts 4000 --batch 512 --tag h200 2>&1 | grep -vE "$quiet" | tail -3
+        python3 benchmarks/ingest.py --model $m --facts 4000 --batch 512 --windows 0,64,64r512,256,256r512 --tag h200 2>        python3 benchmarks/ingest.py --model $m --facts 4000 --batch 512 --tag h200 2>&11 | grep -vE "$quiet" | tail -3
       done ;;
     families)
       stage_moe || echo "(Mixtral / Qwen3-MoE will fail without them)"
