@@ -73,7 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="detokenize the first token too (default: token ids only, as a "
                              "serving TTFT of token ids; detokenizing adds ~1 ms to every mode)")
     parser.add_argument("--profile", action="store_true",
-                        help="cProfile the timed kv requests at the largest k; print the top")
+                        help="cProfile the timed kv and resident requests at the largest k; "
+                             "print both tops (what kv pays above the ceiling)")
     parser.add_argument("--facts", default="auto", choices=("auto", "synthetic", "locomo"),
                         help="auto: LoCoMo observations (~30 tokens) for a real tokenizer when "
                              "the data is present, else synthetic texts of --fact-tokens")
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> dict:
     injected: dict[int, int] = {}
     prompt_tokens: dict[int, int] = {}
     question_iter = itertools.cycle(questions)
-    profiler = cProfile.Profile()
+    profilers = {"kv": cProfile.Profile(), "resident": cProfile.Profile()}
     for k in ks:
         for mode in modes:
             raw[mode][k] = []
@@ -198,13 +199,14 @@ def main(argv: list[str] | None = None) -> dict:
             for mode in modes:
                 if mode == "resident":
                     engine.generate(handle, other, one_token, mode="text")  # fill prefix cache
-                if profiling and mode == "kv":
+                profiler = profilers.get(mode) if profiling else None
+                if profiler is not None:
                     profiler.enable()
                 t0 = time.perf_counter()
                 base, layout = mode_layout(mode, k)
                 out = engine.generate(handle, question, one_token, mode=base, layout=layout)
                 elapsed = (time.perf_counter() - t0) * 1e3
-                if profiling and mode == "kv":
+                if profiler is not None:
                     profiler.disable()
                 if timed:
                     raw[mode][k].append(elapsed)
@@ -243,10 +245,14 @@ def main(argv: list[str] | None = None) -> dict:
     }
     engine.close()
     if args.profile:
-        stream = io.StringIO()
-        pstats.Stats(profiler, stream=stream).sort_stats("tottime").print_stats(30)
-        record["profile_kv_top"] = stream.getvalue()
-        print(stream.getvalue()[-6000:])
+        for mode, profiler in profilers.items():
+            if mode not in modes:
+                continue
+            stream = io.StringIO()
+            pstats.Stats(profiler, stream=stream).sort_stats("tottime").print_stats(40)
+            record[f"profile_{mode}_top"] = stream.getvalue()
+            print(f"--- cProfile of the timed {mode} requests at k={max(ks)}")
+            print(stream.getvalue()[-5000:])
     _print_table(summary, modes)
     name = f"ttft-{args.model}{('-' + args.tag) if args.tag else ''}"
     path = write_record(name, record)

@@ -12,7 +12,7 @@
 # server (TTFT of `inferscale serve` over HTTP vs in-process, Llama-3.1-8B, k=50), ceiling (issue 13:
 # ttft.py for Llama-3.1-8B with the LoCoMo arms' layouts (kv-userR, text-userR) at k=0..100 incl.
 # 20, and Qwen3-8B, MP=0, retrieval timed on the GPU), async (the same with vLLM's
-# async_scheduling, Llama, k=0,50,100), memory1m (memory_ops.py: 1M facts of one user, index and
+# async_scheduling, Llama, k=0,50,100), profile (cProfile of kv and resident at k=100), memory1m (memory_ops.py: 1M facts of one user, index and
 # query embedder on the GPU), throughput (k=50, N up to 128, text / kv / resident, MP=1).
 # FAMILY_MODELS picks a subset of the families, e.g. FAMILY_MODELS="qwen3-30b-a3b mixtral-8x7b".
 # The MoE families need vLLM 0.26's _moe_C_stable_libtorch.abi3.so, which the bundle drops. Pack
@@ -70,6 +70,8 @@ for step in "$@"; do
     ceiling) random_minilm
       python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,10,20,25,50,100 --modes text,kv,resident,kv-user2,kv-user4,text-user2,text-user4 --embedder /tmp/minilm --tag h200-ceiling --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -12
       python3 benchmarks/ttft.py --model qwen3-8b --ks 0,10,25,50,100 --embedder /tmp/minilm --tag h200-ceiling --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -9 ;;
+    profile)  # cProfile of kv and of resident requests at k=100 (timings distorted: read the tops)
+      python3 benchmarks/ttft.py --model llama-3.1-8b --ks 100 --modes kv,resident --embedder none --tag h200-profile --warmup 4 --profile 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/profile.log"; tail -4 "$INFERSCALE_RESULTS/profile.log" ;;
     async)
       timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50,100 --embedder none --tag h200-async --warmup 4 --vllm-arg async_scheduling=true 2>&1 | grep -vE "$quiet" | tail -8 ;;
     memory1m) random_minilm
