@@ -85,7 +85,7 @@ for step in "$@"; do
       done ;;
     ingest)
       for m in llama-3.1-8b qwen3-8b; do
-        python3 benchmarks/ingest.py --model $m --facts 4000 --batch 512 --windows 0,64,64r512,256,256r512 --tag h200 2>&1 | grep -vE "$quiet" | tail -6
+        python3 benchmarks/ingest.py --model $m --facts 4000 --batch 512 --slab-mib 20480 --windows 0,64,64r512,256,256r512 --tag h200 2>&1 | grep -vE "$quiet" | tail -6
       done ;;
     families)
       stage_moe || echo "(Mixtral / Qwen3-MoE will fail without them)"

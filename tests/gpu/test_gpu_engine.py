@@ -95,11 +95,12 @@ def check_run(engine) -> tuple[float, float]:
 def test_tiny_fp32_exact_on_gpu(tiny_models, arch):
     # The injected KV is bit-identical to the captured KV (checked in benchmarks/gpu/
     # diagnose.py); vLLM's fp32 TRITON_ATTN kernel tiles a prefill over cached context
-    # differently from a whole-prompt prefill, which moved logprobs by 2.3e-5 / 4.5e-5 on the
-    # H200 (2026-11-30). bf16 (FlashAttention) below is exact.
+    # differently from a whole-prompt prefill, and Triton's fp32 dot runs in tf32 (~3e-4
+    # relative): logprobs moved by 2.3e-5 / 4.5e-5 on one H200 (2026-11-30) and by 1.9e-4 /
+    # 2.4e-4 on another (2026-12-02). bf16 (FlashAttention) below is exact.
     with running_engine(tiny_models[arch], dtype="float32", **GPU) as engine:
         layout = engine.llm.collective_rpc(_layout)[0]
-        diff = check_same_position(engine, 1e-4)
+        diff = check_same_position(engine, 1e-3)
         print(f"\n[gpu {arch} fp32 {layout}] same-position max |dlogprob| {diff:.2e}")
         assert "triton=True" in layout
 
