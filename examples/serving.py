@@ -26,7 +26,7 @@ def serving(model: str = "auto", db_path: str = ":memory:") -> Iterator[Memory]:
     path, dtype = resolve_model(model)
     config = MemoryConfig(
         engine=EngineConfig(model=str(path), dtype=dtype, max_model_len=4096,
-                            context_window_tokens=64, kv_cache_memory_bytes=512 * 2**20),
+                            kv_cache_memory_bytes=512 * 2**20),
         db_path=db_path, device="cpu")
     with Memory.from_config(config) as memory:
         register_memory(memory)

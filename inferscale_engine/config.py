@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from inferscale_engine.errors import ConfigError
-from inferscale_engine.layout import Layout
+from inferscale_engine.layout import QUALITY_LAYOUT, Layout
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_SYSTEM_PROMPT = "Memory (facts about the user, from earlier conversations):\n"
@@ -33,13 +33,16 @@ class EngineConfig:
     """Bytes of fact KV kept by each worker (all layers, keys + values)."""
     slab_page_tokens: int = 16
     """Tokens per slab page (allocation granularity)."""
-    context_window_tokens: int = 64
-    """W: tokens of preceding conversation each fact is encoded after (0 = encode alone)."""
-    context_run_tokens: int = 0
+    context_window_tokens: int = 256
+    """W: tokens of preceding conversation each fact is encoded after (0 = encode alone).
+    More context per fact is the strongest quality lever (LoCoMo dev, 0.5B: W=64 21.4 F1,
+    W=256 27.6); with runs (context_run_tokens) it costs little at ingest."""
+    context_run_tokens: int = 512
     """R: facts added together (Memory.add(texts=[...])) are encoded in runs of up to R fact
     tokens, one save request per run: a run's first fact sees the W tokens before it, every
     later one those and the run's facts before it (W to W + R tokens of context). 0: each
-    fact is encoded on its own after exactly its last W tokens (inferscale_engine.contexts)."""
+    fact is encoded on its own after exactly its last W tokens (inferscale_engine.contexts).
+    At W=256 runs of 512 ingest 11x faster than facts alone on a CPU, 3x on an H200."""
     max_fact_tokens: int = 256
     """Longest fact accepted, in tokens."""
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -83,9 +86,11 @@ class EngineConfig:
     calibration: str | None = None
     """A file from `inferscale calibrate`: its key_scale is used (refused if it was fitted
     for another model). Give this or key_scale, not both."""
-    layout: Layout = field(default_factory=Layout)
+    layout: Layout = QUALITY_LAYOUT
     """Where facts go in prompts and which are repaired as text (see layout.Layout); a
-    request may pass its own."""
+    request may pass its own. Default: the 2 facts most relevant to the query are prefilled
+    as text right before the question, the rest injected (layout.QUALITY_LAYOUT);
+    Layout() injects every fact (fastest, lower answer quality)."""
     vllm_overrides: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for vllm.LLM (for settings not covered above)."""
 
@@ -106,8 +111,11 @@ class EngineConfig:
                               f"{self.gpu_memory_utilization}")
         if (self.max_fact_tokens + self.context_window_tokens + self.context_run_tokens
                 >= self.max_model_len):
-            raise ConfigError("max_fact_tokens + context_window_tokens + context_run_tokens must "
-                              f"be below max_model_len ({self.max_model_len})")
+            raise ConfigError(
+                f"max_fact_tokens + context_window_tokens + context_run_tokens ("
+                f"{self.max_fact_tokens} + {self.context_window_tokens} + "
+                f"{self.context_run_tokens}) must be below max_model_len ({self.max_model_len}): "
+                "a save prompt holds them all; lower one of them")
         for name, allowed in (("key_origin", ("encoded", "zero")),
                               ("on_slab_full", ("evict", "error")),
                               ("on_evicted", ("reencode", "text"))):

@@ -89,7 +89,8 @@ def test_replay_after_page_reuse_leaves_the_new_owner_exact(engine, monkeypatch)
     carol, (plan, prompt) = add_recording(engine, monkeypatch, "carol", CAROL)
     engine.delete("carol", [carol])
     assert replay(engine, plan, prompt) == "save"  # after delete, before reuse: refused too
-    assert engine.llm.collective_rpc("inferscale_resident", args=([plan.spans[0].slab_key],)) == [[False]]
+    key = plan.spans[0].slab_key
+    assert engine.llm.collective_rpc("inferscale_resident", args=([key],)) == [[False]]
     dave = engine.add_facts("dave", [DAVE])[0]
     assert engine._facts[dave].pages == plan.spans[0].pages  # dave's KV sits in carol's old pages
     kv, text = answers(engine, "dave", dave)
