@@ -31,6 +31,19 @@ class SlabControl:
         """Drop slab entries; returns how many were resident."""
         return int(_worker_half().free(list(slab_keys)))
 
+    def inferscale_rank(self) -> int:
+        """The tensor-parallel rank of this worker."""
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+
+    def inferscale_free_on_rank(self, slab_keys: list[int], rank: int) -> int:
+        """Drop slab entries on one tensor-parallel rank only; returns how many existed.
+
+        For fault drills: a rank that lost a fact reports its blocks and vLLM recomputes them.
+        """
+        return int(_worker_half().free(list(slab_keys))) if self.inferscale_rank() == rank else 0
+
     def inferscale_resident(self, slab_keys: list[int]) -> list[bool]:
         """Whether each slab key has a captured entry."""
         entries = _worker_half().slab.entries

@@ -92,22 +92,25 @@ def contexts(store: FactStore, user_id: str, session_id: str | None,
     texts = [facts[i][0] for i in keep]
     kept: list[Context] = list(
         run_contexts(recent, texts, [lengths[i] for i in keep], run_tokens=run_tokens,
-                     lead_facts=limit) if run_tokens else fact_contexts(recent, texts))
+                     lead_facts=limit) if run_tokens else fact_contexts(recent, texts, limit))
     out: list[Context] = [None] * len(facts)
     for i, context in zip(keep, kept, strict=True):
         out[i] = context
     return out
 
 
-def fact_contexts(earlier: Sequence[str], texts: Sequence[str]) -> list[str | None]:
-    """Per new fact, the memory block of the user's facts before it, formatted as in prompts.
+def fact_contexts(earlier: Sequence[str], texts: Sequence[str], limit: int = 16
+                  ) -> list[str | None]:
+    """Per new fact, the memory block of the user's `limit` facts before it, as in prompts.
 
     Stored facts first, then this call's; the engine keeps the last W tokens. Facts added as
     texts are encoded after their predecessors, as facts of one conversation are: a fact
-    encoded alone (W=0) loses the cross-fact context a prompt gives it.
+    encoded alone (W=0) loses the cross-fact context a prompt gives it. Bounded by `limit`, so
+    a call of n facts builds O(n * limit) text, not O(n^2).
     """
     history = [FACT_FORMAT.format(text=t) for t in (*earlier, *texts)]
-    return ["".join(history[:len(earlier) + i]) or None for i in range(len(texts))]
+    return ["".join(history[max(0, len(earlier) + i - limit):len(earlier) + i]) or None
+            for i in range(len(texts))]
 
 
 def find_duplicates(index: RetrievalIndex, user_id: str, vectors: torch.Tensor,

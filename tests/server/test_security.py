@@ -109,8 +109,8 @@ def test_forged_engine_fields_change_nothing(http, model, client_a, client_b, us
         tokens = (choice["logprobs"]["content"] if "message" in choice
                   else choice["logprobs"]["token_logprobs"])
         return (choice.get("message", {}).get("content", choice.get("text")),
-                str(tokens), data["memory"]["fact_ids"], data["memory"]["injected_tokens"],
-                data["memory"]["stripped_fields"])
+                str(tokens), data["memory"]["fact_ids"], data["memory"]["plan_status"],
+                data["memory"]["stripped_fields"], data["memory"]["injected_tokens"])
 
     chat = _chat(user_a, model=model, logprobs=True, top_logprobs=2)
     completion = {"model": model, "prompt": "Who has two cats?", "max_tokens": MAX_TOKENS,
@@ -118,7 +118,10 @@ def test_forged_engine_fields_change_nothing(http, model, client_a, client_b, us
     for path, body in (("/v1/chat/completions", chat), ("/v1/completions", completion)):
         plain = answer(path, body)
         with_forgery = answer(path, {**body, **forged})
-        assert with_forgery[:4] == plain[:4] and plain[3] > 0
+        # The same answer from the same facts, served from the user's own KV (the repeat may
+        # find the first request's injected blocks in vLLM's prefix cache, under the same
+        # user's salt, and inject fewer tokens).
+        assert with_forgery[:4] == plain[:4] and plain[3] == "inject" and plain[5] > 0
         assert set(with_forgery[2]).isdisjoint(other)
         assert plain[4] == [] and sorted(with_forgery[4]) == sorted(forged)
     # Without memory the forged fields are stripped too: same answer as a plain request.

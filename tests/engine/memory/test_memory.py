@@ -311,3 +311,16 @@ def test_closed_memory_refuses_calls(engine, db):
         mem.search(user_id="u", query="x")
     with pytest.raises(FactNotFoundError):
         engine.is_resident(fact_id)  # the shared engine forgot the closed Memory's facts
+
+
+def test_contexts_of_a_large_add_are_bounded(engine, db):
+    # A fact added as text is encoded after the user's last `context_turns` facts, not after
+    # every fact before it in the call (that made add() quadratic in the batch size).
+    texts = [f"Fact number {i} is about item {i * 7}." for i in range(40)]
+    with Memory(engine, db, HashEmbedder(), progress_bar=False, context_turns=4,
+                dedupe_threshold=None) as mem:
+        ids = [r.fact_id for r in mem.add(user_id="big", texts=texts)]
+        stored = mem._store.get(user_id="big", fact_ids=ids)
+    last = stored[-1].metadata[CONTEXT_KEY]
+    assert last == "".join(f"- {t}\n" for t in texts[-5:-1])
+    assert max(len(f.metadata[CONTEXT_KEY].splitlines()) for f in stored[1:]) == 4
