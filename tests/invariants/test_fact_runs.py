@@ -106,8 +106,9 @@ def test_run_settings_are_checked():
     for bad in (-1, True, 1.5):
         with pytest.raises(ConfigError, match="context_run_tokens"):
             engine_config("unused", context_run_tokens=bad)
-    with pytest.raises(ConfigError, match="context_run_tokens must be below max_model_len"):
-        engine_config("unused", max_model_len=512, max_fact_tokens=256, context_run_tokens=256)
+    with pytest.raises(ConfigError, match=r"\(256 \+ 0 \+ 256\) must be below max_model_len"):
+        engine_config("unused", max_model_len=512, max_fact_tokens=256, context_run_tokens=256,
+                      context_window_tokens=0)
     assert RunContext.from_json(RunContext("x", ("a",)).to_json()) == RunContext("x", ("a",))
     with pytest.raises(InvalidFactError, match="malformed run context"):
         RunContext.from_json({"lead": 1, "facts": []})
