@@ -81,8 +81,9 @@ def demo(args: argparse.Namespace) -> int:
             rows.append((mode, ttft, out))
         stats = engine.stats()
     # The result last, after vLLM's start-up lines: the answers and TTFTs side by side.
-    print(f"\nslab: {stats.workers[0]['num_tokens']} tokens stored, "
-          f"{stats.workers[0]['injected_tokens']} injected so far")
+    totals = stats.worker_totals
+    print(f"\nslab: {totals['num_tokens']} tokens stored, "
+          f"{totals['injected_tokens']} injected so far")
     print(f"question: {args.question}\n")
     print("| mode | TTFT ms | prompt tokens injected | facts repaired as text | answer |")
     print("|------|--------:|-----------------------:|-----------------------:|--------|")

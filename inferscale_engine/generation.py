@@ -54,7 +54,23 @@ class EngineStats:
     num_resident_facts: int
     num_free_pages: int
     workers: list[dict[str, int]] = field(default_factory=list)
+    """One dict per worker (tensor-parallel rank), in rank order."""
     counters: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def worker_totals(self) -> dict[str, int]:
+        """Worker counters over every tensor-parallel rank.
+
+        Errors are summed (a failure on any rank counts); the rest is the least any rank
+        reports (each rank holds its own KV heads of the same facts, so a fact or a token
+        counts once it is on every rank).
+        """
+        names = {name for worker in self.workers for name in worker}
+        return {name: (sum if name in _SUMMED else min)(w.get(name, 0) for w in self.workers)
+                for name in sorted(names)}
+
+
+_SUMMED = frozenset({"load_errors", "capture_errors", "captures_refused_stale"})
 
 
 def from_output(out: Any, mode: str, num_prompt_tokens: int, latency_ms: float) -> Generation:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from inferscale_engine.config import ConnectorConfig, EngineConfig
+from inferscale_engine.errors import ConfigError
 
 _EXTENSION = "inferscale_engine.connector.control.SlabControl"
 
@@ -133,6 +134,8 @@ def engine_kwargs(config: EngineConfig, connector: ConnectorConfig) -> dict[str,
     if on_cpu:
         # Use every core (vLLM reserves one by default when it runs in this process).
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        if config.tensor_parallel_size > 1:
+            _bind_cpu_ranks(config.tensor_parallel_size)
     kwargs: dict[str, Any] = dict(
         model=config.model,
         tokenizer=config.tokenizer or config.model,
@@ -210,3 +213,21 @@ class AsyncRunner:
 
     def close(self) -> None:
         """Nothing to do: the server owns the AsyncLLM and shuts it down."""
+
+
+def _bind_cpu_ranks(world_size: int) -> None:
+    """Split this process's cores among vllm-cpu's tensor-parallel workers.
+
+    vllm-cpu binds one NUMA node per worker unless VLLM_CPU_OMP_THREADS_BIND lists each rank's
+    cores ('0|1'); a laptop or CI machine has one node, so without this TP > 1 cannot start.
+    An explicit VLLM_CPU_OMP_THREADS_BIND is left alone.
+    """
+    if "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < world_size:
+        raise ConfigError(f"tensor_parallel_size={world_size} needs at least {world_size} CPU "
+                          f"cores on the CPU backend; this process may use {len(cores)}")
+    size = len(cores) // world_size
+    groups = [cores[i * size:(i + 1) * size] for i in range(world_size)]
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(",".join(map(str, g)) for g in groups)

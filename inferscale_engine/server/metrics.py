@@ -80,19 +80,19 @@ class MemoryMetrics:
         stats = self._snapshot
         if stats is None:
             return
-        workers = stats.engine.workers or [{}]
+        totals = stats.engine.worker_totals  # over tensor-parallel ranks
         gauges = {"facts": (stats.num_facts, "Facts in the durable store"),
                   "resident_facts": (stats.num_resident, "Facts whose KV is in the slab"),
                   "users": (stats.num_users, "Users with facts or turns"),
                   "slab_free_pages": (stats.engine.num_free_pages, "Unallocated slab pages"),
-                  "slab_tokens": (workers[0].get("num_tokens", 0), "Tokens stored in the slab"),
-                  "slab_capacity_tokens": (workers[0].get("capacity_tokens", 0),
+                  "slab_tokens": (totals.get("num_tokens", 0), "Tokens stored in the slab"),
+                  "slab_capacity_tokens": (totals.get("capacity_tokens", 0),
                                            "Tokens the slab holds")}
         for name, (value, text) in gauges.items():
             yield GaugeMetricFamily(f"inferscale_{name}", text, value=value)
         for name, text in _COUNTERS.items():
             yield CounterMetricFamily(f"inferscale_{name}", text,
-                                      value=sum(w.get(name, 0) for w in workers[:1]))
+                                      value=totals.get(name, 0))
         for name, text in _ENGINE_COUNTERS.items():
             yield CounterMetricFamily(f"inferscale_{name}", text,
                                       value=stats.engine.counters.get(name, 0))
