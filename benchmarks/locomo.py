@@ -50,6 +50,9 @@ SYSTEM_PROMPT = (
     "explain and do not repeat the question.\nMemory:\n")
 """With Qwen2.5's chat template the preamble is 64 tokens: two whole 32-token KV blocks
 (--block-size 32), so every save request and text prompt reuses it from vLLM's prefix cache."""
+USER_BLOCK_HEADER = "More memories:\n"
+"""Header of the repaired facts' block in the user turn (the arms' -userR layouts), worded for
+SYSTEM_PROMPT; every dev and test run so far used it (EngineConfig.user_block_header)."""
 RESULT_KEYS = ("model", "dtype", "facts", "context", "k", "max_tokens", "logprobs", "hints",
                "system_prompt", "embedder")
 """Settings every answer depends on: a results file holds one combination (arms may differ)."""
@@ -112,6 +115,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except ValueError as error:
         parser.error(str(error))
     args.system_prompt = SYSTEM_PROMPT
+    args.user_block_header = USER_BLOCK_HEADER
     return args
 
 

@@ -73,7 +73,7 @@ def build_engine(args: argparse.Namespace, arms: Sequence[Arm]) -> Any:
         model=model, dtype=args.dtype, load_format=load_format, max_model_len=args.max_model_len,
         context_window_tokens=max(windows, default=0),
         context_run_tokens=max((a.run_tokens for a in arms), default=0),
-        system_prompt=args.system_prompt,
+        system_prompt=args.system_prompt, user_block_header=args.user_block_header,
         block_size=args.block_size, max_fact_tokens=args.max_fact_tokens,
         slab_capacity_bytes=args.slab_mib * 2**20, on_slab_full="error",
         kv_cache_memory_bytes=int(args.kv_cache_gib * 2**30),

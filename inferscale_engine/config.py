@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from inferscale_engine.errors import ConfigError
-from inferscale_engine.layout import QUALITY_LAYOUT, Layout
+from inferscale_engine.layout import QUALITY_LAYOUT, USER_BLOCK_HEADER, Layout
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_SYSTEM_PROMPT = "Memory (facts about the user, from earlier conversations):\n"
@@ -47,6 +47,10 @@ class EngineConfig:
     """Longest fact accepted, in tokens."""
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     """System text that precedes the memory block; its KV is the preamble."""
+    user_block_header: str = USER_BLOCK_HEADER
+    """First line of the repaired facts' block in the user turn (Layout placement 'user');
+    word it to continue system_prompt (a small model reads a block it cannot place as facts
+    about somebody else)."""
     kv_cache_memory_bytes: int | None = None
     """vLLM paged KV cache size; None = 1 GiB on CPU, gpu_memory_utilization on GPU."""
     gpu_memory_utilization: float = 0.85
@@ -128,6 +132,9 @@ class EngineConfig:
                               "tuple of one per layer")
         if self.calibration is not None and self.key_scale != 1.0:
             raise ConfigError("give calibration (a fitted key scale) or key_scale, not both")
+        if not isinstance(self.user_block_header, str) or not self.user_block_header.strip():
+            raise ConfigError(f"user_block_header must be a non-empty string, got "
+                              f"{self.user_block_header!r}")
         if not isinstance(self.layout, Layout):
             raise ConfigError(f"layout must be an inferscale_engine.layout.Layout, got "
                               f"{type(self.layout).__name__}")

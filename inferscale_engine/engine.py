@@ -61,7 +61,8 @@ class Engine:
         self._closed = False
         hf_config, self.rope = check_model(config)
         self.tokenizer = load_tokenizer(config)
-        self.prompts = PromptBuilder(self.tokenizer, config.system_prompt)
+        self.prompts = PromptBuilder(self.tokenizer, config.system_prompt,
+                                     config.user_block_header)
         self._secret = plan_secret()
         connector = connector_config(config, hf_config)
         self._num_layers = hf_config.num_hidden_layers

@@ -17,8 +17,12 @@ from inferscale_engine.errors import ConfigError
 PLACEMENTS = ("memory", "user")
 ORDERS = ("rank", "handle")
 FACT_ORDERS = ("handle", "added")
-USER_BLOCK_HEADER = "More memories:\n"
-"""First line of the block of repaired facts in the user turn (placement 'user')."""
+USER_BLOCK_HEADER = "More facts about the user, from earlier conversations:\n"
+"""Default first line of the block of repaired facts in the user turn (placement 'user'),
+worded to continue the default system prompt (EngineConfig.user_block_header). With
+"More memories:\n" under that system prompt, Qwen2.5-Coder-0.5B answered "Where do I live?"
+with the sister's city in kv AND text mode; the LoCoMo benchmark, whose system prompt speaks of
+memories of a conversation, uses "More memories:\n"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +39,8 @@ class Layout:
     """Adaptive r: repair the most relevant facts while their tokens fit this budget (and at
     most repair_facts of them, when that is > 0). None: a fixed r."""
     repair_placement: str = "memory"
-    """'memory': at the end of the memory block; 'user': a "More memories:" block at the start
+    """'memory': at the end of the memory block; 'user': a block (EngineConfig.
+    user_block_header) at the start
     of the last user turn, right before the question."""
     repair_order: str = "rank"
     """Order of the repaired facts: 'rank' (most relevant first) or 'handle' (as in the

@@ -59,12 +59,14 @@ class MemoryPrompt:
 class PromptBuilder:
     """Renders chats with the tokenizer's template around a memory block."""
 
-    def __init__(self, tokenizer: Any, system_prompt: str) -> None:
+    def __init__(self, tokenizer: Any, system_prompt: str,
+                 user_block_header: str = USER_BLOCK_HEADER) -> None:
         if getattr(tokenizer, "chat_template", None) is None:
             raise UnsupportedModelError("the tokenizer has no chat template; InferScale needs one "
                                    "to place the memory block")
         self._tokenizer = tokenizer
         self._system_prompt = system_prompt
+        self._user_block_header = user_block_header
         self._preambles: dict[str, tuple[int, ...]] = {}
         """Rendered preamble text -> token ids: the same few system prompts recur."""
 
@@ -84,12 +86,12 @@ class PromptBuilder:
         Args:
             facts: token ids of the facts of the memory block (injected in kv mode).
             repaired: token ids of facts written right after them (prefilled as text).
-            user_block: texts of facts written as a "More memories:" block at the start of
-                the last user message (prefilled as text).
+            user_block: texts of facts written as a block (under the user-block header) at
+                the start of the last user message (prefilled as text).
             tools: tool schemas (OpenAI function format) for the model's own chat template.
         """
         if user_block:
-            messages = _with_user_block(messages, user_block)
+            messages = _with_user_block(messages, user_block, self._user_block_header)
         head, tail = self._render(messages, tools)
         return MemoryPrompt(self._preamble_ids(head), tuple(tuple(f) for f in facts),
                             self.encode(tail), tuple(tuple(f) for f in repaired))
@@ -147,10 +149,10 @@ def tools_section(tools: Sequence[Mapping[str, Any]]) -> str:
     return (TOOLS_HEADER + lines + TOOLS_FOOTER)
 
 
-def _with_user_block(messages: Sequence[Mapping[str, str]], texts: Sequence[str]
-                     ) -> list[Mapping[str, str]]:
+def _with_user_block(messages: Sequence[Mapping[str, str]], texts: Sequence[str],
+                     header: str) -> list[Mapping[str, str]]:
     """`messages` with a block of fact texts at the start of the last user message."""
-    block = USER_BLOCK_HEADER + "".join(FACT_FORMAT.format(text=t) for t in texts) + "\n"
+    block = header + "".join(FACT_FORMAT.format(text=t) for t in texts) + "\n"
     out = list(messages)
     for i in range(len(out) - 1, -1, -1):
         if out[i].get("role") == "user":

@@ -27,6 +27,10 @@ def test_the_defaults_are_the_dev_grid_choice():
     assert QUALITY_LAYOUT == Layout(repair_facts=2, repair_placement="user")
     with pytest.raises(Exception, match="must be below max_model_len"):
         EngineConfig(model="unused", max_model_len=1024)  # 256 + 256 + 512: say which to lower
+    assert EngineConfig(model="unused").user_block_header == USER_BLOCK_HEADER
+    assert "facts about the user" in USER_BLOCK_HEADER  # continues DEFAULT_SYSTEM_PROMPT
+    with pytest.raises(Exception, match="user_block_header must be a non-empty string"):
+        EngineConfig(model="unused", user_block_header=" \n")
 
 
 @pytest.fixture(scope="module")
