@@ -63,9 +63,10 @@ class TextAnswerCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, key: str) -> dict[str, Any] | None:
-        """The cached generation, or None (counted as a hit or a miss)."""
-        found = self._entries.get(key)
+    def get(self, key: str, *aliases: str) -> dict[str, Any] | None:
+        """The cached generation under `key` (or the first of `aliases` found: keys an earlier
+        version wrote for the same answer), or None (counted as a hit or a miss)."""
+        found = next((self._entries[k] for k in (key, *aliases) if k in self._entries), None)
         if found is None:
             self.misses += 1
         else:

@@ -212,7 +212,7 @@ def answer_arm(run: ConversationRun, arm: Arm, questions: Sequence[Question],
         requests.append((MemoryHandle(user, tuple(ids), tuple(scores)), chat))
         keys.append(text_key(run.engine, arm, f"{run.conv.sample_id}/{q.index}", requests[-1],
                              args, model) if arm.kind == "text" else None)
-    found = [cache.get(key[0]) if key else None for key in keys]
+    found = [cache.get(key[0], key[2]) if key else None for key in keys]
     todo = [i for i, hit in enumerate(found) if hit is None]
     if todo:
         sampling = SamplingParams(**sampling_settings(args))
@@ -235,16 +235,23 @@ def answer_arm(run: ConversationRun, arm: Arm, questions: Sequence[Question],
 
 
 def text_key(engine: Any, arm: Arm, question_id: str, request: tuple[Any, list],
-             args: argparse.Namespace, model: Mapping[str, Any]) -> tuple[str, int]:
-    """(cache key, prompt length) of a text request, from the exact token ids the engine
-    sends: its own prompt builder over the facts' stored token ids."""
+             args: argparse.Namespace, model: Mapping[str, Any]) -> tuple[str, int, str]:
+    """(cache key, prompt length, legacy key) of a text request, from the exact token ids the
+    engine sends: its own prompt builder over the facts' stored token ids.
+
+    The key leaves out run_tokens (kv-only: a text answer does not depend on it); the legacy
+    key has it as 0, as the runs of 2026-12-02 before this fix wrote it.
+    """
     handle, chat = request
     prompt = engine.render_prompt(handle, chat, layout=arm.layout).token_ids()
-    key = text_cache_key(model=model, question_id=question_id, k=args.k,
-                         prompt_token_ids=prompt, layout=arm.layout_name,
-                         options=arm.describe(), system_prompt=args.system_prompt,
-                         sampling=sampling_settings(args))
-    return key, len(prompt)
+    options = arm.describe()
+    keys = [text_cache_key(model=model, question_id=question_id, k=args.k,
+                           prompt_token_ids=prompt, layout=arm.layout_name,
+                           options=opts, system_prompt=args.system_prompt,
+                           sampling=sampling_settings(args))
+            for opts in ({k: v for k, v in options.items() if k != "run_tokens"},
+                         {**options, "run_tokens": 0})]
+    return keys[0], len(prompt), keys[1]
 
 
 def run(args: argparse.Namespace, arms: Sequence[Arm], selection: Selection,
