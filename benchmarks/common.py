@@ -54,12 +54,48 @@ def compilation_overrides(cudagraph_sizes: str | None) -> dict[str, Any]:
 
 def open_text(path: Path, mode: str = "r") -> Any:
     """Open a results file as text; a '.gz' name is gzip (appends add a gzip member, which
-    readers concatenate), so finished JSONL results can be stored compressed."""
-    import gzip
+    readers concatenate), so finished JSONL results can be stored compressed.
 
-    if path.suffix == ".gz":
-        return gzip.open(path, mode + "t", encoding="utf-8")
-    return path.open(mode, encoding="utf-8")
+    A run killed while appending leaves its last gzip member unfinished: reading keeps every
+    complete line before the break, and appending first rewrites the file without the broken
+    tail (otherwise every later member would be unreadable behind it).
+    """
+    import gzip
+    import io
+
+    if path.suffix != ".gz":
+        return path.open(mode, encoding="utf-8")
+    if mode == "r":
+        return io.StringIO(_gzip_text(path))
+    if path.exists():
+        text = _gzip_text(path, intact := [True])
+        if not intact[0]:
+            with gzip.open(path, "wt", encoding="utf-8") as out:
+                out.write(text)
+    return gzip.open(path, mode + "t", encoding="utf-8")
+
+
+def _gzip_text(path: Path, intact: list[bool] | None = None) -> str:
+    """Every complete line of a (multi-member) gzip file, up to the first broken member;
+    intact[0] is set False when there was one."""
+    import zlib
+
+    data, out, whole = path.read_bytes(), [], True
+    while data:
+        inflater = zlib.decompressobj(wbits=31)
+        try:
+            out.append(inflater.decompress(data))
+        except zlib.error:
+            whole = False
+            break
+        if not inflater.eof:  # cut short by a killed writer
+            whole = False
+            break
+        data = inflater.unused_data
+    text = b"".join(out).decode("utf-8", errors="replace")
+    if intact is not None:
+        intact[0] = whole
+    return text if whole else text[:text.rfind("\n") + 1]
 
 
 def vllm_args(pairs: list[str] | None) -> dict[str, Any]:
