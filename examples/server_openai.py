@@ -30,7 +30,7 @@ def main(base_url: str, api_key: str | None = None, user_id: str = USER_ID,
     answer = completion.choices[0].message.content
 
     stream = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Where does Caroline live?"}],
+        model=model, messages=[{"role": "user", "content": "Where do I live?"}],
         user=user_id, max_tokens=max_tokens, temperature=0, stream=True)
     streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream
                        if chunk.choices)

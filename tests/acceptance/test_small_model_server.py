@@ -39,6 +39,9 @@ def example(name: str):
 
 
 def test_openai_sdk_answers_from_injected_kv(server):
+    # The streamed question is "Where do I live?": asked as "Where does Caroline live?" it
+    # retrieves "Caroline's sister Melanie lives in Boston." first, and the 0.5B answers Boston
+    # with the facts pasted as text too (every layout; 2026-12-02), a model limit.
     result = example("server_openai").main(server.base_url, None, "caroline")
     dog, city = result["answers"]
     print(f"\n[acceptance] server_openai answers {result['answers']} injected "
