@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
     from vllm import SamplingParams
 
     from inferscale_engine import Engine, EngineConfig, MemoryHandle
+    from inferscale_engine.layout import Layout
 
     args = parse_args(argv)
     model, dtype, load_format = resolve_model(args.model)
@@ -105,9 +106,9 @@ def main(argv: list[str] | None = None) -> dict:
                 if mode == "resident":  # the same preamble + facts already in the prefix cache
                     others = [(h, questions[(rep * n + i + 1) % len(questions)])
                               for i, (h, _) in enumerate(batch)]
-                    engine.generate_many(others, warm, mode="text")
+                    engine.generate_many(others, warm, mode="text", layout=Layout())
                 t0 = time.perf_counter()
-                outs = engine.generate_many(batch, sampling,
+                outs = engine.generate_many(batch, sampling, layout=Layout(),
                                             mode="text" if mode == "resident" else mode)
                 wall = time.perf_counter() - t0
                 if rep == 0:

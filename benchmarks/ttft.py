@@ -136,16 +136,17 @@ def make_retriever(args: argparse.Namespace, facts: list[str]):
 def mode_layout(mode: str, k: int) -> tuple[str, Any]:
     """The engine mode and Layout of a mode name (repairs capped at k facts)."""
     from benchmarks.locomo_arms import layout_of
+    from inferscale_engine.layout import Layout
 
-    if mode in ("text", "kv", "resident"):
-        return ("kv" if mode == "kv" else "text"), None
+    if mode in ("text", "kv", "resident"):  # every fact in the memory block, whatever the
+        return ("kv" if mode == "kv" else "text"), Layout()  # engine's default layout is
     base, _, suffix = mode.partition("-")
     where = suffix.rstrip("0123456789")
     if base not in ("text", "kv") or where not in ("end", "user", "also") or where == suffix:
         raise SystemExit(f"unknown mode {mode!r}; use text, kv, resident, kv-endR, kv-userR, "
                          "kv-alsoR, text-endR, text-userR")
     r = min(int(suffix[len(where):]), k)
-    return base, layout_of(where, r) if r else None
+    return base, layout_of(where, r) if r else Layout()
 
 
 def main(argv: list[str] | None = None) -> dict:
