@@ -10,7 +10,9 @@ Names spell the setting: text, text-user4, text-end4, kv-w64, kv-w64-user4, kv-w
 kv-w64-also4, kv-w64-a0.9 (facts encoded with key temperature: keys scaled by 0.9),
 kv-w256r512 (the conversation's facts encoded in runs of up to 512 fact tokens, one save
 request per run: each fact after the W tokens before its run and the run's facts before it;
-inferscale_engine.contexts.RunContext).
+inferscale_engine.contexts.RunContext), kv-s256 (each fact encoded after the earlier facts of
+its conversation MOST SIMILAR to it, up to W tokens, in conversation order;
+inferscale_engine.contexts.similar_contexts).
 Every request is one handle, facts in chronological order with their retrieval scores, so the
 ENGINE picks the repaired facts; a text arm of a layout prefills the same prompt
 a kv arm of that layout sends. Text arms run first, so cached text answers are reused.
@@ -26,8 +28,9 @@ from typing import Any
 from inferscale_engine.layout import Layout
 
 KINDS = ("text", "kv")
+CONTEXTS = ("recent", "similar")
 PLACEMENTS = {"end": "memory", "user": "user", "also": "memory"}
-_NAME = re.compile(r"(?P<kind>text|kv-w(?P<window>\d+)(?:r(?P<run>\d+))?"
+_NAME = re.compile(r"(?P<kind>text|kv-(?P<source>[ws])(?P<window>\d+)(?:r(?P<run>\d+))?"
                    r"(?:-a(?P<alpha>\d+(?:\.\d+)?))?)"
                    r"(?:-(?P<where>end|user|also)(?P<r>\d+))?")
 
@@ -57,12 +60,18 @@ class Arm:
     run_tokens: int = 0
     """kv: R of runs of facts encoded together (EngineConfig.context_run_tokens); 0: each
     fact alone after its last W tokens."""
+    context: str = "recent"
+    """kv: what a fact is encoded after: 'recent' (the facts right before it, name kv-wW) or
+    'similar' (the earlier facts most similar to it, name kv-sW)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"arm {self.name!r}: kind {self.kind!r} is not one of {KINDS}")
         if (self.kind == "kv") != (self.window is not None) or (self.window or 0) < 0:
             raise ValueError(f"arm {self.name!r}: a kv arm needs a window >= 0, a text arm none")
+        if self.context not in CONTEXTS or (self.context == "similar" and self.run_tokens):
+            raise ValueError(f"arm {self.name!r}: context {self.context!r} (one of {CONTEXTS}; "
+                             "runs only with 'recent')")
 
     def engine_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of Engine.generate_many besides requests and sampling."""
@@ -74,7 +83,8 @@ class Arm:
                 "window": self.window, "repair_facts": self.layout.repair_facts,
                 "repair_placement": self.layout.repair_placement,
                 "repair_also_inject": self.layout.repair_also_inject,
-                "key_scale": self.key_scale, "run_tokens": self.run_tokens}
+                "key_scale": self.key_scale, "run_tokens": self.run_tokens,
+                **({"context": self.context} if self.context != "recent" else {})}
 
 
 def get_arm(name: str) -> Arm:
@@ -82,8 +92,8 @@ def get_arm(name: str) -> Arm:
     match = _NAME.fullmatch(name)
     if match is None or (match["kind"] == "text" and match["where"] == "also"):
         raise ValueError(f"unknown arm {name!r}; names are text[-end|-user R] or "
-                         "kv-wW[rRUN][-aALPHA][-end|-user|-also R], e.g. text-user4, "
-                         "kv-w64-end2, kv-w256r512-user2")
+                         "kv-wW[rRUN][-aALPHA][-end|-user|-also R] (kv-sW: similar-facts "
+                         "context), e.g. text-user4, kv-w64-end2, kv-w256r512-user2, kv-s256")
     where, r = match["where"], int(match["r"] or 0)
     if where is not None and r < 1:
         raise ValueError(f"arm {name!r}: repair at least one fact")
@@ -94,8 +104,12 @@ def get_arm(name: str) -> Arm:
     run = int(match["run"] or 0)
     if match["run"] is not None and run < 1:
         raise ValueError(f"arm {name!r}: a run holds at least one token")
+    if match["source"] == "s" and match["run"] is not None:
+        raise ValueError(f"arm {name!r}: runs (rR) encode facts after the facts right before "
+                         "them; a similar-facts context (kv-sW) takes no runs")
     return Arm(name, "kv" if window is not None else "text",
-               f"{where}{r}" if where else "system", window, layout_of(where, r), alpha, run)
+               f"{where}{r}" if where else "system", window, layout_of(where, r), alpha, run,
+               "similar" if match["source"] == "s" else "recent")
 
 
 DEFAULT_ARMS = ("text", "kv-w64", "kv-w0")

@@ -149,15 +149,18 @@ class ConversationRun:
     """One conversation's facts in the engine: a text user and one user per window."""
 
     def __init__(self, engine: Any, conv: Conversation, positions: Sequence[int],
-                 out: IO[str]) -> None:
+                 out: IO[str], embedder: Any = None) -> None:
         self.engine, self.conv, self.positions, self._out = engine, conv, list(positions), out
+        self.embedder = embedder
+        """Embeds the facts for similar-facts contexts (kv-sW arms)."""
         self.users: dict[str, dict[int, Any]] = {}
         """User id -> {fact position: engine fact id}."""
 
     def user(self, arm: Arm) -> tuple[str, dict[int, Any]]:
         """The arm's user and fact ids, registering (and for kv arms encoding) on first use."""
         name = f"{self.conv.sample_id}/" + ("text" if arm.window is None else f"w{arm.window}"
-                                             f"r{arm.run_tokens}a{arm.key_scale:g}")
+                                             f"r{arm.run_tokens}a{arm.key_scale:g}"
+                                             f"{arm.context[0]}")
         if name not in self.users:
             texts = [self.conv.facts[p].text for p in self.positions]
             start = time.perf_counter()
@@ -165,21 +168,31 @@ class ConversationRun:
                 ids = self.engine.add_facts(name, texts, encode=False)
             else:
                 before = self.engine.stats().counters.get("save_requests", 0)
-                contexts = self.contexts(arm.run_tokens)
+                contexts = self.contexts(arm)
                 ids = self.engine.add_facts(name, texts, [contexts[p] for p in self.positions],
                                             window=arm.window, key_scale=arm.key_scale)
                 self._out.write(json.dumps({
                     "type": "ingest", "conversation": self.conv.sample_id, "window": arm.window,
-                    "run_tokens": arm.run_tokens, "num_facts": len(texts),
+                    "run_tokens": arm.run_tokens, "context": arm.context,
+                    "num_facts": len(texts),
                     "save_requests": self.engine.stats().counters.get("save_requests", 0)
                     - before, "seconds": time.perf_counter() - start}) + "\n")
             self.users[name] = dict(zip(self.positions, ids, strict=True))
         return name, self.users[name]
 
-    def contexts(self, run_tokens: int) -> Sequence[Any]:
+    def contexts(self, arm: Arm) -> Sequence[Any]:
         """Every fact's encoding context: its context string, or with runs its RunContext
         (runs cut over the whole conversation, so a fact's KV never depends on which facts
-        the questions need)."""
+        the questions need), or its similar-facts context (over the whole conversation too)."""
+        run_tokens = arm.run_tokens
+        if arm.context == "similar":
+            from inferscale_engine.contexts import similar_contexts
+
+            texts = [f.text for f in self.conv.facts]
+            vectors = self.embedder.encode([f.retrieval_text for f in self.conv.facts])
+            lengths = [len(self.engine.tokenize_fact(t, check_length=False)) for t in texts]
+            return similar_contexts(vectors.cpu().numpy() if hasattr(vectors, "cpu")
+                                    else vectors, lengths, texts, window=arm.window or 0)
         if not run_tokens:
             return self.conv.contexts
         if self.conv.context_kind != "memory":
@@ -296,7 +309,7 @@ def run(args: argparse.Namespace, arms: Sequence[Arm], selection: Selection,
                     if (conv.sample_id, q.index) not in known:
                         out.write(json.dumps(question_record(conv, q, ranked[q.index])) + "\n")
                 conv_run = ConversationRun(engine, conv, sorted({p for r, _ in ranked.values()
-                                                                 for p in r}), out)
+                                                                 for p in r}), out, embedder)
                 try:
                     for arm in arms:
                         mine = [q for q in todo if arm in pending[(conv.sample_id, q.index)]]

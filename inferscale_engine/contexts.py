@@ -12,6 +12,11 @@ context:
               write path sees that the contexts chain), instead of one of W + fact tokens per
               fact.
 
+A text context is usually the facts right before the fact (`fact_contexts` in the memory
+layer); `similar_contexts` builds it from the user's earlier facts MOST SIMILAR to the fact
+instead, in the order they were added, which is what precedes a fact in a prompt whose facts
+were retrieved for a query close to it.
+
 Both are plain data (stored in a fact's metadata by the memory layer), so a fact's KV is
 rebuilt from exactly the same tokens after a restart or an eviction.
 """
@@ -53,6 +58,9 @@ class RunContext:
                                    "{'lead': str | None, 'facts': [str, ...]}")
         return cls(lead, tuple(facts))
 
+
+_SIMILAR_CANDIDATES = 64
+"""Most similar earlier facts considered per fact by similar_contexts."""
 
 Context = str | RunContext | None
 """What add_facts takes per fact."""
@@ -112,3 +120,40 @@ def context_tokens(context: object, window: int, encode: Callable[[str], Sequenc
         raise InvalidFactError(f"a context must be a string, a RunContext or None, got "
                                f"{type(context).__name__}")
     return tuple(encode(context))[-window:] if window else ()
+
+
+def similar_contexts(vectors: Any, lengths: Sequence[int], texts: Sequence[str], *,
+                     window: int, first_new: int = 0) -> list[str | None]:
+    """Per fact from `first_new` on, a context of the earlier facts most similar to it.
+
+    Fact i's context holds facts j < i picked by cosine similarity, best first, while their
+    prompt lines fit `window` tokens, written in the order the facts were added (j ascending,
+    as a prompt orders them), formatted as in prompts. The engine keeps the last W tokens of a
+    context; the picked lines fit W (up to tokenizer merges across line ends).
+
+    Args:
+        vectors: [n, dim] L2-normalized embeddings of all n facts (torch or numpy), earlier
+            facts first.
+        lengths: token counts of each fact's prompt line (FACT_FORMAT), n of them.
+        texts: the n facts' texts.
+        window: W, the token budget of a context.
+        first_new: index of the first fact that needs a context (the ones before are the
+            user's stored facts).
+    """
+    import numpy as np
+
+    matrix = np.asarray(vectors, dtype=np.float32)
+    if not len(matrix) == len(lengths) == len(texts):
+        raise ValueError(f"{len(matrix)} vectors, {len(lengths)} lengths, {len(texts)} texts")
+    out: list[str | None] = []
+    for i in range(first_new, len(texts)):
+        picked, used = [], 0
+        scores = matrix[:i] @ matrix[i]
+        top = np.argpartition(-scores, _SIMILAR_CANDIDATES)[:_SIMILAR_CANDIDATES] if (
+            i > _SIMILAR_CANDIDATES) else np.arange(i)
+        for j in top[np.argsort(-scores[top], kind="stable")]:
+            if used + lengths[j] <= window:
+                picked.append(int(j))
+                used += lengths[j]
+        out.append("".join(FACT_FORMAT.format(text=texts[j]) for j in sorted(picked)) or None)
+    return out

@@ -29,7 +29,11 @@ def test_names_spell_the_setting():
     assert (runs.window, runs.run_tokens, runs.key_scale, runs.layout_name) == (
         256, 512, 0.9, "user2")
     assert runs.describe()["run_tokens"] == 512 and get_arm("kv-w64").run_tokens == 0
-    for bad in ("kv-64", "text-also4", "kv-w64-user0", "kv-w64-side4", "kv-w64r0", "textr5"):
+    similar = get_arm("kv-s256-user2")
+    assert (similar.window, similar.context, similar.run_tokens) == (256, "similar", 0)
+    assert similar.describe()["context"] == "similar" and "context" not in runs.describe()
+    for bad in ("kv-64", "text-also4", "kv-w64-user0", "kv-w64-side4", "kv-w64r0", "textr5",
+                "kv-s256r512", "kv-x64"):
         with pytest.raises(ValueError):
             get_arm(bad)
     with pytest.raises(ValueError):
