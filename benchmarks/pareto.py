@@ -24,7 +24,7 @@ from benchmarks.common import RESULTS_DIR  # noqa: E402
 
 def ttft_mode(arm: str) -> str:
     """The ttft.py mode an arm is timed as: kv-w64-a0.9-user4 and kv-w256r512-user4 -> kv-user4."""
-    return re.sub(r"^kv-w\d+(?:r\d+)?(?:-a[\d.]+)?", "kv", arm)
+    return re.sub(r"^kv-[ws]\d+(?:r\d+)?(?:-a[\d.]+)?", "kv", arm)
 
 
 def load(path: str | None) -> dict[str, Any] | None:
