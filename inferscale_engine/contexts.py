@@ -23,7 +23,7 @@ rebuilt from exactly the same tokens after a restart or an eviction.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,8 +59,8 @@ class RunContext:
         return cls(lead, tuple(facts))
 
 
-_SIMILAR_CANDIDATES = 64
-"""Most similar earlier facts considered per fact by similar_contexts."""
+SIMILAR_CANDIDATES = 64
+"""Most similar earlier facts considered per fact (similar_contexts, the memory layer)."""
 
 Context = str | RunContext | None
 """What add_facts takes per fact."""
@@ -122,23 +122,40 @@ def context_tokens(context: object, window: int, encode: Callable[[str], Sequenc
     return tuple(encode(context))[-window:] if window else ()
 
 
-def similar_contexts(vectors: Any, lengths: Sequence[int], texts: Sequence[str], *,
-                     window: int, first_new: int = 0) -> list[str | None]:
-    """Per fact from `first_new` on, a context of the earlier facts most similar to it.
+def similar_context(candidates: Iterable[tuple[Any, float, str, int]], window: int
+                    ) -> str | None:
+    """The context made of the candidates most similar to a fact, or None.
 
-    Fact i's context holds facts j < i picked by cosine similarity, best first, while their
-    prompt lines fit `window` tokens, written in the order the facts were added (j ascending,
-    as a prompt orders them), formatted as in prompts. The engine keeps the last W tokens of a
-    context; the picked lines fit W (up to tokenizer merges across line ends).
+    Candidates are picked by similarity, best first, while their prompt lines fit `window`
+    tokens, and written in added order (by their order key, as a prompt orders facts),
+    formatted as in prompts. The engine keeps the last W tokens of a context; the picked
+    lines fit W (up to tokenizer merges across line ends).
 
     Args:
-        vectors: [n, dim] L2-normalized embeddings of all n facts (torch or numpy), earlier
-            facts first.
-        lengths: token counts of each fact's prompt line (FACT_FORMAT), n of them.
+        candidates: (order key, similarity, text, tokens of the text's prompt line) of the
+            earlier facts the context may use.
+        window: W, the token budget.
+    """
+    picked, used = [], 0
+    for order, _, text, length in sorted(candidates, key=lambda c: -c[1]):
+        if used + length <= window:
+            picked.append((order, text))
+            used += length
+    return "".join(FACT_FORMAT.format(text=text) for _, text in sorted(picked)) or None
+
+
+def similar_contexts(vectors: Any, lengths: Sequence[int], texts: Sequence[str], *,
+                     window: int, first_new: int = 0) -> list[str | None]:
+    """Per fact from `first_new` on, its similar_context among the facts before it.
+
+    Args:
+        vectors: [n, dim] L2-normalized embeddings of all n facts (numpy or CPU torch),
+            in added order.
+        lengths: tokens of each fact's prompt line (FACT_FORMAT), n of them.
         texts: the n facts' texts.
         window: W, the token budget of a context.
-        first_new: index of the first fact that needs a context (the ones before are the
-            user's stored facts).
+        first_new: index of the first fact that needs a context (those before it are the
+            user's earlier facts).
     """
     import numpy as np
 
@@ -147,13 +164,9 @@ def similar_contexts(vectors: Any, lengths: Sequence[int], texts: Sequence[str],
         raise ValueError(f"{len(matrix)} vectors, {len(lengths)} lengths, {len(texts)} texts")
     out: list[str | None] = []
     for i in range(first_new, len(texts)):
-        picked, used = [], 0
         scores = matrix[:i] @ matrix[i]
-        top = np.argpartition(-scores, _SIMILAR_CANDIDATES)[:_SIMILAR_CANDIDATES] if (
-            i > _SIMILAR_CANDIDATES) else np.arange(i)
-        for j in top[np.argsort(-scores[top], kind="stable")]:
-            if used + lengths[j] <= window:
-                picked.append(int(j))
-                used += lengths[j]
-        out.append("".join(FACT_FORMAT.format(text=texts[j]) for j in sorted(picked)) or None)
+        top = np.argpartition(-scores, SIMILAR_CANDIDATES)[:SIMILAR_CANDIDATES] if (
+            i > SIMILAR_CANDIDATES) else range(i)
+        out.append(similar_context(((int(j), float(scores[j]), texts[j], lengths[j])
+                                    for j in top), window))
     return out

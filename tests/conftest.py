@@ -30,14 +30,16 @@ def engine_config(model: Path, **overrides: Any):
     from inferscale_engine.config import EngineConfig
     from inferscale_engine.layout import Layout
 
-    # Every fact injected and encoded alone unless a test asks otherwise: the invariants
-    # compare injection with plain prefills; the product defaults (W=256 in runs of 512, the
-    # 2 most relevant facts repaired as text) have tests of their own (test_defaults.py) and
-    # serve the real-model acceptance tests.
+    # Every fact injected and encoded alone (after the facts right before it when a test
+    # gives it a window) unless a test asks otherwise: the invariants compare injection with
+    # plain prefills; the product defaults (W=256, similar-facts contexts, the 2 most relevant
+    # facts repaired as text) have tests of their own (test_memory_defaults.py) and serve the
+    # real-model acceptance tests.
     settings: dict[str, Any] = dict(
         model=str(model), dtype="float32", max_model_len=1024, enforce_eager=True,
         kv_cache_memory_bytes=64 * 2**20, slab_capacity_bytes=16 * 2**20,
-        context_window_tokens=0, context_run_tokens=0, layout=Layout(),
+        context_window_tokens=0, context_run_tokens=0, context_source="recent",
+        layout=Layout(),
         vllm_overrides={"max_logprobs": 1024},
     )
     settings.update(overrides)

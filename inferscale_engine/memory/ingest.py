@@ -6,12 +6,20 @@ Argument checks live in inferscale_engine.checks (one implementation for every l
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from inferscale_engine import checks
-from inferscale_engine.contexts import Context, RunContext, run_contexts
+from inferscale_engine.config import EngineConfig
+from inferscale_engine.contexts import (
+    SIMILAR_CANDIDATES,
+    Context,
+    RunContext,
+    run_contexts,
+    similar_context,
+)
 from inferscale_engine.facts import FactId
 from inferscale_engine.memory.records import Turn
 from inferscale_engine.memory.retrieval import RetrievalIndex
@@ -71,16 +79,28 @@ def turn_contexts(earlier: list[Turn], turns: list[tuple[str, str]],
     return ["".join(history[:len(earlier) + p]) or None for p in positions]
 
 
+@dataclass(frozen=True, slots=True)
+class SimilarSource:
+    """What similar-facts contexts need (EngineConfig.context_source 'similar')."""
+
+    index: RetrievalIndex
+    vectors: torch.Tensor
+    """[n, dim] L2-normalized embeddings of the call's facts."""
+    stored: Callable[[FactId], tuple[str, int] | None]
+    """(text, prompt-line tokens) of a stored fact id, or None if it is gone."""
+
+
 def contexts(store: FactStore, user_id: str, session_id: str | None,
              turns: list[tuple[str, str]] | None, facts: list[tuple[str, int]],
-             keep: list[int], limit: int, lengths: Sequence[int], run_tokens: int
-             ) -> list[Context]:
+             keep: list[int], limit: int, lengths: Sequence[int], config: EngineConfig,
+             similar: SimilarSource) -> list[Context]:
     """Per new fact (text, turn position), what it is encoded after.
 
-    A turn's fact: the session's turns before it. A fact added as text: the user's facts
-    before it (the kept ones of this call included; duplicates get none: they are not stored);
-    with run_tokens > 0 (EngineConfig.context_run_tokens) as runs of facts (RunContext), each
-    run encoded in one request.
+    A turn's fact: the session's turns before it. A fact added as text (config.
+    context_source): 'similar', the user's earlier facts most similar to it
+    (similar_fact_contexts); 'recent', the user's facts right before it (the kept ones of this
+    call included; duplicates get none: they are not stored), with config.context_run_tokens
+    > 0 as runs of facts (RunContext), each run encoded in one request.
 
     Args:
         lengths: token counts of `facts`.
@@ -88,14 +108,52 @@ def contexts(store: FactStore, user_id: str, session_id: str | None,
     if turns is not None:
         earlier = store.recent_turns(user_id=user_id, session_id=session_id, limit=limit)
         return list[Context](turn_contexts(earlier, turns, [p for _, p in facts]))
-    recent = [f.text for f in store.recent_facts(user_id=user_id, limit=limit)]
     texts = [facts[i][0] for i in keep]
-    kept: list[Context] = list(
-        run_contexts(recent, texts, [lengths[i] for i in keep], run_tokens=run_tokens,
-                     lead_facts=limit) if run_tokens else fact_contexts(recent, texts, limit))
+    kept: list[Context]
+    if config.context_source == "similar":
+        kept = list(similar_fact_contexts(
+            similar.index, user_id, similar.vectors[keep], texts, [lengths[i] for i in keep],
+            window=config.context_window_tokens, stored=similar.stored))
+    else:
+        recent = [f.text for f in store.recent_facts(user_id=user_id, limit=limit)]
+        kept = list(run_contexts(recent, texts, [lengths[i] for i in keep],
+                                 run_tokens=config.context_run_tokens, lead_facts=limit)
+                    if config.context_run_tokens else fact_contexts(recent, texts, limit))
     out: list[Context] = [None] * len(facts)
     for i, context in zip(keep, kept, strict=True):
         out[i] = context
+    return out
+
+
+def similar_fact_contexts(index: RetrievalIndex, user_id: str, vectors: torch.Tensor,
+                          texts: Sequence[str], lengths: Sequence[int], *, window: int,
+                          stored: Callable[[FactId], tuple[str, int] | None]
+                          ) -> list[str | None]:
+    """Per new fact, a context of the user's earlier facts most similar to it.
+
+    EngineConfig.context_source 'similar': the user's stored facts and this call's facts
+    before it, picked by cosine similarity while they fit W tokens, in the order they were
+    added (contexts.similar_context).
+
+    Args:
+        vectors: [n, dim] L2-normalized embeddings of the new facts.
+        texts, lengths: the new facts and the token counts of their prompt lines.
+        stored: (text, prompt-line tokens) of a stored fact id, or None if it is gone.
+    """
+    if not window:
+        return [None] * len(texts)
+    known = index.similar_many(user_id=user_id, embeddings=vectors, threshold=-1.0,
+                               limit=SIMILAR_CANDIDATES)
+    within = vectors @ vectors.T  # [n, n]
+    out = []
+    for i, similar in enumerate(known):
+        candidates = [((0, int(fact_id)), score, *found) for fact_id, score in similar
+                      if (found := stored(fact_id)) is not None]
+        if i:
+            scores, earlier = within[i, :i].topk(min(i, SIMILAR_CANDIDATES))
+            candidates += [((1, j), score, texts[j], lengths[j])
+                           for score, j in zip(scores.tolist(), earlier.tolist(), strict=True)]
+        out.append(similar_context(candidates, window))
     return out
 
 

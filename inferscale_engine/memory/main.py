@@ -1,10 +1,9 @@
 """Memory: the user-facing memory API (add, search, get_all, update, delete, reset, generate).
 
 Every verb is scoped by the keyword `user_id=`. A write goes to the durable FactStore first (one
-transaction per call), then to the Engine (registration and KV encoding), then to the retrieval
-index: a crash never loses an acknowledged fact, and search never names a fact the engine does
-not know. KV is a cache: at start-up every stored fact is registered again and its KV is
-re-encoded (startup='encode') or built on first use (startup='lazy').
+transaction per call), then to the Engine (KV encoding), then to the retrieval index: a crash
+never loses an acknowledged fact, and search never names a fact the engine does not know. KV is
+a cache: at start-up stored facts are re-encoded (startup='encode') or on first use ('lazy').
 """
 
 from __future__ import annotations
@@ -136,8 +135,8 @@ class Memory:
         """Remember facts, or a conversation's turns; one result per fact, in order.
 
         With `messages`, every turn is recorded in the session and the content of each user or
-        assistant turn becomes a fact encoded after the turns that precede it in the session
-        (Context-Window Encoding keeps their last W tokens).
+        assistant turn becomes a fact encoded after the session's turns before it (their last W
+        tokens); facts added as texts: see EngineConfig.context_source.
 
         Raises:
             InvalidUserIdError, InvalidFactError, InvalidTurnError, InvalidRequestError: bad
@@ -166,7 +165,8 @@ class Memory:
             keep = [i for i, match in enumerate(matches) if match is None]
             contexts = ingest.contexts(self._store, user_id, session_id, turns, facts, keep,
                                        self._context_turns, [len(t) for t in token_ids],
-                                       self._engine.config.context_run_tokens)
+                                       self._engine.config, ingest.SimilarSource(
+                                           self._index, vectors, self._served.prompt_line))
             stored = self._store_facts(user_id, session_id, metadata, [facts[i][0] for i in keep],
                                        [token_ids[i] for i in keep], vectors[keep],
                                        [contexts[i] for i in keep], turns or ())

@@ -58,6 +58,11 @@ class ServedFacts:
         fact = self._facts.get(fact_id)
         return fact.text if fact is not None else None
 
+    def prompt_line(self, fact_id: FactId) -> tuple[str, int] | None:
+        """(text, tokens of its prompt line) of a served fact, or None."""
+        fact = self._facts.get(fact_id)
+        return (fact.text, len(fact.token_ids)) if fact is not None else None
+
     def register(self, user_id: str, stored: Sequence[StoredFact], encode: bool) -> None:
         """Register durable facts with the engine (encoding their KV if asked), index them.
 

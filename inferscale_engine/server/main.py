@@ -1,7 +1,8 @@
 """`inferscale serve`: start vLLM's OpenAI server with InferScale's memory installed.
 
     inferscale serve --model tiny|small|PATH [--host 127.0.0.1] [--port 8000] [--db PATH]
-                     [--api-keys FILE] [--k 5] [--window 256] [--run-tokens 512] [--slab-mib 256]
+                     [--api-keys FILE] [--k 5] [--window 256] [--context-source similar|recent]
+                     [--run-tokens 512] [--slab-mib 256]
                      [--embedding-model NAME|DIR] [--dedupe-threshold 0.95|none]
                      [vLLM's own serve flags]
 
@@ -43,8 +44,12 @@ def our_parser() -> argparse.ArgumentParser:
     parser.add_argument("--api-keys", default=None, help="JSON file: keys -> tenant, users")
     parser.add_argument("--k", type=int, default=5, help="facts retrieved per request")
     parser.add_argument("--window", type=int, default=256, help="context window W (tokens)")
+    parser.add_argument("--context-source", choices=("similar", "recent"), default="similar",
+                        help="a fact added as text is encoded after the user's earlier facts "
+                             "most similar to it, or after the facts right before it (runs)")
     parser.add_argument("--run-tokens", type=int, default=512,
-                        help="R: facts added together are encoded in runs of up to R tokens")
+                        help="R: with --context-source recent, facts added together are "
+                             "encoded in runs of up to R tokens")
     parser.add_argument("--slab-mib", type=int, default=256, help="fact KV per worker (MiB)")
     parser.add_argument("--embedding-model", default=DEFAULT_EMBEDDING_MODEL,
                         help="sentence-transformers name or folder (default: offline MiniLM)")
@@ -92,7 +97,7 @@ def vllm_args(ours: argparse.Namespace, rest: list[str]) -> tuple[argparse.Names
     config = EngineConfig(
         model=str(model), dtype=args.dtype if args.dtype != "auto" else dtype,
         max_model_len=args.max_model_len or 4096, context_window_tokens=ours.window,
-        context_run_tokens=ours.run_tokens,
+        context_run_tokens=ours.run_tokens, context_source=ours.context_source,
         slab_capacity_bytes=ours.slab_mib * 2**20,
         enable_prefix_caching=args.enable_prefix_caching is not False,
         tensor_parallel_size=args.tensor_parallel_size, load_format=args.load_format,

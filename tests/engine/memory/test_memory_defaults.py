@@ -1,6 +1,7 @@
-"""The product defaults out of the box: facts added together are encoded at W=256 in runs of
-512 tokens (one save request per run), and every read repairs the 2 facts most relevant to the
-query as text before the question (layout.QUALITY_LAYOUT), through Memory and KVMemory alike.
+"""The product defaults out of the box: a fact added as text is encoded after the user's
+earlier facts most similar to it (W=256, context_source 'similar'), and every read repairs the 2
+facts most relevant to the query as text before the question (layout.QUALITY_LAYOUT), through
+Memory and KVMemory alike.
 """
 
 from __future__ import annotations
@@ -8,22 +9,27 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from inferscale_engine.config import EngineConfig
 from inferscale_engine.layout import QUALITY_LAYOUT, USER_BLOCK_HEADER, Layout
 from inferscale_engine.memory import Memory
+from inferscale_engine.memory.ingest import CONTEXT_KEY
 from tests.conftest import FACTS, greedy, running_engine
 from tests.engine.memory.memory_support import HashEmbedder
 
 pytestmark = pytest.mark.vllm
 
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)
-            if f.name in ("context_window_tokens", "context_run_tokens", "layout")}
+            if f.name in ("context_window_tokens", "context_run_tokens", "context_source",
+                          "layout")}
 
 
 def test_the_defaults_are_the_dev_grid_choice():
     assert DEFAULTS == {"context_window_tokens": 256, "context_run_tokens": 512,
-                        "layout": QUALITY_LAYOUT}
+                        "context_source": "similar", "layout": QUALITY_LAYOUT}
+    with pytest.raises(Exception, match="context_source must be one of"):
+        EngineConfig(model="unused", context_source="neighbours")
     assert QUALITY_LAYOUT == Layout(repair_facts=2, repair_placement="user")
     with pytest.raises(Exception, match="must be below max_model_len"):
         EngineConfig(model="unused", max_model_len=1024)  # 256 + 256 + 512: say which to lower
@@ -39,11 +45,18 @@ def engine(tiny_models):
         yield eng
 
 
-def test_memory_uses_runs_and_the_quality_layout(engine, tmp_path):
+def test_memory_uses_similar_contexts_and_the_quality_layout(engine, tmp_path):
     with Memory(engine, str(tmp_path / "d.db"), HashEmbedder(), progress_bar=False) as mem:
         before = engine.stats().counters.get("save_requests", 0)
-        mem.add(user_id="dee", texts=FACTS)
-        assert engine.stats().counters["save_requests"] - before == 1  # one run
+        ids = [r.fact_id for r in mem.add(user_id="dee", texts=FACTS)]
+        # each fact after the earlier facts most similar to it; these five all fit W, so each
+        # is encoded after every fact before it, and the write path chains the contexts into
+        # one save request
+        stored = mem._store.get(user_id="dee", fact_ids=ids)
+        assert CONTEXT_KEY not in stored[0].metadata
+        assert [f.metadata[CONTEXT_KEY] for f in stored[1:]] == [
+            "".join(f"- {t}\n" for t in FACTS[:i]) for i in range(1, len(FACTS))]
+        assert engine.stats().counters["save_requests"] - before == 1
         out = mem.generate(user_id="dee", query="Where does John play?", k=5,
                            sampling=greedy(4))
         assert out.plan_status == "inject" and out.num_repaired_facts == 2
@@ -58,3 +71,19 @@ def test_memory_uses_runs_and_the_quality_layout(engine, tmp_path):
                              sampling=greedy(4), layout=Layout())
         assert plain.num_repaired_facts == 0
         assert plain.num_injected_tokens > out.num_injected_tokens
+
+
+def test_similar_contexts_are_rebuilt_exactly_after_a_restart(engine, tmp_path):
+    db = str(tmp_path / "r.db")
+    with Memory(engine, db, HashEmbedder(), progress_bar=False) as mem:
+        ids = [r.fact_id for r in mem.add(user_id="rae", texts=FACTS[:3])]
+        ids += [r.fact_id for r in mem.add(user_id="rae", texts=FACTS[3:])]
+        contexts = [f.metadata.get(CONTEXT_KEY) for f in mem._store.get(user_id="rae",
+                                                                       fact_ids=ids)]
+        before = {i: engine.workers.read_entry(engine._facts[i].slab_key)[0][:2] for i in ids}
+    # the second call's facts were encoded after similar facts of the first call
+    assert all(any(f"- {t}\n" in c for t in FACTS[:3]) for c in contexts[3:])
+    with Memory(engine, db, HashEmbedder(), startup="encode", progress_bar=False) as mem:
+        for i in ids:
+            keys, values = engine.workers.read_entry(engine._facts[i].slab_key)[0][:2]
+            assert torch.equal(keys, before[i][0]) and torch.equal(values, before[i][1])
