@@ -1,0 +1,220 @@
+"""Where kv mode's time above the resident ceiling goes: per-phase host time and a profile.
+
+One engine (MP=0, so vLLM's scheduler, executor and our connector halves run in this process),
+modes interleaved per fact set exactly as ttft.py runs them. Pass 1 wraps vLLM's engine-core
+phases and our connector hooks with wall-clock timers and reports, per mode, the mean host time
+of each phase per request; pass 2 runs torch.profiler (CPU + CUDA activity) over a few requests
+of each mode and prints the tops by self CPU and by self device time, and writes a trace of one
+kv and one resident request (chrome://tracing) next to the JSON.
+
+  python benchmarks/gpu/ceiling_probe.py --model llama-3.1-8b --k 50,100
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import random
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.common import environment, synthetic_texts, write_record  # noqa: E402
+from benchmarks.ttft import build_engine  # noqa: E402
+
+PHASES = (
+    "core.step", "core.step_with_batch_queue",
+    "core.scheduler.schedule", "core.scheduler.update_from_output",
+    "core.scheduler.kv_cache_manager.get_computed_blocks",
+    "core.scheduler.kv_cache_manager.allocate_slots",
+    "core.scheduler.kv_cache_manager.block_pool.cache_full_blocks",
+    "core.scheduler.connector.get_num_new_matched_tokens",
+    "core.scheduler.connector.update_state_after_alloc",
+    "core.scheduler.connector.build_connector_meta",
+    "core.scheduler.connector.request_finished", "core.scheduler.connector.update_connector_output",
+    "core.scheduler._free_request", "core.scheduler._update_from_kv_xfer_finished",
+    "core.scheduler.kv_cache_manager.free", "core.scheduler._make_cached_request_data",
+    "core.scheduler._update_request_with_output",
+    "core.model_executor.execute_model", "core.model_executor.sample_tokens",
+    "worker_connector.start_load_kv", "worker_connector.wait_for_save",
+    "worker_connector.get_finished", "engine._planner.prepare", "engine._runner.run",
+)
+"""Dotted paths of the methods timed (absent ones are skipped: vLLM versions differ)."""
+
+
+class PhaseTimer:
+    """Wall time spent in wrapped methods, accumulated under the current label."""
+
+    def __init__(self) -> None:
+        self.label = "warmup"
+        self.totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.counts: dict[str, int] = defaultdict(int)
+        self.wrapped: list[str] = []
+
+    def wrap(self, owner: Any, name: str, path: str) -> None:
+        method = getattr(owner, name)
+
+        @functools.wraps(method)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.totals[self.label][path] += time.perf_counter() - start
+
+        setattr(owner, name, timed)
+        self.wrapped.append(path)
+
+    def install(self, roots: dict[str, Any]) -> None:
+        for path in PHASES:
+            head, *rest = path.split(".")
+            owner = roots.get(head)
+            for part in rest[:-1]:
+                owner = getattr(owner, part, None)
+            if owner is not None and callable(getattr(owner, rest[-1], None)):
+                self.wrap(owner, rest[-1], path)
+
+    def per_request_us(self) -> dict[str, dict[str, float]]:
+        return {label: {p: 1e6 * t / max(self.counts[label], 1) for p, t in phases.items()}
+                for label, phases in self.totals.items() if label != "warmup"}
+
+
+def roots(engine: Any) -> dict[str, Any]:
+    """The objects PHASES start from (MP=0 only)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    client = engine._runner.llm.llm_engine.engine_core
+    core = getattr(client, "engine_core", None)
+    if core is None:
+        raise SystemExit("ceiling_probe needs the in-process engine core (MP=0)")
+    return {"core": core, "engine": engine, "worker_connector": get_kv_transfer_group()}
+
+
+def run_modes(engine: Any, facts: list[int], k: int, questions: Callable[[], str],
+              count: int, rng: random.Random, timer: PhaseTimer | None
+              ) -> dict[str, list[float]]:
+    """`count` fact sets, each asked in kv then resident mode (resident warmed first)."""
+    from vllm import SamplingParams
+
+    from inferscale_engine import MemoryHandle
+    from inferscale_engine.layout import Layout
+
+    one = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+    out: dict[str, list[float]] = {"kv": [], "resident": []}
+    for _ in range(count):
+        handle = MemoryHandle("bench", tuple(rng.sample(facts, k)))
+        question = questions()
+        if timer is not None:
+            timer.label = "warmup"  # the resident warm-up is no part of either mode
+        engine.generate(handle, questions(), one, mode="text", layout=Layout())
+        for mode in ("kv", "resident"):
+            if timer is not None:
+                timer.label = mode
+                timer.counts[mode] += 1
+            start = time.perf_counter()
+            engine.generate(handle, question, one, mode="kv" if mode == "kv" else "text",
+                            layout=Layout())
+            out[mode].append((time.perf_counter() - start) * 1e3)
+    if timer is not None:
+        timer.label = "warmup"
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--k", default="50,100")
+    parser.add_argument("--requests", type=int, default=20, help="timed fact sets per k")
+    parser.add_argument("--profiled", type=int, default=4, help="fact sets under torch.profiler")
+    parser.add_argument("--pool", type=int, default=300)
+    parser.add_argument("--fact-tokens", type=int, default=30)
+    parser.add_argument("--question-tokens", type=int, default=48)
+    parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--slab-mib", type=int, default=4096)
+    parser.add_argument("--kv-cache-gib", type=float, default=None)
+    parser.add_argument("--cudagraph-sizes", default=None)
+    parser.add_argument("--vllm-arg", action="append", default=[])
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args(argv)
+    args.enforce_eager, args.multiprocessing = False, False
+    engine, _ = build_engine(args)
+    tokenizer = engine.tokenizer
+    facts = engine.add_facts("bench", synthetic_texts(tokenizer, args.pool, args.fact_tokens,
+                                                      seed=1))
+    pool = iter(synthetic_texts(tokenizer, 4096, args.question_tokens, seed=2, fmt="{text}"))
+    rng = random.Random(0)
+    timer = PhaseTimer()
+    timer.install(roots(engine))
+    print("timed phases:", ", ".join(timer.wrapped), flush=True)
+    record: dict[str, Any] = {"benchmark": "ceiling_probe", "config": vars(args),
+                              "environment": environment(), "phases": timer.wrapped, "k": {}}
+    for k in (int(x) for x in args.k.split(",")):
+        run_modes(engine, facts, k, lambda: next(pool), 6, rng, None)  # warm-up
+        timer.totals.clear()
+        timer.counts.clear()
+        walls = run_modes(engine, facts, k, lambda: next(pool), args.requests, rng, timer)
+        phases = timer.per_request_us()
+        medians = {m: sorted(v)[len(v) // 2] for m, v in walls.items()}
+        record["k"][k] = {"median_ms": medians, "phase_us_per_request": phases}
+        print(f"\n== k={k}: median kv {medians['kv']:.2f} ms, resident "
+              f"{medians['resident']:.2f} ms; host time per request (us), kv / resident / diff")
+        for path in timer.wrapped:
+            kv, res = phases.get("kv", {}).get(path, 0.0), phases.get("resident", {}).get(path,
+                                                                                          0.0)
+            if kv or res:
+                print(f"  {path:60s} {kv:9.1f} {res:9.1f} {kv - res:+9.1f}")
+    record["profile"] = profile(engine, facts, max(int(x) for x in args.k.split(",")),
+                                lambda: next(pool), args.profiled, rng, args)
+    engine.close()
+    path = write_record(f"ceiling_probe-{args.model}{('-' + args.tag) if args.tag else ''}",
+                        record)
+    print(f"wrote {path}")
+    return record
+
+
+def profile(engine: Any, facts: list[int], k: int, questions: Callable[[], str], count: int,
+            rng: random.Random, args: argparse.Namespace) -> dict[str, str]:
+    """torch.profiler tops of `count` kv and resident requests at k (and a trace of each)."""
+    import os
+
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    from vllm import SamplingParams
+
+    from inferscale_engine import MemoryHandle
+    from inferscale_engine.layout import Layout
+
+    one = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
+                                           if torch.cuda.is_available() else [])
+    handles = [MemoryHandle("bench", tuple(rng.sample(facts, k))) for _ in range(count)]
+    for handle in handles:  # resident: each fact set in the prefix cache before profiling
+        engine.generate(handle, questions(), one, mode="text", layout=Layout())
+    tops: dict[str, str] = {}
+    out_dir = Path(os.environ.get("INFERSCALE_RESULTS", "benchmarks/results"))
+    device = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    for mode in ("kv", "resident"):
+        with torch_profile(activities=activities) as prof:
+            for handle in handles:
+                engine.generate(handle, questions(), one, mode="kv" if mode == "kv" else "text",
+                                layout=Layout())
+        averages = prof.key_averages()
+        by_cpu = averages.table(sort_by="self_cpu_time_total", row_limit=25)
+        tops[mode] = (f"-- by {device}\n{averages.table(sort_by=device, row_limit=25)}\n"
+                      f"-- by self CPU\n{by_cpu}")
+        print(f"\n=== torch.profiler, {count} {mode} requests at k={k}\n{tops[mode][-7000:]}")
+        tag = f"-{args.tag}" if args.tag else ""
+        prof.export_chrome_trace(str(out_dir / f"trace-{args.model}-{mode}-k{k}{tag}.json"))
+    return tops
+
+
+if __name__ == "__main__":
+    main()
