@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inferscale_engine.errors import ConfigError
+from inferscale_engine.errors import ConfigError, InvalidFactError
 from inferscale_engine.facts import MemoryHandle
 
 PROBES = ("What do you remember about me?", "Tell me one thing you know about me.")
@@ -148,3 +148,13 @@ def _coarse_grained(logprobs: Mapping[int, float], union: set[int]) -> dict[obje
         leftover -= fill * len(missing)
     probs["rest"] = max(leftover, 0.0)
     return probs
+
+
+def key_scale_tuple(value: float | tuple[float, ...], num_layers: int,
+                    error: type[Exception] = InvalidFactError) -> tuple[float, ...]:
+    """A key_scale as stored in plans: () for 1, else one value or one per layer."""
+    scales = tuple(float(v) for v in (value if isinstance(value, tuple) else (value,)))
+    if len(scales) not in (1, num_layers) or not all(0 < v < 100 for v in scales):
+        raise error(f"key_scale={value!r} must be a positive number or one per layer "
+                    f"({num_layers})")
+    return () if scales == (1.0,) else scales

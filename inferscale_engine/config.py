@@ -77,6 +77,10 @@ class EngineConfig:
     """vLLM prefix caching (text mode uses it; injected prompts carry a cache_salt)."""
     tensor_parallel_size: int = 1
     """Tensor parallel ranks; each holds its own KV heads in its slab."""
+    data_parallel_size: int = 1
+    """vLLM engines (data parallelism; `inferscale serve --data-parallel-size`, vLLM's
+    AsyncLLM): each user is pinned to one engine by a stable hash of the user id, and that
+    engine's slab holds the user's facts (inferscale_engine.shards)."""
     load_format: str = "auto"
     """vLLM load format; 'dummy' for timing runs without weights."""
     seed: int = 0
@@ -113,7 +117,8 @@ class EngineConfig:
         if self.dtype not in _DTYPES:
             raise ConfigError(f"dtype {self.dtype!r} is not supported; use one of {_DTYPES}")
         _positive(self, "max_model_len", "slab_capacity_bytes", "slab_page_tokens",
-                  "max_fact_tokens", "save_batch_size", "tensor_parallel_size")
+                  "max_fact_tokens", "save_batch_size", "tensor_parallel_size",
+                  "data_parallel_size")
         for name in ("context_window_tokens", "context_run_tokens"):
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int
                                                                        ) or getattr(self, name) < 0:

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from inferscale_engine.calibration import Calibration, model_fingerprint
+from inferscale_engine.calibration import Calibration, key_scale_tuple, model_fingerprint
 from inferscale_engine.checks import check_text, check_user_id
 from inferscale_engine.config import ConnectorConfig, EngineConfig, plan_secret
 from inferscale_engine.contexts import Context, context_tokens
@@ -29,17 +29,16 @@ from inferscale_engine.errors import (
     SlabFullError,
 )
 from inferscale_engine.facts import Fact, FactId, MemoryHandle
-from inferscale_engine.generation import EngineStats, Generation
+from inferscale_engine.generation import EngineStats, Generation, text_pieces
 from inferscale_engine.layout import Layout
 from inferscale_engine.model_check import check_model, connector_config, load_tokenizer
 from inferscale_engine.plan import InjectionPlan
-from inferscale_engine.preambles import PreambleCache
 from inferscale_engine.prompt import MemoryPrompt, PromptBuilder
-from inferscale_engine.read_path import Messages, RequestPlanner, as_messages, collect
-from inferscale_engine.residency import FactRecord, Residency, SlabAllocator
+from inferscale_engine.read_path import Messages, as_messages, collect
+from inferscale_engine.residency import FactRecord
 from inferscale_engine.runner import Runner, VllmRunner, WorkerClient
+from inferscale_engine.shards import Shard, build_shards, rank_of
 from inferscale_engine.tool_calls import ToolCall, parse_tool_calls
-from inferscale_engine.write_path import FactWriter
 
 __all__ = ["Engine", "EngineStats", "Generation", "Messages"]
 
@@ -71,23 +70,28 @@ class Engine:
         scale = config.key_scale
         if config.calibration is not None:
             scale = Calibration.load(config.calibration, self.fingerprint).key_scale
-        self._key_scale = _key_scale(scale, self._num_layers, ConfigError)
+        self._key_scale = key_scale_tuple(scale, self._num_layers, ConfigError)
         self._runner = runner(config, connector)
-        self._residency = Residency(SlabAllocator(connector.slab_pages,
-                                                  config.slab_page_tokens))
         self._facts: dict[FactId, FactRecord] = {}
         self._next_fact_id = 1
         self.counters: Counter[str] = Counter()
-        self._writer = FactWriter(config, self._runner, self._residency, self._secret,
-                                  self.counters)
-        default_preamble = self.prompts.preamble()
-        self._preambles = PreambleCache(self._writer, self._residency, self.workers,
-                                        self.counters, default_preamble)
-        self._planner = RequestPlanner(config, self.prompts, self._facts, self._residency,
-                                       self._writer, self._preambles, self._secret,
-                                       self.counters)
-        self._preambles.key(default_preamble)  # fail now, not on the first request
-        self._preambles.end_batch()
+        self._shards = build_shards(config, connector, self._runner, self.prompts, self._facts,
+                                    self._secret, self.counters)
+        """One per vLLM engine (shards.py); a user's facts live in rank_of(user)'s."""
+
+    def _shard(self, user_id: str | None) -> Shard:
+        """The shard of a user's engine (the first for requests without a user)."""
+        return self._shards[rank_of(user_id, len(self._shards)) if user_id else 0]
+
+    def _shard_of(self, handle: object) -> Shard:
+        """The shard of a handle's user (resolve() refuses what is not a handle)."""
+        return self._shard(handle.user_id if isinstance(handle, MemoryHandle) else None)
+
+    # The first shard's parts: the whole engine without data parallelism (tests use them).
+    _planner = property(lambda self: self._shards[0].planner)
+    _writer = property(lambda self: self._shards[0].writer)
+    _preambles = property(lambda self: self._shards[0].preambles)
+    _residency = property(lambda self: self._shards[0].residency)
 
     # ---- write path --------------------------------------------------------------------
     def add_facts(self, user_id: str, texts: Sequence[str],
@@ -152,7 +156,7 @@ class Engine:
             if not fact.token_ids:
                 raise InvalidFactError(f"fact {fact.fact_id} has no token ids")
             self._check_length(fact.token_ids, fact.text)
-        scale = self._key_scale if key_scale is None else _key_scale(key_scale,
+        scale = self._key_scale if key_scale is None else key_scale_tuple(key_scale,
                                                                       self._num_layers)
         known = {f.text: tuple(f.token_ids) for f in facts}  # a run's facts, tokenized once
         records = [FactRecord(Fact(f.fact_id, check_user_id(f.user_id), f.text,
@@ -165,9 +169,9 @@ class Engine:
                 raise InvalidFactError(f"fact ids {clash[:5]} are already registered")
             self._next_fact_id = max([self._next_fact_id - 1,
                                       *(r.fact.fact_id for r in records)]) + 1
-            if encode:
-                self._writer.make_resident(records, self.prompts.preamble(),
-                                           {r.fact.fact_id for r in records})
+            if encode and records:
+                self._shard(records[0].fact.user_id).writer.make_resident(
+                    records, self.prompts.preamble(), {r.fact.fact_id for r in records})
             for record in records:
                 self._facts[record.fact.fact_id] = record
 
@@ -263,20 +267,24 @@ class Engine:
                                       f"{type(sampling).__name__}")
         with self._lock:  # held through the run: vllm.LLM is not thread-safe
             self._check_open()
+            shards = [self._shard_of(h) for h, _ in requests]
             try:
-                resolved = [(self._planner.resolve(h), as_messages(m)) for h, m in requests]
+                resolved = [(shard.planner.resolve(h), as_messages(m))
+                            for shard, (h, m) in zip(shards, requests, strict=True)]
                 if layout is not None:  # an explicit r must fit every handle
                     for records, _ in resolved:
                         layout.check_handle_size(len(records))
                 pinned = {r.fact.fact_id for records, _ in resolved for r in records}
-                prepared = [self._planner.prepare(handle, records, messages, sampling, mode,
+                prepared = [shard.planner.prepare(handle, records, messages, sampling, mode,
                                                   pinned, layout or self.config.layout, tools)
-                            for (handle, _), (records, messages) in zip(requests, resolved,
-                                                                        strict=True)]
+                            for shard, (handle, _), (records, messages) in zip(
+                                shards, requests, resolved, strict=True)]
             finally:
-                self._preambles.end_batch()
+                for shard in self._shards:
+                    shard.preambles.end_batch()
             start = time.perf_counter()
-            outputs = self._runner.run([p.prompt for p in prepared], [p.params for p in prepared])
+            outputs = self._runner.run([p.prompt for p in prepared], [p.params for p in prepared],
+                                       ranks=[s.rank for s in shards])
             latency_ms = (time.perf_counter() - start) * 1e3
             return collect(prepared, outputs, latency_ms, self.counters)
 
@@ -286,10 +294,11 @@ class Engine:
         """The prompt generate() would send for this handle and layout (no plan, no KV)."""
         with self._lock:
             self._check_open()
-            records = self._planner.resolve(handle)
+            planner = self._shard_of(handle).planner
+            records = planner.resolve(handle)
             chosen = layout or self.config.layout
-            injected, repaired = self._planner.arrange(handle, records, chosen)
-            return self._planner.build(as_messages(messages), injected, repaired, chosen, tools)
+            injected, repaired = planner.arrange(handle, records, chosen)
+            return planner.build(as_messages(messages), injected, repaired, chosen, tools)
 
     def prepare_request(self, handle: MemoryHandle, messages: Messages | str, *,
                         layout: Layout | None = None,
@@ -302,20 +311,21 @@ class Engine:
         """
         with self._lock:
             self._check_open()
-            records = self._planner.resolve(handle)
+            shard = self._shard_of(handle)
+            records = shard.planner.resolve(handle)
             if layout is not None:
                 layout.check_handle_size(len(records))
-            injected, repaired = self._planner.arrange(handle, records,
+            injected, repaired = shard.planner.arrange(handle, records,
                                                        layout or self.config.layout)
             pinned = {r.fact.fact_id for r in records}
-            if not self._planner.ready_for_kv(injected, pinned):
+            if not shard.planner.ready_for_kv(injected, pinned):
                 raise SlabFullError("the handle's facts do not fit in the slab")
-            prompt = self._planner.build(as_messages(messages), injected, repaired,
+            prompt = shard.planner.build(as_messages(messages), injected, repaired,
                                          layout or self.config.layout, tools)
             try:
-                return prompt, self._planner.plan(handle, prompt, injected, pinned)
+                return prompt, shard.planner.plan(handle, prompt, injected, pinned)
             finally:
-                self._preambles.end_batch()
+                shard.preambles.end_batch()
 
     def parse_tool_calls(self, text: str, tools: Sequence[Mapping[str, Any]],
                          parser: str = "hermes") -> tuple[str, list[ToolCall]]:
@@ -335,37 +345,25 @@ class Engine:
         """
         with self._lock:
             self._check_open()
-            records = self._planner.resolve(handle)
+            shard = self._shard_of(handle)
+            records = shard.planner.resolve(handle)
             chosen = layout or self.config.layout
-            injected, repaired = self._planner.arrange(handle, records, chosen)
+            injected, repaired = shard.planner.arrange(handle, records, chosen)
             pinned = {r.fact.fact_id for r in records}
-            if not self._planner.ready_for_kv(injected, pinned):
+            if not shard.planner.ready_for_kv(injected, pinned):
                 raise SlabFullError("the handle's facts do not fit in the slab")
             prompt = MemoryPrompt(self.prompts.encode(self.config.system_prompt),
                                   tuple(r.fact.token_ids for r in injected),
                                   tuple(prompt_token_ids),
                                   tuple(r.fact.token_ids for r in repaired))
             try:
-                return prompt, self._planner.plan(handle, prompt, injected, pinned)
+                return prompt, shard.planner.plan(handle, prompt, injected, pinned)
             finally:
-                self._preambles.end_batch()
+                shard.preambles.end_batch()
 
     def text_pieces(self, generation: Generation) -> list[str]:
-        """The answer as per-token text pieces whose concatenation is exactly its text.
-
-        For streaming replays: vLLM's offline engine returns whole answers.
-        """
-        pieces, emitted = [], ""
-        for end in range(1, len(generation.token_ids) + 1):
-            prefix = self.tokenizer.decode(generation.token_ids[:end], skip_special_tokens=True)
-            if prefix.endswith("\ufffd") or not generation.text.startswith(prefix):
-                continue  # a partial UTF-8 sequence, or a stop string vLLM cut off
-            if len(prefix) > len(emitted):
-                pieces.append(prefix[len(emitted):])
-                emitted = prefix
-        if len(generation.text) > len(emitted):
-            pieces.append(generation.text[len(emitted):])
-        return pieces
+        """The answer as per-token text pieces whose concatenation is exactly its text."""
+        return text_pieces(self.tokenizer, generation)
 
     # ---- management --------------------------------------------------------------------
     def get_facts(self, user_id: str) -> list[Fact]:
@@ -391,24 +389,31 @@ class Engine:
         """
         with self._lock:
             self._check_open()
-            records = self._planner.resolve(MemoryHandle(user_id, tuple(fact_ids)))
-            self.workers.free([r.slab_key for r in records if r.slab_key is not None])
+            shard = self._shard(check_user_id(user_id))
+            records = shard.planner.resolve(MemoryHandle(user_id, tuple(fact_ids)))
+            shard.workers.free([r.slab_key for r in records if r.slab_key is not None])
             for record in records:
-                self._residency.release(record)
+                shard.residency.release(record)
                 del self._facts[record.fact.fact_id]
 
     def stats(self) -> EngineStats:
         """App-side and per-worker counters."""
         with self._lock:
             self._check_open()
-            return EngineStats(len(self._facts), self._residency.num_resident,
-                               self._residency.num_free_pages, self.workers.stats(),
-                               dict(self.counters))
+            return EngineStats(len(self._facts),
+                               sum(s.residency.num_resident for s in self._shards),
+                               sum(s.residency.num_free_pages for s in self._shards),
+                               [w for s in self._shards for w in s.workers.stats()],
+                               dict(self.counters), len(self._shards))
 
     @property
     def workers(self) -> WorkerClient:
-        """Typed control calls on every vLLM worker (stats, free, read back entries)."""
+        """Typed control calls on every vLLM worker of every engine, in that order."""
         return self._runner.workers
+
+    def rank_of(self, user_id: str) -> int:
+        """The data-parallel engine that serves a user (0 without data parallelism)."""
+        return rank_of(check_user_id(user_id), len(self._shards))
 
     @property
     def llm(self) -> Any:
@@ -437,12 +442,3 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _key_scale(value: float | tuple[float, ...], num_layers: int,
-               error: type[Exception] = InvalidFactError) -> tuple[float, ...]:
-    """A key_scale as stored in plans: () for 1, else one value or one per layer."""
-    scales = tuple(float(v) for v in (value if isinstance(value, tuple) else (value,)))
-    if len(scales) not in (1, num_layers) or not all(0 < v < 100 for v in scales):
-        raise error(f"key_scale={value!r} must be a positive number or one per layer "
-                    f"({num_layers})")
-    return () if scales == (1.0,) else scales

@@ -54,20 +54,26 @@ class EngineStats:
     num_resident_facts: int
     num_free_pages: int
     workers: list[dict[str, int]] = field(default_factory=list)
-    """One dict per worker (tensor-parallel rank), in rank order."""
+    """One dict per worker: engine by engine (data parallelism), tensor-parallel ranks in
+    order within an engine."""
     counters: dict[str, int] = field(default_factory=dict)
+    data_parallel_size: int = 1
+    """Engines the workers belong to (each holds its own users' facts)."""
 
     @property
     def worker_totals(self) -> dict[str, int]:
-        """Worker counters over every tensor-parallel rank.
+        """Worker counters over every engine and tensor-parallel rank.
 
-        Errors are summed (a failure on any rank counts); the rest is the least any rank
-        reports (each rank holds its own KV heads of the same facts, so a fact or a token
-        counts once it is on every rank).
+        Within an engine errors are summed (a failure on any rank counts) and the rest is the
+        least any rank reports (each rank holds its own KV heads of the same facts, so a fact
+        or a token counts once it is on every rank); engines hold different facts, so their
+        totals add up.
         """
-        names = {name for worker in self.workers for name in worker}
-        return {name: (sum if name in _SUMMED else min)(w.get(name, 0) for w in self.workers)
-                for name in sorted(names)}
+        names = sorted({name for worker in self.workers for name in worker})
+        size = max(1, len(self.workers) // max(1, self.data_parallel_size))
+        engines = [self.workers[i:i + size] for i in range(0, len(self.workers), size)]
+        return {name: sum((sum if name in _SUMMED else min)(w.get(name, 0) for w in engine)
+                          for engine in engines) for name in names}
 
 
 _SUMMED = frozenset({"load_errors", "capture_errors", "captures_refused_stale"})
@@ -90,3 +96,21 @@ def from_output(out: Any, mode: str, num_prompt_tokens: int, latency_ms: float) 
     return Generation(completion.text, tuple(completion.token_ids), logprobs, first, mode,
                       num_prompt_tokens, injected, int(out.num_cached_tokens or 0), status,
                       latency_ms, first_token_s * 1e3 if first_token_s else None)
+
+
+def text_pieces(tokenizer: Any, generation: Generation) -> list[str]:
+    """The answer as per-token text pieces whose concatenation is exactly its text.
+
+    For streaming replays: vLLM's offline engine returns whole answers.
+    """
+    pieces, emitted = [], ""
+    for end in range(1, len(generation.token_ids) + 1):
+        prefix = tokenizer.decode(generation.token_ids[:end], skip_special_tokens=True)
+        if prefix.endswith("\ufffd") or not generation.text.startswith(prefix):
+            continue  # a partial UTF-8 sequence, or a stop string vLLM cut off
+        if len(prefix) > len(emitted):
+            pieces.append(prefix[len(emitted):])
+            emitted = prefix
+    if len(generation.text) > len(emitted):
+        pieces.append(generation.text[len(emitted):])
+    return pieces

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from inferscale_engine.errors import SlabFullError
@@ -44,10 +44,12 @@ class FactRecord:
 class Residency:
     """Slab pages of resident facts, allocated with LRU eviction."""
 
-    def __init__(self, allocator: SlabAllocator) -> None:
+    def __init__(self, allocator: SlabAllocator, slab_keys: Iterator[int] | None = None
+                 ) -> None:
+        """Args: slab_keys: where slab keys come from (shared by the engine's shards)."""
         self._allocator = allocator
         self._lru: OrderedDict[FactId, FactRecord] = OrderedDict()
-        self._slab_keys = itertools.count(1)
+        self._slab_keys = slab_keys if slab_keys is not None else itertools.count(1)
 
     def next_slab_key(self) -> int:
         """A slab key never used before (keys are never reused, so stale plans fail closed)."""

@@ -14,7 +14,7 @@ import asyncio
 import gc
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from inferscale_engine.config import ConnectorConfig, EngineConfig
@@ -62,9 +62,18 @@ class Runner(Protocol):
 
     llm: Any
     workers: WorkerClient
+    """Control calls on every worker of every engine."""
 
-    def run(self, prompts: list[Any], params: list[Any], use_tqdm: bool = False) -> list[Any]:
-        """The final RequestOutput of each prompt, in order."""
+    def run(self, prompts: list[Any], params: list[Any], use_tqdm: bool = False,
+            ranks: Sequence[int] | None = None) -> list[Any]:
+        """The final RequestOutput of each prompt, in order.
+
+        `ranks`: the data-parallel engine of each prompt (None: the only engine).
+        """
+        ...
+
+    def workers_for(self, rank: int) -> WorkerClient:
+        """Control calls on the workers of one data-parallel engine."""
         ...
 
     def close(self) -> None:
@@ -76,6 +85,11 @@ class VllmRunner:
     """Builds the engine, runs batches of prompts, reaches the workers, shuts down cleanly."""
 
     def __init__(self, config: EngineConfig, connector: ConnectorConfig) -> None:
+        if config.data_parallel_size > 1:
+            raise ConfigError(
+                f"data_parallel_size={config.data_parallel_size} needs vLLM's AsyncLLM: run "
+                f"`inferscale serve --data-parallel-size {config.data_parallel_size}` (the "
+                "embedded vllm.LLM runs one engine per process)")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if config.multiprocessing else "0"
         from vllm import LLM
 
@@ -83,8 +97,17 @@ class VllmRunner:
         self.workers = WorkerClient(lambda method, args: self.llm.collective_rpc(method,
                                                                                  args=args))
 
-    def run(self, prompts: list[Any], params: list[Any], use_tqdm: bool = False) -> list[Any]:
+    def workers_for(self, rank: int) -> WorkerClient:
+        """The workers of the one engine (rank 0)."""
+        if rank != 0:
+            raise ValueError(f"an embedded engine has no data-parallel rank {rank}")
+        return self.workers
+
+    def run(self, prompts: list[Any], params: list[Any], use_tqdm: bool = False,
+            ranks: Sequence[int] | None = None) -> list[Any]:
         """llm.generate; if it fails, abort what it left in the engine so it keeps serving."""
+        if ranks is not None and any(ranks):
+            raise ValueError("an embedded engine has only data-parallel rank 0")
         try:
             return self.llm.generate(prompts, params, use_tqdm=use_tqdm)
         except BaseException:
@@ -144,6 +167,7 @@ def engine_kwargs(config: EngineConfig, connector: ConnectorConfig) -> dict[str,
         enforce_eager=on_cpu if config.enforce_eager is None else config.enforce_eager,
         enable_prefix_caching=config.enable_prefix_caching,
         tensor_parallel_size=config.tensor_parallel_size,
+        data_parallel_size=config.data_parallel_size,
         load_format=config.load_format,
         seed=config.seed,
         kv_transfer_config=KVTransferConfig(
@@ -183,19 +207,48 @@ class AsyncRunner:
     def __init__(self, engine_client: Any, loop: asyncio.AbstractEventLoop) -> None:
         self.llm = engine_client
         self._loop = loop
-        self.workers = WorkerClient(lambda method, args: self._wait(
-            engine_client.collective_rpc(method, args=args)))
+        core = getattr(engine_client, "engine_core", None)
+        self._engines: list[Any] = list(getattr(core, "core_engines", None) or [None])
+        """vLLM's identities of its data-parallel engines (one entry without DP)."""
+        self.workers = WorkerClient(lambda method, args: [
+            result for rank in range(len(self._engines))
+            for result in self._rpc(rank, method, args)])
 
-    def run(self, prompts: list[Any], params: list[Any], use_tqdm: bool = False) -> list[Any]:
+    @property
+    def data_parallel_size(self) -> int:
+        """Engines behind the AsyncLLM."""
+        return len(self._engines)
+
+    def workers_for(self, rank: int) -> WorkerClient:
+        """The workers of one data-parallel engine."""
+        if not 0 <= rank < len(self._engines):
+            raise ValueError(f"no data-parallel rank {rank} (of {len(self._engines)})")
+        return WorkerClient(lambda method, args: self._rpc(rank, method, args))
+
+    def _rpc(self, rank: int, method: str, args: tuple[Any, ...]) -> list[Any]:
+        if len(self._engines) == 1:
+            return list(self._wait(self.llm.collective_rpc(method, args=args)))
+        # AsyncLLM.collective_rpc fans out to every engine but returns engine 0's results
+        # only (vLLM 0.26 and 0.32, core_client.py): address the engine by its identity.
+        core = self.llm.engine_core
+        return list(self._wait(core._call_utility_async(  # noqa: SLF001
+            "collective_rpc", method, None, args, None, engine=self._engines[rank])))
+
+    def run(self, prompts: list[Any], params: list[Any], use_tqdm: bool = False,
+            ranks: Sequence[int] | None = None) -> list[Any]:
         """The final RequestOutput of every prompt (submitted together, one batch)."""
+        pinned = list(ranks) if ranks is not None and len(self._engines) > 1 else [None] * len(
+            prompts)
+
         async def all_of() -> list[Any]:
-            return await asyncio.gather(*(self._one(p, q) for p, q in zip(prompts, params,
-                                                                          strict=True)))
+            return await asyncio.gather(*(self._one(p, q, r) for p, q, r in zip(
+                prompts, params, pinned, strict=True)))
         return list(self._wait(all_of()))
 
-    async def _one(self, prompt: Any, params: Any) -> Any:
+    async def _one(self, prompt: Any, params: Any, rank: int | None) -> Any:
         final = None
-        async for output in self.llm.generate(prompt, params, f"inferscale-{uuid.uuid4().hex}"):
+        async for output in self.llm.generate(prompt, params, f"inferscale-{uuid.uuid4().hex}",
+                                              data_parallel_rank=rank):
             final = output
         return final
 

@@ -21,7 +21,7 @@ LAYERS = [
     {"connector"},
     # 2: the engine around a co-located vLLM
     {"runner", "write_path", "preambles", "read_path", "model_check", "engine", "tiny_model",
-     "small_model", "tool_calls", "calibration"},
+     "small_model", "tool_calls", "calibration", "shards"},
     # 3: the memory layer (users, durable facts, retrieval, serving)
     {"memory"},
     # 4: what apps touch: the command line and the framework adapters

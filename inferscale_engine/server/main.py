@@ -100,7 +100,9 @@ def vllm_args(ours: argparse.Namespace, rest: list[str]) -> tuple[argparse.Names
         context_run_tokens=ours.run_tokens, context_source=ours.context_source,
         slab_capacity_bytes=ours.slab_mib * 2**20,
         enable_prefix_caching=args.enable_prefix_caching is not False,
-        tensor_parallel_size=args.tensor_parallel_size, load_format=args.load_format,
+        tensor_parallel_size=args.tensor_parallel_size,
+        data_parallel_size=getattr(args, "data_parallel_size", 1) or 1,
+        load_format=args.load_format,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         enforce_eager=args.enforce_eager or None)
     hf_config, _ = check_model(config)

@@ -180,6 +180,17 @@ class _Seam:
             new.pop("cache_salt", None)
         return new, prepared
 
+    def _get_data_parallel_rank(self, raw_request: Any) -> int | None:
+        """The engine of the request's user, whose slab holds the user's facts.
+
+        vLLM reads a client's X-data-parallel-rank header here; a memory request goes to its
+        user's engine whatever the header says (inferscale_engine.shards).
+        """
+        scope = _SCOPE.get()
+        if scope is not None and scope.options.active:
+            return self._inferscale.memory.engine.rank_of(scope.options.user_id)
+        return super()._get_data_parallel_rank(raw_request)  # type: ignore[misc]
+
     def _error(self, message: str, status: int, kind: str = "BadRequestError") -> Any:
         return self.create_error_response(  # type: ignore[attr-defined]
             message, err_type=kind, status_code=HTTPStatus(status))
