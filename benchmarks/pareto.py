@@ -51,13 +51,16 @@ def ttfts(record: dict[str, Any] | None, k: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dev", required=True, help="locomo.py summary JSON, dev fold")
-    parser.add_argument("--test", default=None, help="locomo.py summary JSON, test fold")
+    parser.add_argument("--dev", required=True, action="append",
+                        help="locomo.py summary JSON, dev fold (repeatable: later files win)")
+    parser.add_argument("--test", action="append", default=[],
+                        help="locomo.py summary JSON, test fold (repeatable)")
     parser.add_argument("--ttft-cpu", default=None, help="ttft.py record, CPU")
     parser.add_argument("--ttft-gpu", default=None, help="ttft.py record, H200")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "pareto.png")
     args = parser.parse_args(argv)
-    dev, test = f1s(load(args.dev)), f1s(load(args.test))
+    dev = {arm: f1 for path in args.dev for arm, f1 in f1s(load(path)).items()}
+    test = {arm: f1 for path in args.test for arm, f1 in f1s(load(path)).items()}
     cpu, gpu = load(args.ttft_cpu), load(args.ttft_gpu)
     rows = []
     for arm in dev:
