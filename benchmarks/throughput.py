@@ -48,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--slab-mib", type=int, default=8192)
     parser.add_argument("--kv-cache-gib", type=float, default=None)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="vLLM tensor parallelism (results are tagged by --tag)")
     parser.add_argument("--multiprocessing", action="store_true")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--vllm-arg", action="append", default=[], metavar="KEY=VALUE",
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
         slab_capacity_bytes=args.slab_mib * 2**20, context_window_tokens=0, max_fact_tokens=128,
         kv_cache_memory_bytes=int(args.kv_cache_gib * 2**30) if args.kv_cache_gib else None,
         multiprocessing=args.multiprocessing, enforce_eager=True if args.enforce_eager else None,
+        tensor_parallel_size=args.tensor_parallel_size,
         vllm_overrides={"disable_log_stats": False, **vllm_args(args.vllm_arg)})
     engine = Engine(config)
     facts = synthetic_texts(engine.tokenizer, args.pool, args.fact_tokens, seed=1)

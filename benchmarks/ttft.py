@@ -66,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="auto | none | a sentence-transformers model (retrieval timing)")
     parser.add_argument("--slab-mib", type=int, default=4096)
     parser.add_argument("--kv-cache-gib", type=float, default=None)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="vLLM tensor parallelism (results are tagged by --tag)")
     parser.add_argument("--multiprocessing", action="store_true",
                         help="vLLM EngineCore in its own process (MP=1)")
     parser.add_argument("--plot", action="store_true", help="write a PNG next to the JSON")
@@ -96,6 +98,7 @@ def build_engine(args: argparse.Namespace):
         block_size=args.block_size, kv_cache_memory_bytes=kv_bytes,
         enforce_eager=True if args.enforce_eager else None, max_fact_tokens=128,
         multiprocessing=args.multiprocessing,
+        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
         vllm_overrides={"disable_log_stats": False, **compilation_overrides(args.cudagraph_sizes),
                         **vllm_args(args.vllm_arg)},
     )

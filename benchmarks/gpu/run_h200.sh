@@ -13,7 +13,8 @@
 # ttft.py for Llama-3.1-8B with the LoCoMo arms' layouts (kv-userR, text-userR) at k=0..100 incl.
 # 20, and Qwen3-8B, MP=0, retrieval timed on the GPU), async (the same with vLLM's
 # async_scheduling, Llama, k=0,50,100), profile (cProfile of kv and resident at k=100), memory1m (memory_ops.py: 1M facts of one user, index and
-# query embedder on the GPU), throughput (k=50, N up to 128, text / kv / resident, MP=1).
+# query embedder on the GPU), throughput (k=50, N up to 128, text / kv / resident, MP=1), tp2
+# (kind nvidia-h200-x2: the TP=2 invariants, ttft.py and throughput.py at TP=2, tagged tp2).
 # FAMILY_MODELS picks a subset of the families, e.g. FAMILY_MODELS="qwen3-30b-a3b mixtral-8x7b".
 # The MoE families need vLLM 0.26's _moe_C_stable_libtorch.abi3.so, which the bundle drops. Pack
 # it once (40 MiB) and carry .device/moe with the first families command (after the bundle's):
@@ -104,6 +105,11 @@ for step in "$@"; do
       for w in .device/uv/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site; done
       random_minilm
       timeout 590 python3 benchmarks/server_ttft.py --model llama-3.1-8b --embedder /tmp/minilm --tag h200 --cudagraph-sizes $graphs 2>&1 | grep -vE "$quiet" | tail -12 ;;
+    tp2)  # needs nvidia-h200-x2; TP settings that started on 2 H200s (notes/environment.md)
+      export VLLM_ALLREDUCE_USE_SYMM_MEM=0
+      timeout 400 python3 -m pytest tests/invariants/test_tensor_parallel.py -q -s -p no:cacheprovider 2>&1 | grep -E "TP=2|passed|failed|^E " | head -12
+      timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --tensor-parallel-size 2 --ks 0,25,50,100 --embedder none --warmup 4 --vllm-arg disable_custom_all_reduce=true --tag h200-tp2 2>&1 | grep -vE "$quiet" | tail -8
+      timeout 500 python3 benchmarks/throughput.py --model llama-3.1-8b --tensor-parallel-size 2 --multiprocessing --concurrency 1,8,32,64 --repeats 2 --vllm-arg disable_custom_all_reduce=true --tag h200-tp2 2>&1 | grep -vE "$quiet" | tail -10 ;;
     *) echo "unknown step $step" ;;
   esac
 done
