@@ -93,6 +93,7 @@ def main() -> int:
     import triton
 
     from inferscale_engine.kernels import chunked_rope, reference
+    from inferscale_engine.kernels.mover import BoundMover
 
     dtype = DTYPES[args.dtype]
     rotary_dim = args.rotary_dim or args.head_dim
@@ -112,12 +113,14 @@ def main() -> int:
     copy_src = torch.randn(kv_bytes // 4, device="cuda")
     copy_dst = torch.empty_like(copy_src)
     tables = (cos, sin, args.style)
+    # The engine's path: kernels bound once, each step one [4, T] index (rows, slots, from, to).
+    mover = BoundMover(cache, slab_keys, slab_values, *tables)
+    to_cache = torch.stack((rows, slots, canonical, serving)).long()
+    to_slab = torch.stack((rows, slots, serving, canonical)).long()
     fns: dict[str, Callable[[], object]] = {
         "device_copy": lambda: copy_dst.copy_(copy_src),
-        "triton_inject": lambda: chunked_rope.inject_(
-            cache, slab_keys, slab_values, rows, slots, canonical, serving, *tables),
-        "triton_capture": lambda: chunked_rope.capture_(
-            cache, slab_keys, slab_values, slots, rows, serving, canonical, *tables),
+        "triton_inject": lambda: mover.inject(to_cache),
+        "triton_capture": lambda: mover.capture(to_slab),
         "torch_inject": lambda: reference.inject_(
             keys, values, slab_keys, slab_values, rows, slots, canonical, serving, *tables),
         "torch_capture": lambda: reference.capture_(

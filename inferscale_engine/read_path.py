@@ -110,6 +110,8 @@ class RequestPlanner:
                                       f"{self._config.max_model_len}; retrieve fewer facts")
         asked = mode if handle is not None else "text"
         params = sampling.clone()
+        if hasattr(params, "skip_clone"):  # a copy of its own: vLLM need not deep-copy it again
+            params.skip_clone = True
         if tools:  # some models mark their tool-call tags special (vLLM does the same)
             params.skip_special_tokens = False
         plan, fallback = None, ""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import functools
 import random
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -55,6 +56,15 @@ class PhaseTimer:
         self.totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.counts: dict[str, int] = defaultdict(int)
         self.wrapped: list[str] = []
+        self.samples: dict[str, list[dict[str, float]]] = defaultdict(list)
+        """Per request and label: seconds in each phase (medians resist the rare slow step)."""
+        self._seen: dict[str, dict[str, float]] = defaultdict(dict)
+
+    def end_request(self, label: str) -> None:
+        """Close one request of `label`: its phase times are the totals' growth since the last."""
+        totals, seen = self.totals[label], self._seen[label]
+        self.samples[label].append({p: t - seen.get(p, 0.0) for p, t in totals.items()})
+        self._seen[label] = dict(totals)
 
     def wrap(self, owner: Any, name: str, path: str) -> None:
         method = getattr(owner, name)
@@ -80,8 +90,19 @@ class PhaseTimer:
                 self.wrap(owner, rest[-1], path)
 
     def per_request_us(self) -> dict[str, dict[str, float]]:
+        """Mean microseconds per request in each phase."""
         return {label: {p: 1e6 * t / max(self.counts[label], 1) for p, t in phases.items()}
                 for label, phases in self.totals.items() if label != "warmup"}
+
+    def median_us(self) -> dict[str, dict[str, float]]:
+        """Median microseconds per request in each phase."""
+        return {label: {p: 1e6 * statistics.median(r.get(p, 0.0) for r in requests)
+                        for p in self.totals[label]}
+                for label, requests in self.samples.items() if requests}
+
+    def clear(self) -> None:
+        for store in (self.totals, self.counts, self.samples, self._seen):
+            store.clear()
 
 
 def roots(engine: Any) -> dict[str, Any]:
@@ -120,6 +141,8 @@ def run_modes(engine: Any, facts: list[int], k: int, questions: Callable[[], str
             engine.generate(handle, question, one, mode="kv" if mode == "kv" else "text",
                             layout=Layout())
             out[mode].append((time.perf_counter() - start) * 1e3)
+            if timer is not None:
+                timer.end_request(mode)
     if timer is not None:
         timer.label = "warmup"
     return out
@@ -157,14 +180,15 @@ def main(argv: list[str] | None = None) -> dict:
                               "environment": environment(), "phases": timer.wrapped, "k": {}}
     for k in (int(x) for x in args.k.split(",")):
         run_modes(engine, facts, k, lambda: next(pool), 6, rng, None)  # warm-up
-        timer.totals.clear()
-        timer.counts.clear()
+        timer.clear()
         walls = run_modes(engine, facts, k, lambda: next(pool), args.requests, rng, timer)
-        phases = timer.per_request_us()
+        phases = timer.median_us()
         medians = {m: sorted(v)[len(v) // 2] for m, v in walls.items()}
-        record["k"][k] = {"median_ms": medians, "phase_us_per_request": phases}
+        record["k"][k] = {"median_ms": medians, "phase_us_median": phases,
+                          "phase_us_mean": timer.per_request_us(), "walls_ms": walls}
         print(f"\n== k={k}: median kv {medians['kv']:.2f} ms, resident "
-              f"{medians['resident']:.2f} ms; host time per request (us), kv / resident / diff")
+              f"{medians['resident']:.2f} ms; host time per request (us, median), kv / "
+              f"resident / diff")
         for path in timer.wrapped:
             kv, res = phases.get("kv", {}).get(path, 0.0), phases.get("resident", {}).get(path,
                                                                                           0.0)

@@ -13,7 +13,9 @@
 # ttft.py for Llama-3.1-8B with the LoCoMo arms' layouts (kv-userR, text-userR) at k=0..100 incl.
 # 20, and Qwen3-8B, MP=0, retrieval timed on the GPU), async (the same with vLLM's
 # async_scheduling, Llama, k=0,50,100), profile (cProfile of kv and resident at k=100), memory1m (memory_ops.py: 1M facts of one user, index and
-# query embedder on the GPU), throughput (k=50, N up to 128, text / kv / resident, MP=1), tp2
+# query embedder on the GPU), ceiling2 (the issue-13 TTFT table: both models, k=0..100, with
+# retrieval), fullgraph (ttft.py with cudagraph_mode FULL, Llama, k=0,50,100), probe
+# (ceiling_probe.py, per-phase medians at k=50,100), throughput (k=50, N up to 128, text / kv / resident, MP=1), tp2
 # (kind nvidia-h200-x2: the TP=2 invariants, ttft.py and throughput.py at TP=2, tagged tp2).
 # FAMILY_MODELS picks a subset of the families, e.g. FAMILY_MODELS="qwen3-30b-a3b mixtral-8x7b".
 # The MoE families need vLLM 0.26's _moe_C_stable_libtorch.abi3.so, which the bundle drops. Pack
@@ -73,6 +75,14 @@ for step in "$@"; do
       python3 benchmarks/ttft.py --model qwen3-8b --ks 0,10,25,50,100 --embedder /tmp/minilm --tag h200-ceiling --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -9 ;;
     profile)  # cProfile of kv and of resident requests at k=100 (timings distorted: read the tops)
       python3 benchmarks/ttft.py --model llama-3.1-8b --ks 100 --modes kv,resident --embedder none --tag h200-profile --warmup 4 --profile 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/profile.log"; tail -4 "$INFERSCALE_RESULTS/profile.log" ;;
+    ceiling2)  # issue 13 "must show": both models, k=0..100, 15 timed requests per point
+      random_minilm
+      python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,10,25,50,100 --modes text,kv,resident,kv-user2 --embedder /tmp/minilm --tag h200-ceiling2 --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -9
+      python3 benchmarks/ttft.py --model qwen3-8b --ks 0,10,25,50,100 --embedder /tmp/minilm --tag h200-ceiling2 --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -9 ;;
+    fullgraph)  # vLLM's FULL CUDA graphs for mixed batches too (FA3 supports them), every mode
+      timeout 500 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50,100 --embedder none --tag h200-fullgraph --warmup 4 --vllm-arg 'compilation_config={"cudagraph_mode": "FULL"}' 2>&1 | grep -vE "$quiet" | tail -6 ;;
+    probe)  # per-phase host time of kv vs resident (medians per request) + profiler tops
+      timeout 400 python3 benchmarks/gpu/ceiling_probe.py --model llama-3.1-8b --k 50,100 --requests 20 --profiled 2 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/probe.log"; grep -A30 "== k=" "$INFERSCALE_RESULTS/probe.log" | grep -E "==|connector|planner|schedule |execute_model|sample" ;;
     async)
       timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50,100 --embedder none --tag h200-async --warmup 4 --vllm-arg async_scheduling=true 2>&1 | grep -vE "$quiet" | tail -8 ;;
     memory1m) random_minilm

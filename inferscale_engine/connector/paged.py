@@ -12,12 +12,15 @@ any kernel block size. Two layouts:
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from inferscale_engine.connector.slab import KVSlab
 from inferscale_engine.kernels import reference
+
+if TYPE_CHECKING:
+    from inferscale_engine.kernels.mover import BoundMover
 
 
 class RopeTables(Protocol):
@@ -38,19 +41,19 @@ class RopeTables(Protocol):
 
 
 class PagedKV(Protocol):
-    """Moves KV between the slab and the paged cache for all layers at once."""
+    """Moves KV between the slab and the paged cache for all layers at once.
+
+    An index is [4, T] int64 (each row contiguous): slab rows, paged slots, the positions the
+    keys are rotated from, and the positions they are rotated to.
+    """
 
     num_layers: int
 
-    def inject_(self, slab: KVSlab, src_rows: torch.Tensor, dst_slots: torch.Tensor,
-                from_positions: torch.Tensor, to_positions: torch.Tensor,
-                rope: RopeTables) -> None:
+    def inject_(self, slab: KVSlab, index: torch.Tensor, rope: RopeTables) -> None:
         """Slab rows -> paged slots, keys rotated from canonical to serving positions."""
         ...
 
-    def capture_(self, slab: KVSlab, src_slots: torch.Tensor, dst_rows: torch.Tensor,
-                 from_positions: torch.Tensor, to_positions: torch.Tensor,
-                 rope: RopeTables) -> None:
+    def capture_(self, slab: KVSlab, index: torch.Tensor, rope: RopeTables) -> None:
         """Paged slots -> slab rows, keys rotated from serving to canonical positions."""
         ...
 
@@ -142,10 +145,9 @@ class CpuPackedPagedKV:
         values = flat[blocks, heads, self._value_index[offsets][:, None, :]]
         return keys, values
 
-    def inject_(self, slab: KVSlab, src_rows: torch.Tensor, dst_slots: torch.Tensor,
-                from_positions: torch.Tensor, to_positions: torch.Tensor,
-                rope: RopeTables) -> None:
+    def inject_(self, slab: KVSlab, index: torch.Tensor, rope: RopeTables) -> None:
         """Slab rows -> paged slots through vLLM's own cache-write op, one call per layer."""
+        src_rows, dst_slots, from_positions, to_positions = index.unbind(0)
         keys = reference.rotate_layers(slab.keys[:, src_rows], from_positions, to_positions,
                                        rope.cos, rope.sin, rope.style, rope.layer_tables,
                                        self._kv_caches[0].dtype)  # [L, T, H, D], all layers
@@ -153,10 +155,9 @@ class CpuPackedPagedKV:
         for layer, kv in enumerate(self._kv_caches):
             self._write(kv, dst_slots, keys[layer], values[layer])
 
-    def capture_(self, slab: KVSlab, src_slots: torch.Tensor, dst_rows: torch.Tensor,
-                 from_positions: torch.Tensor, to_positions: torch.Tensor,
-                 rope: RopeTables) -> None:
+    def capture_(self, slab: KVSlab, index: torch.Tensor, rope: RopeTables) -> None:
         """Paged slots -> slab rows, gathered with the probed index."""
+        dst_rows, src_slots, from_positions, to_positions = index.unbind(0)
         moves = reference.layer_rotations(from_positions, to_positions, rope.cos, rope.sin,
                                           rope.layer_tables, self.num_layers)
         for layer, move in enumerate(moves):
@@ -182,6 +183,8 @@ class StridedPagedKV:
         if use_triton is None:
             use_triton = key_caches[0].device.type == "cuda"
         self._pointers = None
+        self._bound: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._bound_mover: BoundMover
         if use_triton:
             from inferscale_engine.kernels import chunked_rope
 
@@ -193,35 +196,37 @@ class StridedPagedKV:
         blocks, offsets = slots // self._block_size, slots % self._block_size
         return self.key_caches[layer][blocks, offsets], self.value_caches[layer][blocks, offsets]
 
-    def inject_(self, slab: KVSlab, src_rows: torch.Tensor, dst_slots: torch.Tensor,
-                from_positions: torch.Tensor, to_positions: torch.Tensor,
-                rope: RopeTables) -> None:
+    def inject_(self, slab: KVSlab, index: torch.Tensor, rope: RopeTables) -> None:
         """Slab rows -> paged slots of every layer."""
         if self._pointers is not None:
-            from inferscale_engine.kernels import chunked_rope
-
-            chunked_rope.inject_(self._pointers, slab.keys, slab.values, src_rows, dst_slots,
-                                 from_positions, to_positions, rope.cos, rope.sin, rope.style,
-                                 rope.layer_tables)
+            self._mover(slab, rope).inject(index)
             return
-        reference.inject_(self.key_caches, self.value_caches, slab.keys, slab.values, src_rows,
-                          dst_slots, from_positions, to_positions, rope.cos, rope.sin,
-                          rope.style, rope.layer_tables)
+        rows, slots, from_positions, to_positions = index.unbind(0)
+        reference.inject_(self.key_caches, self.value_caches, slab.keys, slab.values, rows,
+                          slots, from_positions, to_positions, rope.cos, rope.sin, rope.style,
+                          rope.layer_tables)
 
-    def capture_(self, slab: KVSlab, src_slots: torch.Tensor, dst_rows: torch.Tensor,
-                 from_positions: torch.Tensor, to_positions: torch.Tensor,
-                 rope: RopeTables) -> None:
+    def capture_(self, slab: KVSlab, index: torch.Tensor, rope: RopeTables) -> None:
         """Paged slots -> slab rows of every layer."""
         if self._pointers is not None:
-            from inferscale_engine.kernels import chunked_rope
-
-            chunked_rope.capture_(self._pointers, slab.keys, slab.values, src_slots, dst_rows,
-                                  from_positions, to_positions, rope.cos, rope.sin, rope.style,
-                                  rope.layer_tables)
+            self._mover(slab, rope).capture(index)
             return
-        reference.capture_(self.key_caches, self.value_caches, slab.keys, slab.values,
-                           src_slots, dst_rows, from_positions, to_positions, rope.cos,
-                           rope.sin, rope.style, rope.layer_tables)
+        rows, slots, from_positions, to_positions = index.unbind(0)
+        reference.capture_(self.key_caches, self.value_caches, slab.keys, slab.values, slots,
+                           rows, from_positions, to_positions, rope.cos, rope.sin, rope.style,
+                           rope.layer_tables)
+
+    def _mover(self, slab: KVSlab, rope: RopeTables) -> BoundMover:
+        """The kernels bound to this slab and these tables (built at the first move)."""
+        bound = (slab.keys, rope.cos)
+        if self._bound is None or self._bound[0] is not bound[0] or self._bound[1] is not bound[1]:
+            from inferscale_engine.kernels.mover import BoundMover
+
+            assert self._pointers is not None
+            self._bound = bound
+            self._bound_mover = BoundMover(self._pointers, slab.keys, slab.values, rope.cos,
+                                           rope.sin, rope.style, rope.layer_tables)
+        return self._bound_mover
 
 
 def strided_views(kv: torch.Tensor, num_kv_heads: int, head_dim: int

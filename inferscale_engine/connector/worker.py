@@ -61,6 +61,7 @@ class InferScaleWorker:
         self.paged: PagedKV | None = None
         self._rope: _Rope | None = None
         self._failed_block_ids: set[int] = set()
+        self._staging = _Staging(torch.device("cpu"))
         self.counters: Counter[str] = Counter()
         self.recent_loads: deque[tuple[str, torch.Tensor]] = deque(maxlen=8)
         """(request id, paged slots written) of the last loads, for diagnostics and tests."""
@@ -78,7 +79,7 @@ class InferScaleWorker:
         self.paged = _detect_layout(layers, self._num_kv_heads, self._head_dim, self._block_size)
         self.slab = KVSlab(len(layers), self._config.slab_pages, self._config.page_tokens,
                            self._num_kv_heads, self._head_dim, first.dtype, first.device)
-        self._staging = _PinnedStaging(first.device)
+        self._staging = _Staging(first.device)
         self._rope = _rope_tables(self._layer_specs, list(kv_caches), self._config.max_positions,
                                   first.device)
         logger.info("InferScale slab: %d layers, %d pages x %d tokens, %.1f MiB on %s",
@@ -89,27 +90,27 @@ class InferScaleWorker:
     def start_load(self, meta: InferScaleMetadata) -> None:
         """Inject every load of this step.
 
-        Index math on the CPU, one host-to-device copy, one kernel (or one vLLM cache-write
-        call per layer on the CPU).
+        Index math on the CPU straight into one (pinned) host buffer, one host-to-device copy,
+        one kernel launch (or one vLLM cache-write call per layer on the CPU).
         """
         if not meta.loads:
             return
         assert self.slab is not None and self.paged is not None and self._rope is not None
-        parts = {load.req_id: p for load in meta.loads
-                 if (p := self._load_indices(load)) is not None}
-        if not parts:
+        host = self._staging.host(sum(max(0, load.load_end - load.load_start)
+                                      for load in meta.loads))
+        filled, written = 0, []
+        for load in meta.loads:
+            part = self._load_indices(load, host[:, filled:])
+            if part is not None:
+                written.append((load.req_id, filled, part.shape[1]))
+                filled += part.shape[1]
+        if not filled:
             return
-        arrays = list(parts.values())
-        # [4, T]: rows, slots, from, to
-        packed = torch.from_numpy(arrays[0] if len(arrays) == 1 else np.concatenate(arrays, 1))
-        if self.slab.keys.device.type == "cuda":
-            packed = self._staging.to_device(packed)
-        rows, slots, canonical, serving = packed.unbind(0)
-        self.paged.inject_(self.slab, rows, slots, canonical, serving, self._rope)
-        for req_id, part in parts.items():
-            self.recent_loads.append((req_id, torch.from_numpy(part[1])))
-        self.counters["injected_requests"] += len(parts)
-        self.counters["injected_tokens"] += int(packed.shape[1])
+        self.paged.inject_(self.slab, self._staging.upload(filled), self._rope)
+        for req_id, start, n in written:
+            self.recent_loads.append((req_id, torch.from_numpy(host[1, start:start + n].copy())))
+        self.counters["injected_requests"] += len(written)
+        self.counters["injected_tokens"] += filled
 
     def finish_step(self, meta: InferScaleMetadata) -> None:
         """Capture every fact span completed in this step into the slab, in one batched copy."""
@@ -157,13 +158,14 @@ class InferScaleWorker:
         table = np.asarray(block_ids, dtype=np.int64)[first:last, None] * bs + np.arange(bs)
         return table.ravel()[start - first * bs:end - first * bs]
 
-    def _load_indices(self, load: LoadSpec) -> np.ndarray | None:
-        """[4, n] int64 array of one load (None if it failed).
+    def _load_indices(self, load: LoadSpec, out: np.ndarray | None = None
+                      ) -> np.ndarray | None:
+        """[4, n] int64 array of one load (None if it failed), written into `out` if given.
 
         Rows: slab rows, paged slots, the positions the stored keys are rotated for, and the
-        serving positions. No per-token Python: one check per segment (_entry_problem), the
-        index math a dozen numpy calls (torch's per-op overhead is higher on arrays this small;
-        the step uploads all loads in one copy).
+        serving positions. No per-token or per-segment Python: the segments' entries are
+        looked up and checked with C-level maps (_entry_problem only when a check fails), the
+        index math is a dozen numpy calls.
         """
         assert self.slab is not None
         lo, hi = load.load_start, load.load_end
@@ -176,12 +178,13 @@ class InferScaleWorker:
             return None
         keys, lengths = load.slab_keys[first:last].tolist(), load.lengths[first:last].tolist()
         selected = list(map(self.slab.entries.get, keys))
-        failed = next(((k, p) for k, e, n in zip(keys, selected, lengths)
-                       if (p := _entry_problem(e, load.user_id, n))), None)
-        if failed is not None:
-            self._fail(load, failed[1], failed[0])
+        if (None in selected or list(map(_NUM_TOKENS, selected)) != lengths
+                or not {load.user_id, SYSTEM_OWNER}.issuperset(map(_OWNER, selected))):
+            key, problem = next((k, p) for k, e, n in zip(keys, selected, lengths)
+                                if (p := _entry_problem(e, load.user_id, n)))
+            self._fail(load, problem, key)
             return None
-        packed = np.empty((4, hi - lo), dtype=np.int64)
+        packed = np.empty((4, hi - lo), dtype=np.int64) if out is None else out[:, :hi - lo]
         rows, slots, canonical, serving = packed
         serving[:] = np.arange(lo, hi, dtype=np.int64)
         offset = lo - int(starts[first])
@@ -225,16 +228,14 @@ class InferScaleWorker:
             end = capture.start + capture.num_tokens
             serving = np.arange(capture.start, end, dtype=np.int64)
             paged_slots = self._slots(capture.block_ids, capture.start, end)
-            parts.append(np.stack((paged_slots, rows.numpy(), serving,
+            parts.append(np.stack((rows.numpy(), paged_slots, serving,
                                    serving - capture.start + origin)))
             entries.append((capture, SlabEntry(capture.user_id, rows, capture.num_tokens,
                                                origin)))
         if not parts:
             return
         packed = torch.from_numpy(np.concatenate(parts, axis=1)).to(self.slab.keys.device)
-        slots, slab_rows, serving_positions, canonical = packed.unbind(0)
-        self.paged.capture_(self.slab, slots, slab_rows, serving_positions, canonical,
-                            self._rope)
+        self.paged.capture_(self.slab, packed, self._rope)  # rows, slots, serving, canonical
         for capture, entry in entries:
             if capture.key_scale:
                 self.slab.scale_keys_(entry.rows, capture.key_scale)
@@ -244,33 +245,60 @@ class InferScaleWorker:
             self.counters["captures"] += 1
 
 
-class _PinnedStaging:
-    """Reusable pinned host buffer for the per-step index upload (no per-step cudaHostAlloc).
+class _Staging:
+    """Host buffers the step's load indices are written into, and their upload.
 
-    The copy is asynchronous; before the buffer is overwritten the previous copy's event is
-    waited on (it finished long ago: a whole engine step has passed).
+    On CUDA: two pinned host buffers used in turn and a device buffer, so a step's upload is
+    one asynchronous copy with no allocation. A host buffer is written again two steps later,
+    after waiting for its copy's event (long finished by then). Elsewhere: plain numpy.
     """
 
     def __init__(self, device: torch.device) -> None:
         self._device = device
-        self._buffer = torch.empty(0, dtype=torch.int64)
-        self._done: torch.cuda.Event | None = None
+        self._cuda = device.type == "cuda"
+        self._hosts = [torch.empty(0, dtype=torch.int64) for _ in range(2)]
+        self._events: list[torch.cuda.Event | None] = [None, None]
+        self._turn = 0
+        self._device_buffer = torch.empty(0, dtype=torch.int64, device=device)
+        self._view = np.empty((4, 0), dtype=np.int64)
 
-    def to_device(self, host: torch.Tensor) -> torch.Tensor:
-        if self._done is not None:
-            self._done.synchronize()
-        if self._buffer.numel() < host.numel():
-            self._buffer = torch.empty(max(host.numel(), 2 * self._buffer.numel()),
-                                       dtype=torch.int64, pin_memory=True)
-        staged = self._buffer[:host.numel()].view_as(host)
-        staged.copy_(host)
-        out = staged.to(self._device, non_blocking=True)
-        self._done = torch.cuda.Event()
-        self._done.record()
-        return out
+    def host(self, num_tokens: int) -> np.ndarray:
+        """A writable [4, num_tokens] int64 buffer for this step (contiguous)."""
+        if not self._cuda:
+            self._view = np.empty((4, num_tokens), dtype=np.int64)
+            return self._view
+        self._turn ^= 1
+        event = self._events[self._turn]
+        if event is not None:
+            event.synchronize()
+        buffer = self._hosts[self._turn]
+        if buffer.numel() < 4 * num_tokens:
+            buffer = self._hosts[self._turn] = torch.empty(
+                max(4 * num_tokens, 2 * buffer.numel()), dtype=torch.int64, pin_memory=True)
+        self._view = buffer.numpy()[:4 * num_tokens].reshape(4, num_tokens)
+        return self._view
+
+    def upload(self, num_tokens: int) -> torch.Tensor:
+        """The first num_tokens columns of this step's buffer, [4, n] on the device.
+
+        Rows keep the buffer's row stride (the kernels take it), so nothing is compacted.
+        """
+        host = torch.from_numpy(self._view)[:, :num_tokens]
+        if not self._cuda:
+            return host
+        size = self._view.size
+        if self._device_buffer.numel() < size:
+            self._device_buffer = torch.empty(max(size, 2 * self._device_buffer.numel()),
+                                              dtype=torch.int64, device=self._device)
+        flat = self._device_buffer[:size]
+        flat.copy_(self._hosts[self._turn][:size], non_blocking=True)
+        event = self._events[self._turn] = self._events[self._turn] or torch.cuda.Event()
+        event.record()
+        return flat.view(self._view.shape)[:, :num_tokens]
 
 
 _ORIGIN, _ROW_ARRAY = attrgetter("origin"), attrgetter("row_array")
+_OWNER, _NUM_TOKENS = attrgetter("owner"), attrgetter("num_tokens")
 
 
 def _entry_problem(entry: SlabEntry | None, user_id: str, length: int) -> str:

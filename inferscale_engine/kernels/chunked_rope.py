@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -125,45 +127,79 @@ def _launch(cache: PagedKVPointers, slab_keys: torch.Tensor, slab_values: torch.
             index_names: tuple[str, str, str, str]) -> None:
     """Check the arguments, then one launch over (token blocks, layers, head blocks)."""
     indices = dict(zip(index_names, (rows, slots, from_positions, to_positions), strict=True))
-    _check_slab(cache, slab_keys, slab_values)
+    static = StaticArgs.build(cache, slab_keys, slab_values, cos, sin, style, layer_tables,
+                              to_cache)
     num_tokens = _check_indices(cache, indices)
-    layer_tables = _check_tables(cache, cos, sin, style, layer_tables)
-    if cache.device.type == "cuda" and cache.device.index != torch.cuda.current_device():
-        # Triton launches on the current device, not on the tensors' device.
-        raise ValueError(f"the cache is on {cache.device} but the current CUDA device is "
-                         f"{torch.cuda.current_device()}; call torch.cuda.set_device first")
-    if num_tokens == 0:
-        return
-    half = cos.shape[-1]
-    num_tables, num_positions = (1, cos.shape[0]) if cos.dim() == 2 else cos.shape[:2]
-    table_stride_group = 0 if cos.dim() == 2 else cos.stride(0)
-    head_pad = triton.next_power_of_2(cache.head_dim)
-    block_h = min(triton.next_power_of_2(cache.num_kv_heads), max(1, _TILE_ELEMENTS // head_pad))
-    block_t = max(1, _TILE_ELEMENTS // (block_h * head_pad))
-    grid = (triton.cdiv(num_tokens, block_t), cache.num_layers,
-            triton.cdiv(cache.num_kv_heads, block_h))
-    _move_kernel[grid](
-        cache.base, cache.layer_offsets, layer_tables, slab_keys, slab_values, rows, slots,
-        from_positions, to_positions, cos, sin,
-        num_tokens, slab_keys.shape[1], cache.num_slots, num_positions, num_tables,
-        cache.num_kv_heads, cache.block_size, *cache.strides, *slab_keys.stride()[:3],
-        cos.stride(-2), table_stride_group,
-        HEAD_DIM=cache.head_dim, HEAD_PAD=head_pad, ROTARY_DIM=2 * half,
-        HALF_PAD=triton.next_power_of_2(half),
-        PASS_PAD=triton.next_power_of_2(max(1, cache.head_dim - 2 * half)),
-        INTERLEAVED_PAIRS=style == INTERLEAVED, OFFSET_ALIGN=cache.offset_alignment,
-        BLOCK_T=block_t, BLOCK_H=block_h, TO_CACHE=to_cache,
-        # No fmul+fadd -> fma contraction: every fp32 op rounds like torch's, so fp32 results
-        # match reference.py bit for bit (the interpreter ignores the option).
-        num_warps=4, enable_fp_fusion=False,
-    )
+    if num_tokens:
+        launch(static, torch.stack([i.to(torch.int64) for i in indices.values()]))
 
 
-@triton.jit(do_not_specialize=["rows_ptr", "slots_ptr", "from_ptr", "to_ptr", "num_tokens"])
+@dataclass(frozen=True, slots=True)
+class StaticArgs:
+    """Every argument of one direction's launch except the step's index: checked once."""
+
+    head: tuple[Any, ...]
+    """Arguments before the index (cache base, layer offsets and tables, slab keys/values)."""
+    tail: tuple[Any, ...]
+    """Arguments after the token count (tables, sizes, strides)."""
+    options: dict[str, Any]
+    """constexprs and launch options."""
+    block_t: int
+    grid_yz: tuple[int, int]
+    device: torch.device
+
+    @classmethod
+    def build(cls, cache: PagedKVPointers, slab_keys: torch.Tensor, slab_values: torch.Tensor,
+              cos: torch.Tensor, sin: torch.Tensor, style: str,
+              layer_tables: torch.Tensor | None, to_cache: bool) -> StaticArgs:
+        """Check the slab and tables against the cache (ValueError if they do not fit)."""
+        _check_slab(cache, slab_keys, slab_values)
+        layer_tables = _check_tables(cache, cos, sin, style, layer_tables)
+        if cache.device.type == "cuda" and cache.device.index != torch.cuda.current_device():
+            # Triton launches on the current device, not on the tensors' device.
+            raise ValueError(f"the cache is on {cache.device} but the current CUDA device is "
+                             f"{torch.cuda.current_device()}; call torch.cuda.set_device first")
+        half = cos.shape[-1]
+        num_tables, num_positions = (1, cos.shape[0]) if cos.dim() == 2 else cos.shape[:2]
+        head_pad = triton.next_power_of_2(cache.head_dim)
+        block_h = min(triton.next_power_of_2(cache.num_kv_heads),
+                      max(1, _TILE_ELEMENTS // head_pad))
+        options = dict(
+            HEAD_DIM=cache.head_dim, HEAD_PAD=head_pad, ROTARY_DIM=2 * half,
+            HALF_PAD=triton.next_power_of_2(half),
+            PASS_PAD=triton.next_power_of_2(max(1, cache.head_dim - 2 * half)),
+            INTERLEAVED_PAIRS=style == INTERLEAVED, OFFSET_ALIGN=cache.offset_alignment,
+            BLOCK_T=max(1, _TILE_ELEMENTS // (block_h * head_pad)), BLOCK_H=block_h,
+            TO_CACHE=to_cache,
+            # No fmul+fadd -> fma contraction: every fp32 op rounds like torch's, so fp32
+            # results match reference.py bit for bit (the interpreter ignores the option).
+            num_warps=4, enable_fp_fusion=False)
+        tail = (cos, sin, slab_keys.shape[1], cache.num_slots, num_positions, num_tables,
+                cache.num_kv_heads, cache.block_size, *cache.strides, *slab_keys.stride()[:3],
+                cos.stride(-2), 0 if cos.dim() == 2 else cos.stride(0))
+        return cls((cache.base, cache.layer_offsets, layer_tables, slab_keys, slab_values),
+                   tail, options, int(options["BLOCK_T"]),
+                   (cache.num_layers, triton.cdiv(cache.num_kv_heads, block_h)), cache.device)
+
+    def grid(self, num_tokens: int) -> tuple[int, int, int]:
+        return (triton.cdiv(num_tokens, self.block_t), *self.grid_yz)
+
+
+def launch(static: StaticArgs, index: torch.Tensor) -> Any:
+    """One launch for a [4, T] index (rows, slots, from, to; int64, each row contiguous).
+
+    Returns Triton's compiled kernel (None in the interpreter).
+    """
+    num_tokens = index.shape[1]
+    return _move_kernel[static.grid(num_tokens)](*static.head, index, index.stride(0),
+                                                 num_tokens, *static.tail, **static.options)
+
+
+@triton.jit(do_not_specialize=["index_ptr", "index_stride", "num_tokens"])
 def _move_kernel(
     cache_ptr, layer_offsets_ptr, layer_tables_ptr, slab_keys_ptr, slab_values_ptr,
-    rows_ptr, slots_ptr, from_ptr, to_ptr, cos_ptr, sin_ptr,
-    num_tokens, num_rows, num_slots, num_positions, num_tables, num_heads, block_size,
+    index_ptr, index_stride, num_tokens, cos_ptr, sin_ptr,
+    num_rows, num_slots, num_positions, num_tables, num_heads, block_size,
     cache_stride_block, cache_stride_slot, cache_stride_head,
     slab_stride_layer, slab_stride_row, slab_stride_head, table_stride, table_stride_group,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, ROTARY_DIM: tl.constexpr,
@@ -171,7 +207,10 @@ def _move_kernel(
     OFFSET_ALIGN: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
     TO_CACHE: tl.constexpr,
 ):
-    """Slab rows <-> paged slots of layer program_id(1), BLOCK_T tokens x BLOCK_H heads."""
+    """Slab rows <-> paged slots of layer program_id(1), BLOCK_T tokens x BLOCK_H heads.
+
+    index_ptr: [4, num_tokens] int64 with row stride index_stride (rows, slots, from, to).
+    """
     layer = tl.program_id(1).to(tl.int64)
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     # This layer's table, loaded per token (every lane reads the same entry).
@@ -180,13 +219,17 @@ def _move_kernel(
     table_base = tl.where(table_ok, tables, 0) * table_stride_group
     heads = (tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
     in_range = tokens < num_tokens
-    rows = tl.load(rows_ptr + tokens, mask=in_range, other=0).to(tl.int64)
-    slots = tl.load(slots_ptr + tokens, mask=in_range, other=0).to(tl.int64)
-    from_pos = tl.load(from_ptr + tokens, mask=in_range, other=0).to(tl.int64)
-    to_pos = tl.load(to_ptr + tokens, mask=in_range, other=0).to(tl.int64)
+    # index rows: slab rows, paged slots, from positions, to positions.
+    rows = tl.load(index_ptr + tokens, mask=in_range, other=0)
+    slots = tl.load(index_ptr + index_stride + tokens, mask=in_range, other=0)
+    from_pos = tl.load(index_ptr + 2 * index_stride + tokens, mask=in_range, other=0)
+    to_pos = tl.load(index_ptr + 3 * index_stride + tokens, mask=in_range, other=0)
     valid = (in_range & (rows >= 0) & (rows < num_rows) & (slots >= 0) & (slots < num_slots)
              & (from_pos >= 0) & (from_pos < num_positions)
              & (to_pos >= 0) & (to_pos < num_positions) & table_ok)
+    # A skipped token reads its angles at position 0 (never outside the tables).
+    from_pos = tl.where(valid, from_pos, 0)
+    to_pos = tl.where(valid, to_pos, 0)
     mask = valid[:, None] & (heads < num_heads)[None, :]  # [BLOCK_T, BLOCK_H]
     # Element offsets of (token, head, dim 0): [BLOCK_T, BLOCK_H].
     slab_rows = (layer * slab_stride_layer + rows * slab_stride_row)[:, None] \
