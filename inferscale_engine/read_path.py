@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import Any, cast
 
 from inferscale_engine.checks import check_text, check_user_id
@@ -31,6 +32,7 @@ from inferscale_engine.residency import FactRecord, Residency
 from inferscale_engine.write_path import FactWriter
 
 Messages = Sequence[Mapping[str, str]]
+_SLAB_KEY, _PACKED_IDS = attrgetter("slab_key"), attrgetter("packed_ids")
 
 
 @dataclass(slots=True)
@@ -155,9 +157,9 @@ class RequestPlanner:
 
     def ready_for_kv(self, records: list[FactRecord], pinned: set[FactId]) -> bool:
         """Make evicted facts resident again (or say the request must go as text)."""
-        missing = [r for r in records if not r.resident]
-        if not missing:
+        if None not in map(_SLAB_KEY, records):  # all resident (C-level scan)
             return True
+        missing = [r for r in records if not r.resident]
         if self._config.on_evicted == "text" or not self._residency.can_fit(
                 [len(r.fact.token_ids) for r in missing], pinned,
                 self._config.on_slab_full == "evict"):
@@ -177,8 +179,11 @@ class RequestPlanner:
             raise ValueError(f"{len(records)} records for a prompt of {len(prompt.facts)} facts")
         # The runs are the stored token ids (the prompt was built from them; the connector
         # checks that it still holds exactly these), packed when each fact was added.
-        keys = [self._preambles.key(prompt.preamble, pinned), *(r.slab_key or 0 for r in records)]
-        runs = [pack_token_ids(prompt.preamble), *(r.packed_ids for r in records)]
+        slab_keys = list(map(_SLAB_KEY, records))
+        if None in slab_keys:
+            raise ValueError("plan() needs resident records (ready_for_kv first)")
+        keys = [self._preambles.key(prompt.preamble, pinned), *slab_keys]
+        runs = [pack_token_ids(prompt.preamble), *map(_PACKED_IDS, records)]
         user_id = check_user_id(handle.user_id)
         salt = cache_salt(self._secret, user_id, keys)
         return InjectionPlan.from_runs(user_id, keys, runs, salt).signed(self._secret)

@@ -24,11 +24,14 @@ class SlabEntry:
     num_tokens: int
     origin: int
     """Position whose rotation token 0's stored key carries (token i: origin + i)."""
-    row_array: np.ndarray = field(init=False, repr=False, compare=False)
-    """`rows` as a numpy view, made once: the per-step index math runs in numpy."""
+    rows_canonical: np.ndarray = field(init=False, repr=False, compare=False)
+    """[2, num_tokens] int64, made once: the slab row of each token and the position its key
+    is rotated for (origin + i). A load copies these two rows of its entries in one call."""
 
     def __post_init__(self) -> None:
-        self.row_array = self.rows.numpy()
+        rows = self.rows.numpy()
+        self.rows_canonical = np.stack((rows, np.arange(self.origin,
+                                                        self.origin + len(rows))))
 
 
 class KVSlab:

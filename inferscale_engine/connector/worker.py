@@ -56,6 +56,7 @@ class InferScaleWorker:
         self._num_kv_heads = model_config.get_num_kv_heads(vllm_config.parallel_config)
         self._head_dim = model_config.get_head_size()
         self._block_size = vllm_config.cache_config.block_size
+        self._block_offsets = np.arange(self._block_size, dtype=np.int64)
         self._cache_dtype = vllm_config.cache_config.cache_dtype
         self.slab: KVSlab | None = None
         self.paged: PagedKV | None = None
@@ -63,7 +64,7 @@ class InferScaleWorker:
         self._failed_block_ids: set[int] = set()
         self._staging = _Staging(torch.device("cpu"))
         self.counters: Counter[str] = Counter()
-        self.recent_loads: deque[tuple[str, torch.Tensor]] = deque(maxlen=8)
+        self.recent_loads: deque[tuple[str, np.ndarray]] = deque(maxlen=8)
         """(request id, paged slots written) of the last loads, for diagnostics and tests."""
 
     # ---- set-up ------------------------------------------------------------------------
@@ -108,7 +109,7 @@ class InferScaleWorker:
             return
         self.paged.inject_(self.slab, self._staging.upload(filled), self._rope)
         for req_id, start, n in written:
-            self.recent_loads.append((req_id, torch.from_numpy(host[1, start:start + n].copy())))
+            self.recent_loads.append((req_id, host[1, start:start + n].copy()))
         self.counters["injected_requests"] += len(written)
         self.counters["injected_tokens"] += filled
 
@@ -163,20 +164,27 @@ class InferScaleWorker:
         """[4, n] int64 array of one load (None if it failed), written into `out` if given.
 
         Rows: slab rows, paged slots, the positions the stored keys are rotated for, and the
-        serving positions. No per-token or per-segment Python: the segments' entries are
-        looked up and checked with C-level maps (_entry_problem only when a check fails), the
-        index math is a dozen numpy calls.
+        serving positions. No per-token or per-segment Python and few numpy calls (each costs
+        microseconds on a busy serving host): the segments' entries are looked up and checked
+        with C-level maps (_entry_problem only when a check fails), their rows and rotation
+        positions copied from one concatenation of the entries' precomputed arrays.
         """
         assert self.slab is not None
         lo, hi = load.load_start, load.load_end
-        ends = np.cumsum(load.lengths)
-        starts = ends - load.lengths
-        # Segments overlapping [lo, hi): their starts and ends are increasing.
-        first = int(np.searchsorted(ends, lo, side="right"))
-        last = int(np.searchsorted(starts, hi, side="left"))
-        if first >= last or hi <= lo:
+        lengths = load.lengths.tolist()
+        if hi <= lo:
             return None
-        keys, lengths = load.slab_keys[first:last].tolist(), load.lengths[first:last].tolist()
+        if lo == 0 and hi == sum(lengths):  # the usual load: every segment, whole
+            keys, offset = load.slab_keys.tolist(), 0
+        else:  # segments overlapping [lo, hi): their starts and ends are increasing
+            ends = np.cumsum(load.lengths)
+            starts = ends - load.lengths
+            first = int(np.searchsorted(ends, lo, side="right"))
+            last = int(np.searchsorted(starts, hi, side="left"))
+            if first >= last:
+                return None
+            keys, lengths = load.slab_keys[first:last].tolist(), lengths[first:last]
+            offset = lo - int(starts[first])
         selected = list(map(self.slab.entries.get, keys))
         if (None in selected or list(map(_NUM_TOKENS, selected)) != lengths
                 or not {load.user_id, SYSTEM_OWNER}.issuperset(map(_OWNER, selected))):
@@ -185,14 +193,14 @@ class InferScaleWorker:
             self._fail(load, problem, key)
             return None
         packed = np.empty((4, hi - lo), dtype=np.int64) if out is None else out[:, :hi - lo]
-        rows, slots, canonical, serving = packed
-        serving[:] = np.arange(lo, hi, dtype=np.int64)
-        offset = lo - int(starts[first])
-        rows[:] = np.concatenate(list(map(_ROW_ARRAY, selected)))[offset:offset + hi - lo]
-        slots[:] = self._slots(load.block_ids, lo, hi)
-        origins = np.fromiter(map(_ORIGIN, selected), np.int64, len(selected))
-        counts = np.minimum(ends[first:last], hi) - np.maximum(starts[first:last], lo)
-        np.add(serving, np.repeat(origins - starts[first:last], counts), out=canonical)
+        arrays = list(map(_ROWS_CANONICAL, selected))
+        stored = np.concatenate(arrays, axis=1) if len(arrays) > 1 else arrays[0]
+        packed[::2] = stored[:, offset:offset + hi - lo]  # rows 0 and 2: rows, canonical
+        bs = self._block_size
+        first_block = lo // bs
+        table = load.block_ids[first_block:-(-hi // bs), None] * bs + self._block_offsets
+        packed[1] = table.ravel()[lo - first_block * bs:hi - first_block * bs]
+        packed[3] = np.arange(lo, hi, dtype=np.int64)
         return packed
 
     def _fail(self, load: LoadSpec, problem: str, key: int) -> None:
@@ -297,7 +305,7 @@ class _Staging:
         return flat.view(self._view.shape)[:, :num_tokens]
 
 
-_ORIGIN, _ROW_ARRAY = attrgetter("origin"), attrgetter("row_array")
+_ROWS_CANONICAL = attrgetter("rows_canonical")
 _OWNER, _NUM_TOKENS = attrgetter("owner"), attrgetter("num_tokens")
 
 

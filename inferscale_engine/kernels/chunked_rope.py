@@ -227,9 +227,9 @@ def _move_kernel(
     valid = (in_range & (rows >= 0) & (rows < num_rows) & (slots >= 0) & (slots < num_slots)
              & (from_pos >= 0) & (from_pos < num_positions)
              & (to_pos >= 0) & (to_pos < num_positions) & table_ok)
-    # A skipped token reads its angles at position 0 (never outside the tables).
-    from_pos = tl.where(valid, from_pos, 0)
-    to_pos = tl.where(valid, to_pos, 0)
+    # A skipped token reads its angles inside the tables (clamped), never outside them.
+    from_pos = tl.minimum(tl.maximum(from_pos, 0), num_positions - 1)
+    to_pos = tl.minimum(tl.maximum(to_pos, 0), num_positions - 1)
     mask = valid[:, None] & (heads < num_heads)[None, :]  # [BLOCK_T, BLOCK_H]
     # Element offsets of (token, head, dim 0): [BLOCK_T, BLOCK_H].
     slab_rows = (layer * slab_stride_layer + rows * slab_stride_row)[:, None] \

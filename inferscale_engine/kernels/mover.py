@@ -3,18 +3,16 @@
 `chunked_rope.inject_` / `capture_` check every argument and go through Triton's launcher,
 which binds and specializes ~30 arguments per call: tens of microseconds of host Python per
 engine step, paid on every request's critical path. A `BoundMover` checks the slab and tables
-once; each step passes only its [4, T] index. From the third launch of a direction on, the
-launch skips Triton's binder too: the second launch records the exact arguments Triton hands
-its compiled launcher, and later launches call that launcher with the same arguments, the
-step's index and token count substituted (they are never specialized on, so the one compiled
-kernel serves every step). Anything unexpected (launch hooks set, another Triton version's
-calling convention) keeps the regular path.
+once; each step passes only its [4, T] index. From the second launch of a direction on, the
+launch skips Triton's binder too: it calls the launcher of the kernel the first launch
+compiled with the arguments Triton's binder would hand it, the step's index and token count
+substituted (they are never specialized on, so the one compiled kernel serves every step).
+Launch hooks (a profiler) or another Triton calling convention keep the regular path.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -67,78 +65,73 @@ class BoundMover:
             return
         static = self._static[to_cache]
         kernel = self._kernels.get(to_cache)
-        if not self._prebind or kernel is None or to_cache in self._fast:
-            self._kernels[to_cache] = chunked_rope.launch(static, index)
-            return
-        self._fast[to_cache] = _PreBound.record(kernel, static, index)
+        if self._prebind and kernel is not None and to_cache not in self._fast:
+            self._fast[to_cache] = _PreBound.bind(kernel, static)
+            if self._fast[to_cache] is not None:
+                self._run(to_cache, index)
+                return
+        self._kernels[to_cache] = chunked_rope.launch(static, index)
 
 
 class _PreBound:
-    """Triton's compiled launcher with one recorded launch's arguments."""
+    """Triton's compiled launcher, called with the arguments Triton's binder would hand it."""
 
-    def __init__(self, run: Callable[..., Any], recorded: tuple[Any, ...],
-                 static: chunked_rope.StaticArgs, positions: tuple[int, int, int]) -> None:
-        self._run = run
-        self._launcher = recorded[4:6]  # after grid x, y, z and stream: function, metadata
-        self._params = list(recorded[9:])
-        self._static = static
-        self._positions = positions
+    def __init__(self, kernel: Any, static: chunked_rope.StaticArgs, names: list[str]) -> None:
         from triton import knobs
         from triton.runtime import driver
 
+        self._launcher = kernel.run
+        self._function, self._metadata = kernel.function, kernel.packed_metadata
+        values = dict(zip(names[:5], static.head, strict=True))
+        values.update(zip(names[8:8 + len(static.tail)], static.tail, strict=True))
+        values.update((n, static.options[n]) for n in names[8 + len(static.tail):])
+        self._params = [values.get(n) for n in names]
+        self._positions = tuple(names.index(n) for n in _DYNAMIC)
+        self._static = static
         self._knobs = knobs.runtime
         self._stream = driver.active.get_current_stream
         self._device_index = static.device.index
 
     @classmethod
-    def record(cls, kernel: Any, static: chunked_rope.StaticArgs, index: torch.Tensor
-               ) -> _PreBound | None:
-        """Launch once through Triton, recording its launcher call; None if it cannot be reused.
+    def bind(cls, kernel: Any, static: chunked_rope.StaticArgs) -> _PreBound | None:
+        """The launcher of `kernel` (compiled by a regular launch), or None.
 
-        The launch itself always happens (through Triton's regular path).
+        None where this Triton's calling convention is not the one known here (Triton >= 3.3:
+        launcher(grid x, y, z, stream, function, packed metadata, launch metadata, enter hook,
+        exit hook, *every parameter in order)).
         """
+        import triton
+
         names = list(getattr(chunked_rope._move_kernel, "arg_names", ()))
-        calls: list[tuple[Any, ...]] = []
-        original = getattr(kernel, "run", None)
-
-        def recorder(*args: Any) -> Any:
-            calls.append(args)
-            return original(*args)  # type: ignore[misc]
-
-        try:
-            kernel.run = recorder
-        except AttributeError:
-            original = None
-        try:
-            chunked_rope.launch(static, index)
-        finally:
-            if original is not None:
-                kernel.run = original
-        if original is None or len(calls) != 1 or not all(n in names for n in _DYNAMIC):
-            return cls._refuse("Triton's compiled kernel was not reused", calls)
-        args = calls[0]
-        positions = tuple(9 + names.index(n) for n in _DYNAMIC)
-        if (len(args) != 9 + len(names) or any(a is not None for a in args[6:9])
-                or args[positions[0]] is not index or args[positions[2]] != index.shape[1]):
-            return cls._refuse("unexpected launcher arguments (launch hooks set?)", calls)
-        return cls(original, args, static, positions)  # type: ignore[arg-type]
-
-    @staticmethod
-    def _refuse(why: str, calls: list[tuple[Any, ...]]) -> None:
-        logger.info("InferScale: Triton launches keep the regular path (%s; %d calls)", why,
-                    len(calls))
-        return None
+        major, minor = (int(x) for x in triton.__version__.split(".")[:2])
+        constexprs = names[8 + len(static.tail):]
+        if ((major, minor) < (3, 3) or names[5:8] != list(_DYNAMIC)
+                or not all(n in static.options for n in constexprs)
+                or not all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata"))):
+            logger.info("InferScale: Triton %s launches keep the regular path",
+                        triton.__version__)
+            return None
+        return cls(kernel, static, names)
 
     def usable(self) -> bool:
-        """False while Triton launch hooks are set (a profiler): those need the regular path."""
-        return self._knobs.launch_enter_hook is None and self._knobs.launch_exit_hook is None
+        """False while Triton launch hooks are set (a profiler): those need the regular path.
+
+        Triton 3.6 keeps an (empty) HookChain there; its regular path then builds launch
+        metadata and calls the empty chains on every launch.
+        """
+        return _no_hooks(self._knobs.launch_enter_hook) and _no_hooks(
+            self._knobs.launch_exit_hook)
 
     def __call__(self, index: torch.Tensor) -> None:
         params = self._params.copy()
         at_index, at_stride, at_tokens = self._positions
         num_tokens = index.shape[1]
-        params[at_index - 9], params[at_stride - 9] = index, index.stride(0)
-        params[at_tokens - 9] = num_tokens
+        params[at_index], params[at_stride], params[at_tokens] = (index, index.stride(0),
+                                                                  num_tokens)
         grid_x, grid_y, grid_z = self._static.grid(num_tokens)
-        self._run(grid_x, grid_y, grid_z, self._stream(self._device_index), *self._launcher,
-                  None, None, None, *params)
+        self._launcher(grid_x, grid_y, grid_z, self._stream(self._device_index),
+                       self._function, self._metadata, None, None, None, *params)
+
+
+def _no_hooks(hook: Any) -> bool:
+    return hook is None or getattr(hook, "calls", None) == []
