@@ -212,3 +212,39 @@ def write_record(name: str, record: dict[str, Any], out_dir: Path | None = None)
     path = out_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(record, indent=1, default=str))
     return path
+
+
+def open_async_engine(config: Any) -> tuple[Any, Any]:
+    """An Engine over vLLM's AsyncLLM (EngineCore in its own process, as `inferscale serve`
+    runs it), driven from this thread through AsyncRunner; returns (engine, close)."""
+    import asyncio
+    import threading
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from inferscale_engine.config import plan_secret
+    from inferscale_engine.engine import Engine
+    from inferscale_engine.model_check import check_model, connector_config
+    from inferscale_engine.runner import AsyncRunner, engine_kwargs
+
+    hf_config, _ = check_model(config)
+    kwargs = engine_kwargs(config, connector_config(config, hf_config))
+    plan_secret()  # in the environment before vLLM starts the engine's process
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def start() -> Any:
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+
+    client = asyncio.run_coroutine_threadsafe(start(), loop).result()
+    engine = Engine(config, runner=lambda _config, _connector: AsyncRunner(client, loop))
+
+    def close() -> None:
+        engine.close()
+        client.shutdown()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
+
+    return engine, close

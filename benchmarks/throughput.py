@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import (  # noqa: E402
     environment,
+    open_async_engine,
     resolve_model,
     synthetic_texts,
     vllm_args,
@@ -38,6 +39,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--concurrency", default="1,8,32,64")
     parser.add_argument("--k", type=int, default=50)
+    parser.add_argument("--async-engine", action="store_true",
+                        help="serve through vLLM's AsyncLLM (EngineCore in its own process, "
+                             "requests submitted concurrently, as `inferscale serve` does) "
+                             "instead of the offline vllm.LLM")
     parser.add_argument("--modes", default="text,kv,resident",
                         help="text, kv, resident (the same facts already in the prefix cache)")
     parser.add_argument("--repeats", type=int, default=5)
@@ -79,7 +84,11 @@ def main(argv: list[str] | None = None) -> dict:
         multiprocessing=args.multiprocessing, enforce_eager=True if args.enforce_eager else None,
         tensor_parallel_size=args.tensor_parallel_size,
         vllm_overrides={"disable_log_stats": False, **vllm_args(args.vllm_arg)})
-    engine = Engine(config)
+    close = None
+    if args.async_engine:  # every mode through vLLM's AsyncLLM, as `inferscale serve` runs
+        engine, close = open_async_engine(config)
+    else:
+        engine = Engine(config)
     facts = synthetic_texts(engine.tokenizer, args.pool, args.fact_tokens, seed=1)
     start = time.perf_counter()
     fact_ids = engine.add_facts("bench", facts)
@@ -134,7 +143,10 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{r['ttft_p50_ms'] or float('nan'):8.2f} ms  p99 "
                   f"{r['ttft_p99_ms'] or float('nan'):8.2f} ms", flush=True)
     stats = engine.stats()
-    engine.close()
+    if close is not None:
+        close()
+    else:
+        engine.close()
     print("\n| N | " + " | ".join(f"{m} req/s" for m in modes) + " | kv/text | kv/resident |")
     print("|---" * (len(modes) + 3) + "|")
     for n in levels:

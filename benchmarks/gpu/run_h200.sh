@@ -15,7 +15,8 @@
 # async_scheduling, Llama, k=0,50,100), profile (cProfile of kv and resident at k=100), memory1m (memory_ops.py: 1M facts of one user, index and
 # query embedder on the GPU), ceiling2 (the issue-13 TTFT table: both models, k=0..100, with
 # retrieval), fullgraph (ttft.py with cudagraph_mode FULL, Llama, k=0,50,100), probe
-# (ceiling_probe.py, per-phase medians at k=50,100), throughput (k=50, N up to 128, text / kv / resident, MP=1), tp2
+# (ceiling_probe.py, per-phase medians at k=50,100), throughput_async (throughput.py through
+# vLLM's AsyncLLM), throughput (k=50, N up to 128, text / kv / resident, MP=1), tp2
 # (kind nvidia-h200-x2: the TP=2 invariants, ttft.py and throughput.py at TP=2, tagged tp2).
 # FAMILY_MODELS picks a subset of the families, e.g. FAMILY_MODELS="qwen3-30b-a3b mixtral-8x7b".
 # The MoE families need vLLM 0.26's _moe_C_stable_libtorch.abi3.so, which the bundle drops. Pack
@@ -83,6 +84,8 @@ for step in "$@"; do
       timeout 500 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50,100 --embedder none --tag h200-fullgraph --warmup 4 --vllm-arg 'compilation_config={"cudagraph_mode": "FULL"}' 2>&1 | grep -vE "$quiet" | tail -6 ;;
     probe)  # per-phase host time of kv vs resident (medians per request) + profiler tops
       timeout 400 python3 benchmarks/gpu/ceiling_probe.py --model llama-3.1-8b --k 50,100 --requests 20 --profiled 2 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/probe.log"; grep -A30 "== k=" "$INFERSCALE_RESULTS/probe.log" | grep -E "==|connector|planner|schedule |execute_model|sample" ;;
+    throughput_async)  # every mode through vLLM's AsyncLLM (as `inferscale serve` runs)
+      timeout 500 python3 benchmarks/throughput.py --model llama-3.1-8b --async-engine --tag h200-async --concurrency 1,8,32,64,128 --repeats 2 2>&1 | grep -vE "$quiet" | tail -9 ;;
     async)
       timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50,100 --embedder none --tag h200-async --warmup 4 --vllm-arg async_scheduling=true 2>&1 | grep -vE "$quiet" | tail -8 ;;
     memory1m) random_minilm
