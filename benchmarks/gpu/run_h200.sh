@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks and measurements on the lent H200 with the vLLM 0.26 bundle.
-# After staging the bundle (../shared/device/build-vllm-gpu-bundle.sh, two device calls):
+# After staging the bundle (../shared/device/build-vllm-gpu-bundle.sh; benchmarks/gpu/stage_bundle.sh
+# carries it in three device calls):
 #   bash benchmarks/gpu/run_h200.sh STEP [STEP ...]
 # Steps: kernels (Triton tests compiled), tests (GPU engine tests), bandwidth, ttft (Llama-3.1-8B,
 # MP=1 all k, MP=0 k=0,50), throughput (Llama-3.1-8B), qwen3 (TTFT Qwen3-8B), minilm (a random-init
