@@ -133,6 +133,8 @@ def main() -> int:
         results[name] = {"median_ms": ms, "gb_per_s": gb_per_s}
         print(f"{name:15s} {ms:8.3f} ms  {gb_per_s:8.1f} GB/s")
     results["matches_reference"] = check_matches(keys, values, fns)
+    results["launch_host_us"] = launch_host_us(cache, slab_keys, slab_values, tables,
+                                               to_cache[:, :64].contiguous())
 
     record = {
         "benchmark": "kernel_bandwidth",
@@ -149,6 +151,36 @@ def main() -> int:
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {path}")
     return 0
+
+
+def launch_host_us(cache: object, slab_keys: torch.Tensor, slab_values: torch.Tensor,
+                   tables: tuple, index: torch.Tensor, calls: int = 500) -> dict[str, float]:
+    """Host microseconds one inject launch costs (a 64-token step, no synchronization inside
+    the loop): the serving path's share of the kernel. `checked`: chunked_rope.inject_ (every
+    argument checked, Triton's regular launch); `bound`: BoundMover through Triton's regular
+    launch; `prebound`: BoundMover calling Triton's compiled launcher directly."""
+    from inferscale_engine.kernels import chunked_rope
+    from inferscale_engine.kernels.mover import BoundMover
+
+    rows, slots, from_positions, to_positions = index
+    regular = BoundMover(cache, slab_keys, slab_values, *tables, prebind=False)
+    prebound = BoundMover(cache, slab_keys, slab_values, *tables)
+    fns = {"checked": lambda: chunked_rope.inject_(cache, slab_keys, slab_values, rows, slots,
+                                                   from_positions, to_positions, *tables),
+           "bound": lambda: regular.inject(index), "prebound": lambda: prebound.inject(index)}
+    out = {}
+    for name, fn in fns.items():
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        out[name] = (time.perf_counter() - start) / calls * 1e6
+        torch.cuda.synchronize()
+        print(f"launch host time {name:9s} {out[name]:7.1f} us")
+    out["prebound_launches"] = prebound.fast_launches
+    return out
 
 
 def check_matches(keys: list[torch.Tensor], values: list[torch.Tensor],
