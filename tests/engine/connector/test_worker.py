@@ -116,3 +116,40 @@ def test_load_spec_pickles_its_arrays_as_bytes():
         assert np.array_equal(getattr(back, name), getattr(load, name))
         assert getattr(back, name).dtype == np.int64
     assert b"numpy" not in data
+
+
+def whole(load: LoadSpec) -> LoadSpec:
+    """The same load over every plan token (the usual case: load_start 0, load_end = all)."""
+    return LoadSpec(load.req_id, load.user_id, load.slab_keys, load.lengths, 0,
+                    int(load.lengths.sum()), load.block_ids)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_whole_plan_loads_match_the_reference(seed):
+    worker = make_worker()
+    load = whole(make_load(worker, random.Random(100 + seed)))
+    got = worker._load_indices(load)
+    assert got is not None and np.array_equal(got, reference_indices(worker, load))
+
+
+def test_a_step_of_several_loads_uploads_the_good_ones_back_to_back():
+    """One index for the step: the loads' columns in order, a failed load leaving no gap."""
+    worker = make_worker()
+    assert worker.slab is not None
+    rng = random.Random(5)
+    loads = [whole(make_load(worker, rng, user)) for user in ("alice", "bob", "carol")]
+    bad = LoadSpec("bad", "bob", loads[1].slab_keys, loads[1].lengths, 0,
+                   int(loads[1].lengths.sum()), loads[1].block_ids)
+    del worker.slab.entries[int(bad.slab_keys[-1])]  # not resident any more: this load fails
+    seen: list[torch.Tensor] = []
+    worker.paged = SimpleNamespace(  # type: ignore[assignment]
+        inject_=lambda slab, index, rope: seen.append(index.clone()))
+    worker._rope = SimpleNamespace()  # type: ignore[assignment]
+    worker.start_load(InferScaleMetadata(loads=[loads[0], bad, loads[2]]))
+    want = np.concatenate([reference_indices(worker, loads[0]),
+                           reference_indices(worker, loads[2])], axis=1)
+    assert len(seen) == 1 and np.array_equal(seen[0].numpy(), want)
+    assert worker.counters["injected_requests"] == 2
+    assert worker.counters["injected_tokens"] == want.shape[1]
+    assert worker.counters["load_errors"] == 1
+    assert [rid for rid, _ in worker.recent_loads] == ["req", "req"]
