@@ -22,15 +22,13 @@ from typing import Any
 from inferscale_engine.errors import PlanError
 
 PLAN_VERSION = 5
-"""5: a save plan holds spans (a run of facts per save prompt); 4: slab keys and run lengths
-travel packed like the tokens (3: lists of ints)."""
+"""5: save plans hold spans (runs of facts); 4: keys and lengths packed (3: int lists)."""
 PARAMS_KEY = "inferscale"
 SYSTEM_OWNER = ""
 """Owner of shared entries (the preamble): readable by every user, writable by the engine only."""
 
 _MAX_TOKEN_ID = 2**31 - 1
-_MAX_SAVE_SPANS = 4096
-"""Most facts one save prompt may capture."""
+_MAX_SAVE_SPANS = 4096  # most facts one save prompt may capture
 
 
 def token_digest(token_ids: Sequence[int]) -> str:
@@ -50,12 +48,10 @@ def cache_salt(secret: bytes, user_id: str, slab_keys: Sequence[int]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """One run of injected prompt tokens: a stored fact, or the preamble."""
+    """A run of prompt tokens (a fact or the preamble): slab entry, first position, ids."""
 
     slab_key: int
-    """Slab entry that holds this run's KV."""
     start: int
-    """Serving position of the first token (its index in the prompt)."""
     token_ids: tuple[int, ...]
 
     @property
@@ -143,12 +139,33 @@ class InjectionPlan:
         except (struct.error, TypeError):
             return False
 
-    def _payload(self) -> bytes:
+    def _payload(self, tokens: bytes | None = None) -> bytes:
         # Strings are length-prefixed so that no two (user, salt) pairs share a payload.
         user, salt = _utf8(self.user_id), _utf8(self.cache_salt)
         header = b"inject|%d|%d:%b|%d:%b|%d|" % (PLAN_VERSION, len(user), user, len(salt), salt,
                                                  len(self.lengths))
-        return header + _pack_keys(self.slab_keys) + _pack_lengths(self.lengths) + self.tokens
+        return (header + _pack_keys(self.slab_keys) + _pack_lengths(self.lengths)
+                + (self.tokens if tokens is None else tokens))
+
+    def bound_to(self, secret: bytes, prompt_token_ids: Sequence[int]) -> InjectionPlan | None:
+        """The plan with the prompt's first tokens as its own, if the MAC verifies for them.
+
+        Authenticity and prompt match in one pass: the MAC over the prompt's leading
+        sum(lengths) ids in place of the plan's, so a plan parsed without its tokens
+        (from_params(..., tokens=False)) needs no decoding. None if it does not verify
+        (forged, or another prompt): `verify` and `matches` tell which.
+        """
+        n = sum(self.lengths)
+        if len(prompt_token_ids) < n:
+            return None
+        try:
+            tokens = pack_token_ids(prompt_token_ids[:n])
+            payload = self._payload(tokens)
+        except (struct.error, TypeError):
+            return None
+        if not hmac.compare_digest(_utf8(self.mac), _utf8(_mac(secret, payload))):
+            return None
+        return replace(self, tokens=tokens)
 
     def signed(self, secret: bytes) -> InjectionPlan:
         """Copy with the MAC set."""
@@ -289,8 +306,12 @@ class SavePlan:
 Plan = InjectionPlan | SavePlan
 
 
-def from_params(params: Mapping[str, Any] | None) -> Plan | None:
+def from_params(params: Mapping[str, Any] | None, tokens: bool = True) -> Plan | None:
     """Parse kv_transfer_params. None if they carry no InferScale plan.
+
+    Args:
+        tokens: decode an inject plan's token ids; with False they are left empty (b"") after
+            checking the field's size, for `InjectionPlan.bound_to`.
 
     Raises:
         PlanError: the InferScale entry is malformed or of another version. The MAC is not
@@ -311,16 +332,21 @@ def from_params(params: Mapping[str, Any] | None) -> Plan | None:
     if kind == "inject":
         keys = _unpack(raw, "keys", "q", "int64 slab keys")
         lengths = _unpack(raw, "lengths", "i", "int32 run lengths")
-        tokens = _packed(raw, "tokens", 4, "int32 token ids")
+        if tokens:
+            packed = _packed(raw, "tokens", 4, "int32 token ids")
+            size = len(packed)
+        else:  # the size of base64 without decoding it (the MAC then binds the prompt's ids)
+            encoded = _str(raw, "tokens")
+            packed, size = b"", 3 * (len(encoded) // 4) - encoded[-2:].count("=")
         if len(keys) != len(lengths) or not keys:
             raise PlanError(f"inject plan needs as many 'keys' as 'lengths', at least one; got "
                             f"{len(keys)} and {len(lengths)}")
         if min(keys) < 0 or min(lengths) <= 0:
             raise PlanError("inject plan needs non-negative 'keys' and positive 'lengths'")
-        if sum(lengths) * 4 != len(tokens):
+        if sum(lengths) * 4 != size:
             raise PlanError(f"inject plan lengths sum to {sum(lengths)} but 'tokens' holds "
-                            f"{len(tokens) // 4} token ids")
-        return InjectionPlan(user, keys, lengths, tokens, _str(raw, "salt"), mac)
+                            f"{size // 4} token ids")
+        return InjectionPlan(user, keys, lengths, packed, _str(raw, "salt"), mac)
     if kind == "save":
         spans = raw.get("spans")
         if not isinstance(spans, list | tuple) or not spans or len(spans) > _MAX_SAVE_SPANS:
@@ -383,9 +409,7 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def _utf8(text: str) -> bytes:
-    # surrogatepass: a forged plan may carry lone surrogates; it must fail verification, not
-    # raise.
+def _utf8(text: str) -> bytes:  # surrogatepass: a forged plan's lone surrogates fail the MAC
     return text.encode("utf-8", "surrogatepass")
 
 
@@ -417,10 +441,7 @@ def _int(raw: Mapping[str, Any], name: str) -> int:
 
 
 def _ints(raw: Mapping[str, Any], name: str) -> list[int]:
-    return _token_list(raw.get(name), name)
-
-
-def _token_list(value: Any, name: str) -> list[int]:
+    value = raw.get(name)
     if not isinstance(value, list | tuple):
         raise PlanError(f"plan field {name!r} must be a list of ints, got {type(value).__name__}")
     for v in value:

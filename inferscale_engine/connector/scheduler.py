@@ -167,13 +167,23 @@ class InferScaleScheduler:
         return checked
 
     def _verify(self, request: Request) -> _Checked:
+        prompt = request.prompt_token_ids or []
+        try:  # the usual case in one pass: MAC over the prompt's tokens, none decoded
+            light = from_params(request.kv_transfer_params, tokens=False)
+        except PlanError:
+            light = None  # the full parse below says what is wrong
+        if isinstance(light, InjectionPlan):
+            bound = light.bound_to(self._secret, prompt)
+            if (bound is not None and bound.cache_salt and request.cache_salt == bound.cache_salt
+                    and bound.num_tokens <= len(prompt) - 1):
+                return _Checked(bound, "inject")
+        # Everything else (saves, and inject plans that fail) is classified one check at a time.
         try:
             plan = from_params(request.kv_transfer_params)
         except PlanError as exc:
             return _Checked(None, "rejected", str(exc))
         if plan is None:
             return _Checked(None, "none")
-        prompt = request.prompt_token_ids or []
         if isinstance(plan, SavePlan):
             if not plan.verify(self._secret, prompt):
                 return _Checked(None, "rejected", "save plan MAC does not verify for this "

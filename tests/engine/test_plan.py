@@ -205,3 +205,38 @@ def test_parser_raises_only_plan_error(raw):
         assert not plan.verify(SECRET, list(range(plan.end)))
     else:
         assert not plan.verify(SECRET)
+
+
+@pytest.mark.parametrize("num_ids", [1, 2, 3, 6, 100])
+def test_bound_to_checks_mac_and_prompt_in_one_pass(num_ids):
+    """The scheduler's usual path: tokens not decoded, the MAC computed over the prompt's ids.
+    It accepts exactly what verify + matches accept, and yields the same plan."""
+    ids = tuple(range(7, 7 + num_ids))
+    plan = InjectionPlan.from_segments("alice", (Segment(3, 0, ids),), "salt").signed(SECRET)
+    light = from_params(plan.to_params(), tokens=False)
+    assert isinstance(light, InjectionPlan) and light.tokens == b""
+    prompt = [*ids, 42]
+    assert light.bound_to(SECRET, prompt) == plan == from_params(plan.to_params())
+    assert light.bound_to(SECRET, list(ids)) == plan  # the length rule is the caller's
+    other = [*ids[:-1], ids[-1] + 1, 42]
+    assert light.bound_to(SECRET, other) is None and not plan.matches(other)
+    assert light.bound_to(SECRET, list(ids[:-1])) is None
+    assert light.bound_to(b"x" * 32, prompt) is None
+    forged = from_params({**plan.to_params()}, tokens=False)
+    assert isinstance(forged, InjectionPlan)
+    for bad in (InjectionPlan(forged.user_id, forged.slab_keys, forged.lengths, b"", "salt2",
+                              forged.mac),
+                InjectionPlan("mallory", forged.slab_keys, forged.lengths, b"", forged.cache_salt,
+                              forged.mac)):
+        assert bad.bound_to(SECRET, prompt) is None
+    assert light.bound_to(SECRET, [*ids[:-1], 2**40]) is None  # not an int32: no match, no error
+
+
+def test_light_parse_still_checks_the_tokens_size():
+    params = make_plan().to_params()
+    params["inferscale"]["tokens"] = packed("i", 5, 6, 7, 8, 9)  # 5 ids for lengths of 6
+    with pytest.raises(PlanError, match="lengths sum to 6"):
+        from_params(params, tokens=False)
+    params["inferscale"]["tokens"] = 17
+    with pytest.raises(PlanError, match="'tokens' must be a string"):
+        from_params(params, tokens=False)
