@@ -177,9 +177,11 @@ class InferScaleScheduler:
             if (bound is not None and bound.cache_salt and request.cache_salt == bound.cache_salt
                     and bound.num_tokens <= len(prompt) - 1):
                 return _Checked(bound, "inject")
-        # Everything else (saves, and inject plans that fail) is classified one check at a time.
+        # Everything else (saves, and inject plans that fail) is classified one check at a time;
+        # a save plan parses alike either way, so it is not parsed again.
         try:
-            plan = from_params(request.kv_transfer_params)
+            plan = (light if isinstance(light, SavePlan)
+                    else from_params(request.kv_transfer_params))
         except PlanError as exc:
             return _Checked(None, "rejected", str(exc))
         if plan is None:

@@ -156,7 +156,7 @@ class InferScaleWorker:
         """[end - start] int64 paged slots of positions [start, end) under this block table."""
         bs = self._block_size
         first, last = start // bs, -(-end // bs)
-        table = np.asarray(block_ids, dtype=np.int64)[first:last, None] * bs + np.arange(bs)
+        table = np.asarray(block_ids, dtype=np.int64)[first:last, None] * bs + self._block_offsets
         return table.ravel()[start - first * bs:end - first * bs]
 
     def _load_indices(self, load: LoadSpec, out: np.ndarray | None = None
@@ -196,10 +196,7 @@ class InferScaleWorker:
         arrays = list(map(_ROWS_CANONICAL, selected))
         stored = np.concatenate(arrays, axis=1) if len(arrays) > 1 else arrays[0]
         packed[::2] = stored[:, offset:offset + hi - lo]  # rows 0 and 2: rows, canonical
-        bs = self._block_size
-        first_block = lo // bs
-        table = load.block_ids[first_block:-(-hi // bs), None] * bs + self._block_offsets
-        packed[1] = table.ravel()[lo - first_block * bs:hi - first_block * bs]
+        packed[1] = self._slots(load.block_ids, lo, hi)
         packed[3] = np.arange(lo, hi, dtype=np.int64)
         return packed
 
@@ -291,9 +288,8 @@ class _Staging:
 
         Rows keep the buffer's row stride (the kernels take it), so nothing is compacted.
         """
-        host = torch.from_numpy(self._view)[:, :num_tokens]
         if not self._cuda:
-            return host
+            return torch.from_numpy(self._view)[:, :num_tokens]
         size = self._view.size
         if self._device_buffer.numel() < size:
             self._device_buffer = torch.empty(max(size, 2 * self._device_buffer.numel()),

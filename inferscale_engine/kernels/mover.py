@@ -58,18 +58,15 @@ class BoundMover:
                              f"{index.stride()} on {index.device}")
         if not index.shape[1]:
             return
+        static = self._static[to_cache]
+        if self._prebind and to_cache not in self._fast and to_cache in self._kernels:
+            # the second launch: bind to the kernel the first one compiled (once)
+            self._fast[to_cache] = _PreBound.bind(self._kernels[to_cache], static)
         fast = self._fast.get(to_cache)
         if fast is not None and fast.usable():
             fast(index)
             self.fast_launches += 1
             return
-        static = self._static[to_cache]
-        kernel = self._kernels.get(to_cache)
-        if self._prebind and kernel is not None and to_cache not in self._fast:
-            self._fast[to_cache] = _PreBound.bind(kernel, static)
-            if self._fast[to_cache] is not None:
-                self._run(to_cache, index)
-                return
         self._kernels[to_cache] = chunked_rope.launch(static, index)
 
 

@@ -4,19 +4,14 @@ exactly, deletes free that engine's entries, and the memory layer works end to e
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
-from inferscale_engine.config import plan_secret
+from benchmarks.common import open_async_engine
 from inferscale_engine.engine import Engine
 from inferscale_engine.facts import MemoryHandle
 from inferscale_engine.memory import Memory
-from inferscale_engine.model_check import check_model, connector_config
-from inferscale_engine.runner import AsyncRunner, engine_kwargs
 from inferscale_engine.shards import rank_of
 from tests.conftest import FACTS, QUESTIONS, engine_config, greedy, max_abs_diff
 from tests.engine.memory.memory_support import HashEmbedder
@@ -33,29 +28,11 @@ def user_on(rank: int) -> str:
 @pytest.fixture(scope="module")
 def engine(tiny_models) -> Iterator[Engine]:
     """An Engine over an AsyncLLM of two engines (as `inferscale serve` builds it)."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    config = engine_config(tiny_models["qwen2"], data_parallel_size=2)
-    hf_config, _ = check_model(config)
-    kwargs = engine_kwargs(config, connector_config(config, hf_config))
-    plan_secret()  # in the environment before vLLM starts the engines' processes
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    async def start() -> Any:
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
-
-    client = asyncio.run_coroutine_threadsafe(start(), loop).result()
-    engine = Engine(config, runner=lambda _config, _connector: AsyncRunner(client, loop))
+    engine, close = open_async_engine(engine_config(tiny_models["qwen2"], data_parallel_size=2))
     try:
         yield engine
     finally:
-        engine.close()
-        client.shutdown()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=30)
+        close()
 
 
 def entries(engine: Engine) -> list[int]:
