@@ -19,6 +19,10 @@ connector really build (no vLLM engine, no GPU kernel): a prompt of a preamble, 
 Median microseconds over --repeats calls per step, steps interleaved in rounds so that load
 from other processes spreads evenly. Writes one JSON record. Asserts nothing about speed.
 
+--cold flushes the CPU caches before every timed call (it sweeps a 64 MiB buffer): inside a
+serving engine each step runs once per request between vLLM's own work, so its code and data
+are cold; measured in-process, the first plan after a generate() took ~5x the warm median.
+
   python benchmarks/critical_path.py --ks 10,50,100 --repeats 2000
   python benchmarks/critical_path.py --profile          # cProfile top entries at the largest k
 """
@@ -59,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds")
     parser.add_argument("--profile", action="store_true",
                         help="cProfile every step at the largest k; print the top entries")
+    parser.add_argument("--cold", action="store_true",
+                        help="flush the CPU caches before every timed call (as in a server)")
     parser.add_argument("--tag", default="")
     parser.add_argument("--no-record", action="store_true", help="print only, write no JSON")
     return parser.parse_args(argv)
@@ -238,16 +244,21 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
     return steps, len(ids)
 
 
-def time_steps(steps: dict[str, Callable[[], object]], repeats: int, rounds: int
-               ) -> dict[str, dict[str, float]]:
+def time_steps(steps: dict[str, Callable[[], object]], repeats: int, rounds: int,
+               cold: bool = False) -> dict[str, dict[str, float]]:
     """Median / p10 / p90 microseconds of each step, rounds interleaved across steps."""
+    import numpy as np
+
     samples: dict[str, list[int]] = {name: [] for name in steps}
     per_round = max(1, repeats // rounds)
     clock = time.perf_counter_ns
+    sweep = np.ones(64 << 20, dtype=np.uint8) if cold else None
     for _ in range(rounds):
         for name, fn in steps.items():
             out = samples[name]
             for _ in range(per_round):
+                if sweep is not None:  # evict this step's code and data from every cache level
+                    sweep += 1
                 start = clock()
                 fn()
                 out.append(clock() - start)
@@ -292,7 +303,7 @@ def main(argv: list[str] | None = None) -> dict:
     profiles = ""
     for k in ks:
         steps, prompt_tokens[k] = steps_for(env, k, args.block_size, seed=k)
-        results[k] = time_steps(steps, args.repeats, args.rounds)
+        results[k] = time_steps(steps, args.repeats, args.rounds, args.cold)
         if args.profile and k == max(ks):
             profiles = profile(steps, max(1, args.repeats // 10))
     print_table(results)

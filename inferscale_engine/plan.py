@@ -9,17 +9,17 @@ know. The scheduler-side connector re-checks the prompt's token ids against the 
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 import struct
 from array import array
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import Any
 
 from inferscale_engine.errors import PlanError
+from inferscale_engine.wire import int_field, ints_field, key_scales, packed_field, str_field
 
 PLAN_VERSION = 5
 """5: save plans hold spans (runs of facts); 4: keys and lengths packed (3: int lists)."""
@@ -27,7 +27,6 @@ PARAMS_KEY = "inferscale"
 SYSTEM_OWNER = ""
 """Owner of shared entries (the preamble): readable by every user, writable by the engine only."""
 
-_MAX_TOKEN_ID = 2**31 - 1
 _MAX_SAVE_SPANS = 4096  # most facts one save prompt may capture
 
 
@@ -42,8 +41,12 @@ def cache_salt(secret: bytes, user_id: str, slab_keys: Sequence[int]) -> str:
     Keyed by the engine's secret, so nobody who knows only a user id and slab keys can compute
     it and address that user's blocks in vLLM's prefix cache.
     """
-    payload = _utf8(f"salt|{PLAN_VERSION}|{user_id}|{','.join(map(str, slab_keys))}")
-    return _mac(secret, payload)
+    return _salt(secret, user_id, _pack_keys(slab_keys))
+
+
+def _salt(secret: bytes, user_id: str, packed_keys: bytes) -> str:  # keys packed once
+    user = _utf8(user_id)
+    return _mac(secret, b"salt|%d|%d:%b|%b" % (PLAN_VERSION, len(user), user, packed_keys))
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,13 +80,17 @@ class InjectionPlan:
     """All runs' token ids, concatenated, as little-endian int32."""
     cache_salt: str
     mac: str = ""
+    wire: tuple[bytes, bytes] | tuple[()] = field(default=(), compare=False, repr=False)
+    """slab_keys and lengths packed as in the params (hashed and sent as they are), set only
+    by from_params / from_runs; () packs them when needed."""
 
     @classmethod
     def from_runs(cls, user_id: str, slab_keys: Sequence[int], runs: Sequence[bytes],
-                  cache_salt: str) -> InjectionPlan:
+                  cache_salt: str | None = None, secret: bytes = b"") -> InjectionPlan:
         """Build from each run's token ids, packed (pack_token_ids), in prompt order (unsigned).
 
         Facts keep their ids packed (FactRecord.packed_ids), so a plan is a join, not a loop.
+        cache_salt None: the salt of (user_id, slab_keys) under `secret`.
 
         Raises:
             PlanError: no runs, an empty or ragged run, or not one slab key per run.
@@ -95,7 +102,10 @@ class InjectionPlan:
                 or sum(lengths) * 4 != len(tokens)):
             raise PlanError(f"a plan needs one slab key per non-empty run of packed int32 ids; "
                             f"got {len(slab_keys)} keys for runs of {lengths!r:.80} ids")
-        return cls(user_id, tuple(slab_keys), lengths, tokens, cache_salt)
+        packed_keys = _pack_keys(slab_keys)
+        salt = _salt(secret, user_id, packed_keys) if cache_salt is None else cache_salt
+        return cls(user_id, tuple(slab_keys), lengths, tokens, salt, "",
+                   (packed_keys, _pack_lengths(lengths)))
 
     @classmethod
     def from_segments(cls, user_id: str, segments: Sequence[Segment], cache_salt: str
@@ -144,8 +154,8 @@ class InjectionPlan:
         user, salt = _utf8(self.user_id), _utf8(self.cache_salt)
         header = b"inject|%d|%d:%b|%d:%b|%d|" % (PLAN_VERSION, len(user), user, len(salt), salt,
                                                  len(self.lengths))
-        return (header + _pack_keys(self.slab_keys) + _pack_lengths(self.lengths)
-                + (self.tokens if tokens is None else tokens))
+        keys, lengths = self.wire or (_pack_keys(self.slab_keys), _pack_lengths(self.lengths))
+        return header + keys + lengths + (self.tokens if tokens is None else tokens)
 
     def bound_to(self, secret: bytes, prompt_token_ids: Sequence[int]) -> InjectionPlan | None:
         """The plan with the prompt's first tokens as its own, if the MAC verifies for them.
@@ -165,11 +175,13 @@ class InjectionPlan:
             return None
         if not hmac.compare_digest(_utf8(self.mac), _utf8(_mac(secret, payload))):
             return None
-        return replace(self, tokens=tokens)
+        return InjectionPlan(self.user_id, self.slab_keys, self.lengths, tokens, self.cache_salt,
+                             self.mac, self.wire)  # not dataclasses.replace: a hot path
 
     def signed(self, secret: bytes) -> InjectionPlan:
         """Copy with the MAC set."""
-        return replace(self, mac=_mac(secret, self._payload()))
+        return InjectionPlan(self.user_id, self.slab_keys, self.lengths, self.tokens,
+                             self.cache_salt, _mac(secret, self._payload()), self.wire)
 
     def verify(self, secret: bytes) -> bool:
         """True if the MAC is valid for this content."""
@@ -181,10 +193,11 @@ class InjectionPlan:
 
     def to_params(self) -> dict[str, Any]:
         """kv_transfer_params for SamplingParams(extra_args=...) or the OpenAI server."""
+        keys, lengths = self.wire or (_pack_keys(self.slab_keys), _pack_lengths(self.lengths))
         return {PARAMS_KEY: {
             "v": PLAN_VERSION, "kind": "inject", "user": self.user_id, "salt": self.cache_salt,
-            "keys": _b64(_pack_keys(self.slab_keys)), "lengths": _b64(_pack_lengths(self.lengths)),
-            "tokens": _b64(self.tokens), "mac": self.mac,
+            "keys": _b64(keys), "lengths": _b64(lengths), "tokens": _b64(self.tokens),
+            "mac": self.mac,
         }}
 
 
@@ -327,16 +340,18 @@ def from_params(params: Mapping[str, Any] | None, tokens: bool = True) -> Plan |
         raise PlanError(f"plan version {raw.get('v')!r} is not supported (this build speaks "
                         f"{PLAN_VERSION}); app and engine must run the same InferScale release")
     kind = raw.get("kind")
-    user = _str(raw, "user")
-    mac = _str(raw, "mac")
+    user = str_field(raw, "user")
+    mac = str_field(raw, "mac")
     if kind == "inject":
-        keys = _unpack(raw, "keys", "q", "int64 slab keys")
-        lengths = _unpack(raw, "lengths", "i", "int32 run lengths")
+        keys_bytes = packed_field(raw, "keys", 8, "int64 slab keys")
+        lengths_bytes = packed_field(raw, "lengths", 4, "int32 run lengths")
+        keys = struct.unpack(f"<{len(keys_bytes) >> 3}q", keys_bytes)
+        lengths = struct.unpack(f"<{len(lengths_bytes) >> 2}i", lengths_bytes)
         if tokens:
-            packed = _packed(raw, "tokens", 4, "int32 token ids")
+            packed = packed_field(raw, "tokens", 4, "int32 token ids")
             size = len(packed)
         else:  # the size of base64 without decoding it (the MAC then binds the prompt's ids)
-            encoded = _str(raw, "tokens")
+            encoded = str_field(raw, "tokens")
             packed, size = b"", 3 * (len(encoded) // 4) - encoded[-2:].count("=")
         if len(keys) != len(lengths) or not keys:
             raise PlanError(f"inject plan needs as many 'keys' as 'lengths', at least one; got "
@@ -346,7 +361,8 @@ def from_params(params: Mapping[str, Any] | None, tokens: bool = True) -> Plan |
         if sum(lengths) * 4 != size:
             raise PlanError(f"inject plan lengths sum to {sum(lengths)} but 'tokens' holds "
                             f"{size // 4} token ids")
-        return InjectionPlan(user, keys, lengths, packed, _str(raw, "salt"), mac)
+        return InjectionPlan(user, keys, lengths, packed, str_field(raw, "salt"), mac,
+                             (keys_bytes, lengths_bytes))
     if kind == "save":
         spans = raw.get("spans")
         if not isinstance(spans, list | tuple) or not spans or len(spans) > _MAX_SAVE_SPANS:
@@ -357,44 +373,17 @@ def from_params(params: Mapping[str, Any] | None, tokens: bool = True) -> Plan |
             if not isinstance(span, Mapping):
                 raise PlanError("each save span must be a mapping with key, start, num_tokens "
                                 "and pages")
-            parsed.append(SaveSpan(_int(span, "key"), _int(span, "start"),
-                                   _int(span, "num_tokens"), tuple(_ints(span, "pages"))))
-        save = SavePlan(user, tuple(parsed), mac, _scales(raw.get("key_scale")))
+            parsed.append(SaveSpan(int_field(span, "key"), int_field(span, "start"),
+                                   int_field(span, "num_tokens"), tuple(ints_field(span, "pages"))))
+        save = SavePlan(user, tuple(parsed), mac, key_scales(raw.get("key_scale")))
         if problem := save.problem():
             raise PlanError(problem)
         return save
     raise PlanError(f"plan kind {kind!r} is unknown; expected 'inject' or 'save'")
 
 
-def _scales(value: Any) -> tuple[float, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list | tuple) or not all(
-            isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < 100 for v in value):
-        raise PlanError(f"plan field 'key_scale' must be a list of positive numbers, got "
-                        f"{value!r:.60}")
-    return tuple(float(v) for v in value)
 
 
-def _packed(raw: Mapping[str, Any], name: str, item_size: int, what: str) -> bytes:
-    value = raw.get(name)
-    if not isinstance(value, str):
-        raise PlanError(f"plan field {name!r} must be a base64 string of {what}, got "
-                        f"{type(value).__name__}")
-    try:
-        data = base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise PlanError(f"plan field {name!r} is not valid base64") from None
-    if len(data) % item_size:
-        raise PlanError(f"plan field {name!r} must hold whole {what} ({item_size} bytes each), "
-                        f"got {len(data)} bytes")
-    return data
-
-
-def _unpack(raw: Mapping[str, Any], name: str, code: str, what: str) -> tuple[int, ...]:
-    size = struct.calcsize("<" + code)
-    data = _packed(raw, name, size, what)
-    return struct.unpack(f"<{len(data) // size}{code}", data)
 
 
 def _pack_keys(slab_keys: Sequence[int]) -> bytes:
@@ -426,25 +415,6 @@ def _check_tiling(segments: tuple[Segment, ...]) -> None:
         position = seg.end
 
 
-def _str(raw: Mapping[str, Any], name: str) -> str:
-    value = raw.get(name)
-    if not isinstance(value, str):
-        raise PlanError(f"plan field {name!r} must be a string, got {type(value).__name__}")
-    return value
 
 
-def _int(raw: Mapping[str, Any], name: str) -> int:
-    value = raw.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise PlanError(f"plan field {name!r} must be a non-negative int, got {value!r}")
-    return value
 
-
-def _ints(raw: Mapping[str, Any], name: str) -> list[int]:
-    value = raw.get(name)
-    if not isinstance(value, list | tuple):
-        raise PlanError(f"plan field {name!r} must be a list of ints, got {type(value).__name__}")
-    for v in value:
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _MAX_TOKEN_ID:
-            raise PlanError(f"plan field {name!r} holds {v!r}; expected ints in [0, 2**31)")
-    return list(value)

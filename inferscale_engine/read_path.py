@@ -25,7 +25,7 @@ from inferscale_engine.errors import (
 from inferscale_engine.facts import FactId, MemoryHandle
 from inferscale_engine.generation import Generation, from_output
 from inferscale_engine.layout import Layout, arrange
-from inferscale_engine.plan import InjectionPlan, cache_salt, pack_token_ids
+from inferscale_engine.plan import InjectionPlan, pack_token_ids
 from inferscale_engine.preambles import PreambleCache
 from inferscale_engine.prompt import MemoryPrompt, PromptBuilder
 from inferscale_engine.residency import FactRecord, Residency
@@ -185,8 +185,8 @@ class RequestPlanner:
         keys = [self._preambles.key(prompt.preamble, pinned), *slab_keys]
         runs = [pack_token_ids(prompt.preamble), *map(_PACKED_IDS, records)]
         user_id = check_user_id(handle.user_id)
-        salt = cache_salt(self._secret, user_id, keys)
-        return InjectionPlan.from_runs(user_id, keys, runs, salt).signed(self._secret)
+        return InjectionPlan.from_runs(user_id, keys, runs, secret=self._secret).signed(
+            self._secret)
 
 
 def collect(prepared: list[PreparedRequest], outputs: list[Any], latency_ms: float,

@@ -44,6 +44,13 @@ PHASES = (
     "core.model_executor.execute_model", "core.model_executor.sample_tokens",
     "worker_connector.start_load_kv", "worker_connector.wait_for_save",
     "worker_connector.get_finished", "engine._planner.prepare", "engine._runner.run",
+    # inside the phases above (issue 13: where start_load_kv, the check and prepare spend it)
+    "core.scheduler.connector.scheduler._verify",
+    "core.scheduler.connector.scheduler.build_connector_meta",
+    "worker_connector.worker._staging.host", "worker_connector.worker._load_indices",
+    "worker_connector.worker._staging.upload", "worker_connector.worker.paged.inject_",
+    "engine._planner.resolve", "engine._planner.arrange", "engine._planner.build",
+    "engine._planner.plan",
 )
 """Dotted paths of the methods timed (absent ones are skipped: vLLM versions differ)."""
 
@@ -164,6 +171,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--kv-cache-gib", type=float, default=None)
     parser.add_argument("--cudagraph-sizes", default=None)
     parser.add_argument("--vllm-arg", action="append", default=[])
+    parser.add_argument("--variants", default="default",
+                        help="process settings to probe in turn, each over every k: default, "
+                             "gc-frozen (gc.freeze() now), gc-off (gc disabled), threads1 "
+                             "(torch.set_num_threads(1))")
     parser.add_argument("--tag", default="")
     args = parser.parse_args(argv)
     args.enforce_eager, args.multiprocessing = False, False
@@ -178,15 +189,18 @@ def main(argv: list[str] | None = None) -> dict:
     print("timed phases:", ", ".join(timer.wrapped), flush=True)
     record: dict[str, Any] = {"benchmark": "ceiling_probe", "config": vars(args),
                               "environment": environment(), "phases": timer.wrapped, "k": {}}
-    for k in (int(x) for x in args.k.split(",")):
+    threads = torch_threads()
+    for variant, k in ((v, int(x)) for v in args.variants.split(",") for x in args.k.split(",")):
+        apply_variant(variant, threads)
         run_modes(engine, facts, k, lambda: next(pool), 6, rng, None)  # warm-up
         timer.clear()
         walls = run_modes(engine, facts, k, lambda: next(pool), args.requests, rng, timer)
         phases = timer.median_us()
         medians = {m: sorted(v)[len(v) // 2] for m, v in walls.items()}
-        record["k"][k] = {"median_ms": medians, "phase_us_median": phases,
-                          "phase_us_mean": timer.per_request_us(), "walls_ms": walls}
-        print(f"\n== k={k}: median kv {medians['kv']:.2f} ms, resident "
+        key = k if variant == "default" else f"{variant}-{k}"
+        record["k"][key] = {"median_ms": medians, "phase_us_median": phases,
+                            "phase_us_mean": timer.per_request_us(), "walls_ms": walls}
+        print(f"\n== {variant} k={k}: median kv {medians['kv']:.2f} ms, resident "
               f"{medians['resident']:.2f} ms; host time per request (us, median), kv / "
               f"resident / diff")
         for path in timer.wrapped:
@@ -194,13 +208,37 @@ def main(argv: list[str] | None = None) -> dict:
                                                                                           0.0)
             if kv or res:
                 print(f"  {path:60s} {kv:9.1f} {res:9.1f} {kv - res:+9.1f}")
-    record["profile"] = profile(engine, facts, max(int(x) for x in args.k.split(",")),
-                                lambda: next(pool), args.profiled, rng, args)
+    largest = max(int(x) for x in args.k.split(","))
+    record["profile"] = {} if not args.profiled else profile(
+        engine, facts, largest, lambda: next(pool), args.profiled, rng, args)
     engine.close()
     path = write_record(f"ceiling_probe-{args.model}{('-' + args.tag) if args.tag else ''}",
                         record)
     print(f"wrote {path}")
     return record
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def apply_variant(variant: str, threads: int) -> None:
+    """Set the process up for one --variants entry (undoing the others)."""
+    import gc
+
+    import torch
+
+    if variant not in ("default", "gc-frozen", "gc-off", "threads1"):
+        raise SystemExit(f"unknown variant {variant!r}")
+    gc.enable()
+    torch.set_num_threads(1 if variant == "threads1" else threads)
+    if variant in ("gc-frozen", "gc-off"):
+        gc.collect()
+        gc.freeze()
+    if variant == "gc-off":
+        gc.disable()
 
 
 def profile(engine: Any, facts: list[int], k: int, questions: Callable[[], str], count: int,

@@ -84,7 +84,9 @@ for step in "$@"; do
     fullgraph)  # vLLM's FULL CUDA graphs for mixed batches too (FA3 supports them), every mode
       timeout 500 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50,100 --embedder none --tag h200-fullgraph --warmup 4 --vllm-arg 'compilation_config={"cudagraph_mode": "FULL"}' 2>&1 | grep -vE "$quiet" | tail -6 ;;
     probe)  # per-phase host time of kv vs resident (medians per request) + profiler tops
-      timeout 400 python3 benchmarks/gpu/ceiling_probe.py --model llama-3.1-8b --k 50,100 --requests 20 --profiled 2 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/probe.log"; grep -A30 "== k=" "$INFERSCALE_RESULTS/probe.log" | grep -E "==|connector|planner|schedule |execute_model|sample" ;;
+      timeout 400 python3 benchmarks/gpu/ceiling_probe.py --model llama-3.1-8b --k 50,100 --requests 20 --profiled 2 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/probe.log"; grep -A40 "== .*k=" "$INFERSCALE_RESULTS/probe.log" | grep -E "==|connector|planner|schedule |execute_model|sample" ;;
+    probe_variants)  # the same at k=100 under process settings: gc frozen / off, 1 torch thread
+      timeout 500 python3 benchmarks/gpu/ceiling_probe.py --model llama-3.1-8b --k 100 --requests 20 --profiled 0 --variants default,gc-frozen,gc-off,threads1 --tag variants 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/probe_variants.log"; grep -A40 "== " "$INFERSCALE_RESULTS/probe_variants.log" | grep -E "==|_verify|_load_indices|upload|inject_|planner.plan|planner.build|allocate_slots|cache_full|execute_model" ;;
     throughput_async)  # every mode through vLLM's AsyncLLM (as `inferscale serve` runs)
       timeout 500 python3 benchmarks/throughput.py --model llama-3.1-8b --async-engine --tag h200-async --concurrency 1,8,32,64,128 --repeats 2 2>&1 | grep -vE "$quiet" | tail -9 ;;
     async)

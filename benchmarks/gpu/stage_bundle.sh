@@ -3,7 +3,7 @@
 # the two ~52 MB parts that ../shared/device/build-vllm-gpu-bundle.sh writes exceeds the 64 MiB a
 # call may carry). Split once, here:
 #   mkdir -p .device/p1 .device/p2 .device/p3
-#   cat .device/a/part.00 .device/b/part.01 | split -n 3 -d -a 1 - /tmp/part.
+#   cat .device/a/part.00 .device/b/part.01 > /tmp/bundle.xz && split -n 3 -d -a 1 /tmp/bundle.xz /tmp/part.
 #   for i in 0 1 2; do mv /tmp/part.$i .device/p$((i + 1))/; done
 # then three back-to-back `run` calls (the machine goes back after ~30 s idle):
 #   bash benchmarks/gpu/stage_bundle.sh   carrying .device/p1, then .device/p2, then .device/p3

@@ -57,6 +57,7 @@ class InferScaleWorker:
         self._head_dim = model_config.get_head_size()
         self._block_size = vllm_config.cache_config.block_size
         self._block_offsets = np.arange(self._block_size, dtype=np.int64)
+        self._positions = np.arange(8192, dtype=np.int64)  # serving positions, sliced per load
         self._cache_dtype = vllm_config.cache_config.cache_dtype
         self.slab: KVSlab | None = None
         self.paged: PagedKV | None = None
@@ -194,10 +195,14 @@ class InferScaleWorker:
             return None
         packed = np.empty((4, hi - lo), dtype=np.int64) if out is None else out[:, :hi - lo]
         arrays = list(map(_ROWS_CANONICAL, selected))
-        stored = np.concatenate(arrays, axis=1) if len(arrays) > 1 else arrays[0]
-        packed[::2] = stored[:, offset:offset + hi - lo]  # rows 0 and 2: rows, canonical
+        if offset == 0 and hi - lo == sum(lengths):  # rows 0 and 2: rows, canonical positions
+            np.concatenate(arrays, axis=1, out=packed[::2])
+        else:
+            packed[::2] = np.concatenate(arrays, axis=1)[:, offset:offset + hi - lo]
         packed[1] = self._slots(load.block_ids, lo, hi)
-        packed[3] = np.arange(lo, hi, dtype=np.int64)
+        if hi > len(self._positions):
+            self._positions = np.arange(max(hi, 2 * len(self._positions)), dtype=np.int64)
+        packed[3] = self._positions[lo:hi]
         return packed
 
     def _fail(self, load: LoadSpec, problem: str, key: int) -> None:

@@ -15,6 +15,7 @@ from inferscale_engine.plan import (
     SavePlan,
     SaveSpan,
     Segment,
+    cache_salt,
     from_params,
     pack_token_ids,
 )
@@ -165,6 +166,21 @@ def test_from_runs_joins_packed_runs_and_refuses_bad_ones():
             InjectionPlan.from_runs("alice", keys, bad, "salt")
     with pytest.raises(PlanError, match="ints in"):
         InjectionPlan.from_segments("alice", [Segment(1, 0, (2**31,))], "salt")
+
+
+def test_wire_bytes_are_the_packed_keys_and_lengths():
+    """Plans reuse their keys and lengths as packed on the wire: same bytes, same MAC."""
+    plan = make_plan()
+    parsed = from_params(plan.to_params())
+    bare = InjectionPlan(plan.user_id, plan.slab_keys, plan.lengths, plan.tokens,
+                         plan.cache_salt)  # no wire: packs them itself
+    for with_wire in (plan, parsed):
+        assert with_wire.wire == (struct.pack("<3q", 1, 9, 4), struct.pack("<3i", 3, 2, 1))
+    assert bare.signed(SECRET).to_params() == plan.to_params()
+    salted = InjectionPlan.from_runs("alice", [1, 9, 4], [b"\0" * 12, b"\0" * 8, b"\0" * 4],
+                                     secret=SECRET)
+    assert salted.cache_salt == cache_salt(SECRET, "alice", [1, 9, 4]) != cache_salt(
+        SECRET, "bob", [1, 9, 4])
 
 
 json_values = st.recursive(
