@@ -117,11 +117,19 @@ class UserIndex:
             return []
         scores = self._embeddings[:len(self)] @ query[0]  # [len]
         k = min(k, len(self))
-        threshold = torch.topk(scores, k, sorted=False).values.min()
-        # Every row scoring >= the k-th best, so ties at the cut are all seen, then ranked by id.
-        rows = torch.nonzero(scores >= threshold).squeeze(1)
-        ranked = sorted(zip(scores[rows].tolist(), rows.tolist(), strict=True),
-                        key=lambda hit: (-hit[0], self._row_fact_ids[hit[1]]))
+        top = torch.topk(scores, k, sorted=False)
+        threshold = top.values.min()
+        # Scores, rows and how many rows score >= the k-th best, in one transfer (one device
+        # sync): float64 holds every row index exactly.
+        at_cut = (scores >= threshold).sum().view(1)
+        *hits, count = torch.cat((top.values.double(), top.indices.double(),
+                                  at_cut.double())).tolist()
+        if int(count) == k:  # the usual case: no row outside the top k ties the k-th best
+            found = zip(hits[:k], map(int, hits[k:]), strict=True)
+        else:  # every row tying at the cut is seen, then ranked by fact id
+            rows = torch.nonzero(scores >= threshold).squeeze(1)
+            found = zip(scores[rows].tolist(), rows.tolist(), strict=True)
+        ranked = sorted(found, key=lambda hit: (-hit[0], self._row_fact_ids[hit[1]]))
         return [(FactId(self._row_fact_ids[row]), score) for score, row in ranked[:k]]
 
     def nearest(self, embedding: Any) -> tuple[FactId, float] | None:
