@@ -154,8 +154,12 @@ class InjectionPlan:
         user, salt = _utf8(self.user_id), _utf8(self.cache_salt)
         header = b"inject|%d|%d:%b|%d:%b|%d|" % (PLAN_VERSION, len(user), user, len(salt), salt,
                                                  len(self.lengths))
-        keys, lengths = self.wire or (_pack_keys(self.slab_keys), _pack_lengths(self.lengths))
+        keys, lengths = self.packed_keys_lengths()
         return header + keys + lengths + (self.tokens if tokens is None else tokens)
+
+    def packed_keys_lengths(self) -> tuple[bytes, bytes]:
+        """Slab keys (int64) and run lengths (int32), little-endian: `wire`, or packed now."""
+        return self.wire or (_pack_keys(self.slab_keys), _pack_lengths(self.lengths))
 
     def bound_to(self, secret: bytes, prompt_token_ids: Sequence[int]) -> InjectionPlan | None:
         """The plan with the prompt's first tokens as its own, if the MAC verifies for them.
@@ -193,7 +197,7 @@ class InjectionPlan:
 
     def to_params(self) -> dict[str, Any]:
         """kv_transfer_params for SamplingParams(extra_args=...) or the OpenAI server."""
-        keys, lengths = self.wire or (_pack_keys(self.slab_keys), _pack_lengths(self.lengths))
+        keys, lengths = self.packed_keys_lengths()
         return {PARAMS_KEY: {
             "v": PLAN_VERSION, "kind": "inject", "user": self.user_id, "salt": self.cache_salt,
             "keys": _b64(keys), "lengths": _b64(lengths), "tokens": _b64(self.tokens),
@@ -382,10 +386,6 @@ def from_params(params: Mapping[str, Any] | None, tokens: bool = True) -> Plan |
     raise PlanError(f"plan kind {kind!r} is unknown; expected 'inject' or 'save'")
 
 
-
-
-
-
 def _pack_keys(slab_keys: Sequence[int]) -> bytes:
     return struct.pack(f"<{len(slab_keys)}q", *slab_keys)
 
@@ -413,8 +413,5 @@ def _check_tiling(segments: tuple[Segment, ...]) -> None:
             raise PlanError(f"segments must be non-empty and tile the prompt from position 0; "
                             f"segment at {seg.start} expected at {position}")
         position = seg.end
-
-
-
 
 

@@ -128,10 +128,10 @@ class InferScaleScheduler:
         pending = self._pending_loads.pop(rid, None)
         if pending is not None:
             plan, num_external = pending
-            keys, lengths = plan.wire or (plan.slab_keys, plan.lengths)  # wire: packed, as sent
+            keys, lengths = plan.packed_keys_lengths()  # as sent: one C pass each
             meta.loads.append(LoadSpec(
-                req_id=rid, user_id=plan.user_id,
-                slab_keys=_int64s(keys, "<i8"), lengths=_int64s(lengths, "<i4"),
+                req_id=rid, user_id=plan.user_id, slab_keys=np.frombuffer(keys, dtype="<i8"),
+                lengths=np.frombuffer(lengths, dtype="<i4").astype(np.int64),
                 load_start=num_computed - num_external, load_end=num_computed,
                 block_ids=np.array(block_ids, dtype=np.int64),
             ))
@@ -201,10 +201,3 @@ class InferScaleScheduler:
         if not plan.matches(prompt):
             return _Checked(None, "mismatch", "prompt token ids differ from the plan's")
         return _Checked(plan, "inject")
-
-
-def _int64s(values: bytes | tuple[int, ...], wire_dtype: str) -> np.ndarray:
-    """int64 array of packed little-endian ints (one C pass) or of a tuple."""
-    if isinstance(values, bytes):
-        return np.frombuffer(values, dtype=wire_dtype).astype(np.int64, copy=False)
-    return np.array(values, dtype=np.int64)

@@ -57,7 +57,7 @@ class InferScaleWorker:
         self._head_dim = model_config.get_head_size()
         self._block_size = vllm_config.cache_config.block_size
         self._block_offsets = np.arange(self._block_size, dtype=np.int64)
-        self._positions = np.arange(8192, dtype=np.int64)  # serving positions, sliced per load
+        self._positions = np.arange(config.max_positions, dtype=np.int64)  # sliced per load
         self._cache_dtype = vllm_config.cache_config.cache_dtype
         self.slab: KVSlab | None = None
         self.paged: PagedKV | None = None
@@ -175,8 +175,9 @@ class InferScaleWorker:
         lengths = load.lengths.tolist()
         if hi <= lo:
             return None
-        if lo == 0 and hi == sum(lengths):  # the usual load: every segment, whole
-            keys, offset = load.slab_keys.tolist(), 0
+        whole = lo == 0 and hi == sum(lengths)
+        if whole:  # the usual load: every segment, whole
+            keys = load.slab_keys.tolist()
         else:  # segments overlapping [lo, hi): their starts and ends are increasing
             ends = np.cumsum(load.lengths)
             starts = ends - load.lengths
@@ -195,7 +196,7 @@ class InferScaleWorker:
             return None
         packed = np.empty((4, hi - lo), dtype=np.int64) if out is None else out[:, :hi - lo]
         arrays = list(map(_ROWS_CANONICAL, selected))
-        if offset == 0 and hi - lo == sum(lengths):  # rows 0 and 2: rows, canonical positions
+        if whole:  # rows 0 and 2: rows, canonical positions
             np.concatenate(arrays, axis=1, out=packed[::2])
         else:
             packed[::2] = np.concatenate(arrays, axis=1)[:, offset:offset + hi - lo]

@@ -121,13 +121,14 @@ class UserIndex:
         threshold = top.values.min()
         # Scores, rows and how many rows score >= the k-th best, in one transfer (one device
         # sync): float64 holds every row index exactly.
-        at_cut = (scores >= threshold).sum().view(1)
+        at_or_above = scores >= threshold
+        at_cut = at_or_above.sum().view(1)
         *hits, count = torch.cat((top.values.double(), top.indices.double(),
                                   at_cut.double())).tolist()
         if int(count) == k:  # the usual case: no row outside the top k ties the k-th best
             found = zip(hits[:k], map(int, hits[k:]), strict=True)
         else:  # every row tying at the cut is seen, then ranked by fact id
-            rows = torch.nonzero(scores >= threshold).squeeze(1)
+            rows = torch.nonzero(at_or_above).squeeze(1)
             found = zip(scores[rows].tolist(), rows.tolist(), strict=True)
         ranked = sorted(found, key=lambda hit: (-hit[0], self._row_fact_ids[hit[1]]))
         return [(FactId(self._row_fact_ids[row]), score) for score, row in ranked[:k]]
