@@ -1,13 +1,15 @@
 """Where kv mode's time above the resident ceiling goes: per-phase host time and a profile.
 
 One engine (MP=0, so vLLM's scheduler, executor and our connector halves run in this process),
-modes interleaved per fact set exactly as ttft.py runs them. Pass 1 wraps vLLM's engine-core
+modes interleaved per fact set exactly as ttft.py runs them (or, with --batch N, per batch of N
+fact sets in one vLLM batch: the prefill of a throughput.py batch). Pass 1 wraps vLLM's engine-core
 phases and our connector hooks with wall-clock timers and reports, per mode, the mean host time
 of each phase per request; pass 2 runs torch.profiler (CPU + CUDA activity) over a few requests
 of each mode and prints the tops by self CPU and by self device time, and writes a trace of one
 kv and one resident request (chrome://tracing) next to the JSON.
 
   python benchmarks/gpu/ceiling_probe.py --model llama-3.1-8b --k 50,100
+  python benchmarks/gpu/ceiling_probe.py --model llama-3.1-8b --k 50 --batch 64 --profiled 0
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ class PhaseTimer:
         self.label = "warmup"
         self.totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.counts: dict[str, int] = defaultdict(int)
+        self.calls: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        """Calls of each phase per label (engine steps per batch: core.scheduler.schedule)."""
         self.wrapped: list[str] = []
         self.samples: dict[str, list[dict[str, float]]] = defaultdict(list)
         """Per request and label: seconds in each phase (medians resist the rare slow step)."""
@@ -83,6 +87,7 @@ class PhaseTimer:
                 return method(*args, **kwargs)
             finally:
                 self.totals[self.label][path] += time.perf_counter() - start
+                self.calls[self.label][path] += 1
 
         setattr(owner, name, timed)
         self.wrapped.append(path)
@@ -108,7 +113,7 @@ class PhaseTimer:
                 for label, requests in self.samples.items() if requests}
 
     def clear(self) -> None:
-        for store in (self.totals, self.counts, self.samples, self._seen):
+        for store in (self.totals, self.counts, self.samples, self._seen, self.calls):
             store.clear()
 
 
@@ -124,9 +129,14 @@ def roots(engine: Any) -> dict[str, Any]:
 
 
 def run_modes(engine: Any, facts: list[int], k: int, questions: Callable[[], str],
-              count: int, rng: random.Random, timer: PhaseTimer | None
+              count: int, rng: random.Random, timer: PhaseTimer | None, batch: int = 1
               ) -> dict[str, list[float]]:
-    """`count` fact sets, each asked in kv then resident mode (resident warmed first)."""
+    """`count` rounds of `batch` fact sets, each round asked in kv then resident mode.
+
+    batch 1: one request at a time (TTFT); batch N: N requests in one vLLM batch
+    (generate_many, one token each: the prefill step(s) of a throughput batch), their
+    resident fact sets warmed first in one untimed batch.
+    """
     from vllm import SamplingParams
 
     from inferscale_engine import MemoryHandle
@@ -134,19 +144,25 @@ def run_modes(engine: Any, facts: list[int], k: int, questions: Callable[[], str
 
     one = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
     out: dict[str, list[float]] = {"kv": [], "resident": []}
+
+    def run(requests: list[tuple[Any, str]], mode: str) -> None:
+        if len(requests) == 1:  # the single-request path, as ttft.py times it
+            engine.generate(*requests[0], one, mode=mode, layout=Layout())
+        else:
+            engine.generate_many(requests, one, mode=mode, layout=Layout())
+
     for _ in range(count):
-        handle = MemoryHandle("bench", tuple(rng.sample(facts, k)))
-        question = questions()
+        handles = [MemoryHandle("bench", tuple(rng.sample(facts, k))) for _ in range(batch)]
+        asked = [(h, questions()) for h in handles]
         if timer is not None:
             timer.label = "warmup"  # the resident warm-up is no part of either mode
-        engine.generate(handle, questions(), one, mode="text", layout=Layout())
+        run([(h, questions()) for h in handles], "text")
         for mode in ("kv", "resident"):
             if timer is not None:
                 timer.label = mode
                 timer.counts[mode] += 1
             start = time.perf_counter()
-            engine.generate(handle, question, one, mode="kv" if mode == "kv" else "text",
-                            layout=Layout())
+            run(asked, "kv" if mode == "kv" else "text")
             out[mode].append((time.perf_counter() - start) * 1e3)
             if timer is not None:
                 timer.end_request(mode)
@@ -162,6 +178,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--k", default="50,100")
     parser.add_argument("--requests", type=int, default=20, help="timed fact sets per k")
     parser.add_argument("--profiled", type=int, default=4, help="fact sets under torch.profiler")
+    parser.add_argument("--batch", type=int, default=1,
+                        help="requests per vLLM batch (N of throughput.py; phase times are "
+                             "then per batch, and the steps each batch took are counted)")
     parser.add_argument("--pool", type=int, default=300)
     parser.add_argument("--fact-tokens", type=int, default=30)
     parser.add_argument("--question-tokens", type=int, default=48)
@@ -192,16 +211,23 @@ def main(argv: list[str] | None = None) -> dict:
     threads = torch_threads()
     for variant, k in ((v, int(x)) for v in args.variants.split(",") for x in args.k.split(",")):
         apply_variant(variant, threads)
-        run_modes(engine, facts, k, lambda: next(pool), 6, rng, None)  # warm-up
+        run_modes(engine, facts, k, lambda: next(pool), 6, rng, None, args.batch)  # warm-up
         timer.clear()
-        walls = run_modes(engine, facts, k, lambda: next(pool), args.requests, rng, timer)
+        walls = run_modes(engine, facts, k, lambda: next(pool), args.requests, rng, timer,
+                          args.batch)
         phases = timer.median_us()
         medians = {m: sorted(v)[len(v) // 2] for m, v in walls.items()}
         key = k if variant == "default" else f"{variant}-{k}"
+        steps = {m: timer.calls[m].get("core.scheduler.schedule", 0) / max(timer.counts[m], 1)
+                 for m in walls}
         record["k"][key] = {"median_ms": medians, "phase_us_median": phases,
-                            "phase_us_mean": timer.per_request_us(), "walls_ms": walls}
+                            "phase_us_mean": timer.per_request_us(), "walls_ms": walls,
+                            "steps_per_round": steps,
+                            "calls": {m: dict(c) for m, c in timer.calls.items()}}
+        unit = "request" if args.batch == 1 else f"batch of {args.batch}"
         print(f"\n== {variant} k={k}: median kv {medians['kv']:.2f} ms, resident "
-              f"{medians['resident']:.2f} ms; host time per request (us, median), kv / "
+              f"{medians['resident']:.2f} ms; engine steps per {unit} kv {steps['kv']:.1f}, "
+              f"resident {steps['resident']:.1f}; host time per {unit} (us, median), kv / "
               f"resident / diff")
         for path in timer.wrapped:
             kv, res = phases.get("kv", {}).get(path, 0.0), phases.get("resident", {}).get(path,
@@ -212,9 +238,9 @@ def main(argv: list[str] | None = None) -> dict:
     record["profile"] = {} if not args.profiled else profile(
         engine, facts, largest, lambda: next(pool), args.profiled, rng, args)
     engine.close()
-    path = write_record(f"ceiling_probe-{args.model}{('-' + args.tag) if args.tag else ''}",
-                        record)
-    print(f"wrote {path}")
+    written = write_record(f"ceiling_probe-{args.model}{('-' + args.tag) if args.tag else ''}",
+                           record)
+    print(f"wrote {written}")
     return record
 
 
@@ -258,6 +284,8 @@ def profile(engine: Any, facts: list[int], k: int, questions: Callable[[], str],
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
                                            if torch.cuda.is_available() else [])
     handles = [MemoryHandle("bench", tuple(rng.sample(facts, k))) for _ in range(count)]
+    if args.batch > 1:
+        print("(torch.profiler pass: one request at a time)")
     for handle in handles:  # resident: each fact set in the prefix cache before profiling
         engine.generate(handle, questions(), one, mode="text", layout=Layout())
     tops: dict[str, str] = {}
