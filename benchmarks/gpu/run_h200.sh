@@ -20,7 +20,8 @@
 # vLLM's AsyncLLM), probe_batch (ceiling_probe.py --batch 64 at k=50: host time per throughput
 # prefill batch; BLOCK_SIZE=64 for vLLM blocks of 64 tokens), throughput_mp0 (N=32,64 with MP=0;
 # BLOCK_SIZE too), sync (async (default) vs sync scheduling: ttft.py with async_scheduling=false),
-# bs64 (ttft.py with vLLM blocks of 64 tokens), throughput (k=50, N up to 128, text / kv / resident, MP=1), tp2
+# bs64 (ttft.py with vLLM blocks of 64 tokens), probe_bs (ceiling_probe at k=50,100 with blocks of
+# 16 and 64 tokens), throughput (k=50, N up to 128, text / kv / resident, MP=1), tp2
 # (kind nvidia-h200-x2: the TP=2 invariants, ttft.py and throughput.py at TP=2, tagged tp2).
 # FAMILY_MODELS picks a subset of the families, e.g. FAMILY_MODELS="qwen3-30b-a3b mixtral-8x7b".
 # The MoE families need vLLM 0.26's _moe_C_stable_libtorch.abi3.so, which the bundle drops. Pack
@@ -95,6 +96,10 @@ for step in "$@"; do
       timeout 500 python3 benchmarks/gpu/ceiling_probe.py --model llama-3.1-8b --k 50 --batch 64 --requests 6 --profiled 0 --max-model-len 4096 --slab-mib 8192 ${BLOCK_SIZE:+--block-size $BLOCK_SIZE} --tag batch64${BLOCK_SIZE:+-bs$BLOCK_SIZE} 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/probe_batch${BLOCK_SIZE:+-bs$BLOCK_SIZE}.log"; grep -A40 "== " "$INFERSCALE_RESULTS/probe_batch${BLOCK_SIZE:+-bs$BLOCK_SIZE}.log" | grep -E "==|schedule |allocate|cache_full|computed_blocks|_verify|execute|start_load|prepare|planner.plan|runner" ;;
     throughput_mp0)  # the throughput batches with vLLM's engine core in this process (MP=0)
       timeout 500 python3 benchmarks/throughput.py --model llama-3.1-8b --tag h200-mp0${BLOCK_SIZE:+-bs$BLOCK_SIZE} --concurrency 32,64 --repeats 3 ${BLOCK_SIZE:+--vllm-arg block_size=$BLOCK_SIZE} 2>&1 | grep -vE "$quiet" | tail -4 ;;
+    probe_bs)  # host phases per request at k=50,100 with vLLM blocks of 16 and of 64 tokens, one start
+      for bs in 16 64; do
+        timeout 280 python3 benchmarks/gpu/ceiling_probe.py --model llama-3.1-8b --k 50,100 --requests 20 --profiled 0 --block-size $bs --tag bs$bs 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/probe-bs$bs.log"; grep -A40 "== " "$INFERSCALE_RESULTS/probe-bs$bs.log" | grep -E "==|allocate|cache_full|computed_blocks|schedule |execute_model|start_load|runner"
+      done ;;
     sync)  # vLLM's async scheduling off (on by default in vLLM 0.26), Llama, k=0,50,100
       timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50,100 --embedder none --tag h200-sync --warmup 4 --vllm-arg async_scheduling=false 2>&1 | grep -vE "$quiet" | tail -6 ;;
     bs64)  # vLLM blocks of 64 tokens, Llama, k=0,50,100
