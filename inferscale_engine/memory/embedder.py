@@ -140,7 +140,7 @@ class _QueryEncoder:
     def __init__(self, model: Any, device: torch.device) -> None:
         self._model = model
         self._use_graphs = device.type == "cuda"
-        self._graphs: dict[int, tuple[Any, dict[str, torch.Tensor], torch.Tensor]] = {}
+        self._graphs: dict[int, tuple[Any, _GraphInputs, torch.Tensor]] = {}
 
     def encode(self, text: str) -> torch.Tensor:
         """[1, dim] embedding of `text` (not re-normalized)."""
@@ -165,21 +165,17 @@ class _QueryEncoder:
     def _replay(self, features: dict, length: int, bucket: int) -> torch.Tensor:
         if bucket not in self._graphs:
             self._graphs[bucket] = self._capture(features, bucket)
-        graph, static, out = self._graphs[bucket]
-        for name, tensor in static.items():
-            padded = torch.zeros(1, bucket, dtype=tensor.dtype)
-            padded[:, :length] = features[name]
-            tensor.copy_(padded, non_blocking=False)
+        graph, inputs, out = self._graphs[bucket]
+        inputs.load(features, length)
         graph.replay()
         return out.clone()
 
-    def _capture(self, features: dict, bucket: int) -> tuple[Any, dict, torch.Tensor]:
+    def _capture(self, features: dict, bucket: int) -> tuple[Any, _GraphInputs, torch.Tensor]:
         device = self._model.device
-        static = {k: torch.zeros(1, bucket, dtype=v.dtype, device=device)
-                  for k, v in features.items() if isinstance(v, torch.Tensor)}
-        length = features["input_ids"].shape[1]
-        for name, tensor in static.items():
-            tensor[:, :length] = features[name].to(device)
+        names = [k for k, v in features.items() if isinstance(v, torch.Tensor)]
+        inputs = _GraphInputs(names, [features[n].dtype for n in names], bucket, device)
+        inputs.load(features, features["input_ids"].shape[1])
+        static = inputs.static
         extra = {k: v for k, v in features.items() if not isinstance(v, torch.Tensor)}
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
@@ -190,7 +186,50 @@ class _QueryEncoder:
         graph = torch.cuda.CUDAGraph()
         with torch.inference_mode(), torch.cuda.graph(graph):
             out = self._model.forward({**static, **extra})["sentence_embedding"]
-        return graph, static, out
+        return graph, inputs, out
+
+
+class _GraphInputs:
+    """A captured graph's input tensors, filled by one asynchronous copy per query.
+
+    The inputs (input_ids, attention_mask, ...) are rows of one device buffer when they share a
+    dtype, written from one pinned host buffer: no device sync on the query path (a copy from
+    pageable memory waits for the device, once per input). The host buffer is rewritten only
+    after the previous copy from it finished (its event).
+    """
+
+    def __init__(self, names: list[str], dtypes: list[torch.dtype], bucket: int,
+                 device: torch.device) -> None:
+        self._names = names
+        self._shared = len(set(dtypes)) == 1
+        if self._shared:
+            self._device_rows = torch.zeros(len(names), 1, bucket, dtype=dtypes[0],
+                                            device=device)
+            self._host_rows = torch.zeros(len(names), 1, bucket, dtype=dtypes[0],
+                                          pin_memory=True)
+            self.static = {n: self._device_rows[i] for i, n in enumerate(names)}
+        else:
+            self.static = {n: torch.zeros(1, bucket, dtype=d, device=device)
+                           for n, d in zip(names, dtypes, strict=True)}
+        self._copied: torch.cuda.Event | None = None
+
+    def load(self, features: dict, length: int) -> None:
+        """Write this query's features (padded with zeros: padding is masked) to the inputs."""
+        if not self._shared:
+            for name, tensor in self.static.items():
+                padded = torch.zeros_like(tensor, device="cpu")
+                padded[:, :length] = features[name]
+                tensor.copy_(padded)
+            return
+        if self._copied is not None:
+            self._copied.synchronize()  # the last query's copy (long done by now)
+        host = self._host_rows.numpy()
+        host[:, :, length:] = 0
+        for i, name in enumerate(self._names):
+            host[i, :, :length] = features[name].numpy()
+        self._device_rows.copy_(self._host_rows, non_blocking=True)
+        self._copied = self._copied or torch.cuda.Event()
+        self._copied.record()
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:

@@ -112,19 +112,21 @@ class UserIndex:
         """
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise RetrievalError(f"k={k!r} must be an int >= 0")
-        query = _as_matrix(query_embedding, 1, self.dim, self.device, what="query_embedding")
+        query, valid = _query(query_embedding, self.dim, self.device)
         if k == 0 or not self._row_fact_ids:
+            _raise_if_invalid(bool(valid), "query_embedding")
             return []
-        scores = self._embeddings[:len(self)] @ query[0]  # [len]
+        scores = self._embeddings[:len(self)] @ query  # [len]
         k = min(k, len(self))
         top = torch.topk(scores, k, sorted=False)
         threshold = top.values.min()
-        # Scores, rows and how many rows score >= the k-th best, in one transfer (one device
-        # sync): float64 holds every row index exactly.
+        # Scores, rows, how many rows score >= the k-th best and whether the query was valid,
+        # in one transfer (the only device sync of a search): float64 holds every row exactly.
         at_or_above = scores >= threshold
         at_cut = at_or_above.sum().view(1)
-        *hits, count = torch.cat((top.values.double(), top.indices.double(),
-                                  at_cut.double())).tolist()
+        *hits, count, ok = torch.cat((top.values.double(), top.indices.double(),
+                                      at_cut.double(), valid.double().view(1))).tolist()
+        _raise_if_invalid(bool(ok), "query_embedding")
         if int(count) == k:  # the usual case: no row outside the top k ties the k-th best
             found = zip(hits[:k], map(int, hits[k:]), strict=True)
         else:  # every row tying at the cut is seen, then ranked by fact id
@@ -287,14 +289,33 @@ def _to_tensor(embeddings: Any, device: torch.device, what: str) -> torch.Tensor
 
 def _as_matrix(embeddings: Any, num_rows: int, dim: int, device: torch.device,
                what: str = "embeddings") -> torch.Tensor:
-    """Validated, L2-normalized float32 [num_rows, dim] on `device`; a query may be [dim]."""
-    matrix = _to_tensor(embeddings, device, what)
-    if what == "query_embedding" and matrix.ndim == 1:
-        matrix = matrix.unsqueeze(0)
-    if tuple(matrix.shape) != (num_rows, dim):
-        raise RetrievalError(f"{what} have shape {tuple(matrix.shape)}, expected "
-                             f"{(num_rows, dim)}; use the embedder this index was built with")
+    """Validated, L2-normalized float32 [num_rows, dim] on `device`."""
+    matrix = _shaped(_to_tensor(embeddings, device, what), (num_rows, dim), what)
     norms = matrix.norm(dim=1)
-    if not torch.isfinite(norms).all() or (norms == 0).any():
-        raise RetrievalError(f"{what} contain NaN, inf or an all-zero vector; check the embedder")
+    _raise_if_invalid(bool(torch.isfinite(norms).all() and (norms != 0).all()), what)
     return F.normalize(matrix, dim=1)
+
+
+def _query(embedding: Any, dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A query [dim] (or [1, dim]) L2-normalized, and whether it is valid, without a device sync.
+
+    The validity (finite, not all zero) is a 0-dim bool tensor on `device`, read with the
+    search's one transfer.
+    """
+    what = "query_embedding"
+    matrix = _to_tensor(embedding, device, what)
+    vector = _shaped(matrix.unsqueeze(0) if matrix.ndim == 1 else matrix, (1, dim), what)[0]
+    norm = vector.norm()
+    return F.normalize(vector, dim=0), torch.isfinite(norm) & (norm != 0)
+
+
+def _shaped(matrix: torch.Tensor, shape: tuple[int, int], what: str) -> torch.Tensor:
+    if tuple(matrix.shape) != shape:
+        raise RetrievalError(f"{what} have shape {tuple(matrix.shape)}, expected {shape}; use "
+                             "the embedder this index was built with")
+    return matrix
+
+
+def _raise_if_invalid(valid: bool, what: str) -> None:
+    if not valid:
+        raise RetrievalError(f"{what} contain NaN, inf or an all-zero vector; check the embedder")

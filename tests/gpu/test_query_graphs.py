@@ -49,6 +49,12 @@ def test_graph_replay_matches_encode_and_is_faster():
               f"max |graph - encode| {diff:.2e}")
         assert diff <= 1e-4
     assert embedder._queries._use_graphs and len(embedder._queries._graphs) >= 3
+    # a shorter query after a longer one in the same bucket: its padding must be zeros again
+    # (the inputs are rewritten in place from one pinned buffer per bucket)
+    for text in (texts[1], texts[0], texts[1], texts[0]):
+        expected = torch.nn.functional.normalize(
+            model.encode([text], convert_to_tensor=True).float(), dim=-1)
+        assert (embedder.encode([text]) - expected).abs().max().item() <= 1e-4
 
     def per_call_ms(fn, n=50):
         for _ in range(5):
