@@ -65,26 +65,35 @@ def rotation(from_positions: torch.Tensor, to_positions: torch.Tensor, cos: torc
 def apply_rotation(keys: torch.Tensor, cos_d: torch.Tensor, sin_d: torch.Tensor,
                    same: torch.Tensor, style: str, out_dtype: torch.dtype | None = None
                    ) -> torch.Tensor:
-    """Apply a `rotation()` to keys [..., T, H, D]; fp32 math, one cast to `out_dtype`."""
+    """Apply a `rotation()` to keys [..., T, H, D]; fp32 math, one cast to `out_dtype`.
+
+    Written into one output buffer (no concatenation or temporaries of the keys' size): this
+    is the CPU serving path too, where a request's injection rotates every layer's keys.
+    """
     out_dtype = out_dtype or keys.dtype
     half = cos_d.shape[-1]
     rotary_dim = 2 * half
-    x = keys.float()
-    rot = x[..., :rotary_dim]
     if style == ROTATE_HALF:
-        x1, x2 = rot[..., :half], rot[..., half:]
-        rotated = torch.cat((x1 * cos_d - x2 * sin_d, x2 * cos_d + x1 * sin_d), dim=-1)
+        pick = (slice(0, half), slice(half, rotary_dim))
     elif style == INTERLEAVED:
-        x1, x2 = rot[..., 0::2], rot[..., 1::2]
-        rotated = torch.stack((x1 * cos_d - x2 * sin_d, x2 * cos_d + x1 * sin_d), dim=-1)
-        rotated = rotated.flatten(-2)
+        pick = (slice(0, rotary_dim, 2), slice(1, rotary_dim, 2))
     else:
         raise ValueError(f"unknown rope style {style!r}; use 'rotate_half' or 'interleaved'")
+    x = keys.float()
+    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    x1, x2 = x[..., pick[0]], x[..., pick[1]]
+    o1, o2 = out[..., pick[0]], out[..., pick[1]]
+    torch.mul(x1, cos_d, out=o1)
+    o1.sub_(x2 * sin_d)
+    torch.mul(x2, cos_d, out=o2)
+    o2.add_(x1 * sin_d)
     if rotary_dim < x.shape[-1]:
-        rotated = torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
-    out = rotated.to(out_dtype)
-    if bool(same.any()):
-        out = torch.where(same.view(-1, 1, 1), keys.to(out_dtype), out)
+        out[..., rotary_dim:] = x[..., rotary_dim:]
+    out = out.to(out_dtype)
+    if bool(same.any()):  # tokens that do not move: copied bit-exactly
+        stay = same.nonzero().squeeze(1)
+        dim = out.dim() - 3
+        out.index_copy_(dim, stay, keys.index_select(dim, stay).to(out_dtype))
     return out
 
 
