@@ -1,0 +1,25 @@
+"""benchmarks/ttft.py's `resident` ceiling really is resident (the real engine, tiny model).
+
+Its warm-up request must put the very prefix the timed request reads into vLLM's prefix
+cache. Until 2026-12-03 the warm-up used the engine's default layout (2 facts repaired in the
+user turn), so without a text-mode request before it in the same round the timed resident
+request found nothing cached and measured a text prefill.
+"""
+
+from __future__ import annotations
+
+from benchmarks import ttft
+
+
+def test_resident_finds_its_facts_in_the_prefix_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERSCALE_RESULTS", str(tmp_path))
+    record = ttft.main(["--model", "tiny", "--ks", "20", "--modes", "kv,resident",
+                        "--repeats", "2", "--warmup", "1", "--pool", "40", "--embedder", "none",
+                        "--max-model-len", "4096", "--slab-mib", "64", "--facts", "synthetic"])
+    entry = record["summary"][20]
+    memory = entry["num_injected_tokens"]  # preamble + the 20 facts
+    found = entry["cached_tokens_median"]["resident"]
+    assert memory > 400
+    assert memory - 256 <= found <= memory  # all but the last partial cache blocks
+    assert entry["kv_over_resident_paired"]["n"] == 2
+    assert list(tmp_path.glob("ttft-tiny-*.json"))
