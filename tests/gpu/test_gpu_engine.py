@@ -3,6 +3,8 @@ benchmarks/gpu/run_h200.sh. Skipped without CUDA."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -14,7 +16,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.vllm,
 
 GPU = dict(kv_cache_memory_bytes=None, gpu_memory_utilization=0.3, enforce_eager=True,
            max_model_len=2048, slab_capacity_bytes=256 * 2**20, context_window_tokens=64,
-           context_run_tokens=256)
+           context_run_tokens=256,
+           # vLLM's block size under test (run_h200.sh: BLOCK_SIZE=64 ... tests); None = default
+           block_size=int(os.environ["INFERSCALE_TEST_BLOCK_SIZE"])
+           if os.environ.get("INFERSCALE_TEST_BLOCK_SIZE") else None)
 
 
 def _layout(worker) -> str:
