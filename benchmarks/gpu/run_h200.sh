@@ -22,7 +22,7 @@
 # prefill batch; BLOCK_SIZE=64 for vLLM blocks of 64 tokens), throughput_mp0 (N=32,64 with MP=0;
 # BLOCK_SIZE too), sync (async (default) vs sync scheduling: ttft.py with async_scheduling=false),
 # bs64 (ttft.py with vLLM blocks of 64 tokens), probe_bs (ceiling_probe at k=50,100 with blocks of
-# 16 and 64 tokens), throughput (k=50, N up to 128, text / kv / resident, MP=1), tp2
+# 16 and 64 tokens), search_probe (search phases at 10k/100k/300k/1M facts, float32 vs float16 scan), throughput (k=50, N up to 128, text / kv / resident, MP=1), tp2
 # (kind nvidia-h200-x2: the TP=2 invariants, ttft.py and throughput.py at TP=2, tagged tp2).
 # FAMILY_MODELS picks a subset of the families, e.g. FAMILY_MODELS="qwen3-30b-a3b mixtral-8x7b".
 # The MoE families need vLLM 0.26's _moe_C_stable_libtorch.abi3.so, which the bundle drops. Pack
@@ -109,6 +109,8 @@ for step in "$@"; do
       timeout 500 python3 benchmarks/throughput.py --model llama-3.1-8b --async-engine --tag h200-async --concurrency 1,8,32,64,128 --repeats 2 2>&1 | grep -vE "$quiet" | tail -9 ;;
     async)
       timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50,100 --embedder none --tag h200-async --warmup 4 --vllm-arg async_scheduling=true 2>&1 | grep -vE "$quiet" | tail -8 ;;
+    search_probe) random_minilm  # where a search's time goes: tokenize / embed / scan, float32 vs float16 scan
+      timeout 500 python3 benchmarks/gpu/search_probe.py --device cuda --sizes 10000,100000,300000,1000000 --embedder /tmp/minilm --queries 200 --tag h200 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/search_probe.log"; grep -B2 -A4 "facts, k=" "$INFERSCALE_RESULTS/search_probe.log"; grep -A22 "by self_device" "$INFERSCALE_RESULTS/search_probe.log" | head -50 ;;
     memory1m) random_minilm
       timeout 500 python3 benchmarks/memory_ops.py --model tiny --device cuda --sizes 10000,1000000 --real-embed-up-to 0 --skip-encode --k 50 --queries 300 --batch 20000 --embedder /tmp/minilm --tag h200 2>&1 | grep -vE "$quiet" | tail -8 ;;
     qwen3) python3 benchmarks/ttft.py --model qwen3-8b --multiprocessing --embedder none --tag h200-mp1 --plot --warmup 2 2>&1 | grep -vE "$quiet" | tail -9 ;;

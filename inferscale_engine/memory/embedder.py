@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -80,11 +81,10 @@ class Embedder:
             return torch.empty(0, self._dim, dtype=torch.float32, device=self._device)
         with self._lock:  # Hugging Face fast tokenizers fail when called from two threads
             if len(texts) == 1:  # a query on the request path: no encode() bookkeeping
-                vectors = self._queries.encode(texts[0])
-            else:
-                vectors = model.encode(
-                    texts, batch_size=self._batch_size, convert_to_tensor=True,
-                    show_progress_bar=len(texts) >= self._progress_bar_min_texts)
+                return self._queries.encode(texts[0]).to(self._device)
+            vectors = model.encode(
+                texts, batch_size=self._batch_size, convert_to_tensor=True,
+                show_progress_bar=len(texts) >= self._progress_bar_min_texts)
         return F.normalize(vectors.to(self._device, torch.float32), dim=-1)
 
     def _loaded(self) -> Any:
@@ -132,6 +132,8 @@ class _QueryEncoder:
     captured per padded length bucket on first use: a 6-layer MiniLM query goes from ~7 ms of
     eager launches to one replay. Padding is masked, so the vector equals the eager one up to
     float rounding. Any failure to capture turns graphs off for good (eager from then on).
+    The text is tokenized by a private copy of the model's Rust tokenizer when that gives what
+    the model's preprocess() gives (checked once); preprocess() costs ~4x more host time.
     Callers serialize access (Embedder's lock).
     """
 
@@ -141,10 +143,11 @@ class _QueryEncoder:
         self._model = model
         self._use_graphs = device.type == "cuda"
         self._graphs: dict[int, tuple[Any, _GraphInputs, torch.Tensor]] = {}
+        self._tokenize = _fast_tokenizer(model) or (lambda text: model.preprocess([text]))
 
     def encode(self, text: str) -> torch.Tensor:
-        """[1, dim] embedding of `text` (not re-normalized)."""
-        features = self._model.preprocess([text])
+        """[1, dim] float32 embedding of `text`, L2-normalized."""
+        features = self._tokenize(text)
         length = features["input_ids"].shape[1]
         bucket = next((b for b in self.BUCKETS if b >= length), 0)
         if self._use_graphs and bucket:
@@ -157,10 +160,10 @@ class _QueryEncoder:
                               RuntimeWarning, stacklevel=3)
                 self._use_graphs = False
         device = self._model.device
-        inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v
+        inputs = {k: torch.as_tensor(v).to(device) if _is_array(v) else v
                   for k, v in features.items()}
         with torch.inference_mode():
-            return self._model.forward(inputs)["sentence_embedding"].clone()
+            return _normalized(self._model.forward(inputs))
 
     def _replay(self, features: dict, length: int, bucket: int) -> torch.Tensor:
         if bucket not in self._graphs:
@@ -172,11 +175,12 @@ class _QueryEncoder:
 
     def _capture(self, features: dict, bucket: int) -> tuple[Any, _GraphInputs, torch.Tensor]:
         device = self._model.device
-        names = [k for k, v in features.items() if isinstance(v, torch.Tensor)]
-        inputs = _GraphInputs(names, [features[n].dtype for n in names], bucket, device)
+        names = [k for k, v in features.items() if _is_array(v)]
+        inputs = _GraphInputs(names, [torch.as_tensor(features[n]).dtype for n in names], bucket,
+                              device)
         inputs.load(features, features["input_ids"].shape[1])
         static = inputs.static
-        extra = {k: v for k, v in features.items() if not isinstance(v, torch.Tensor)}
+        extra = {k: v for k, v in features.items() if not _is_array(v)}
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream), torch.inference_mode():
@@ -185,7 +189,7 @@ class _QueryEncoder:
         torch.cuda.current_stream(device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.inference_mode(), torch.cuda.graph(graph):
-            out = self._model.forward({**static, **extra})["sentence_embedding"]
+            out = _normalized(self._model.forward({**static, **extra}))
         return graph, inputs, out
 
 
@@ -218,7 +222,7 @@ class _GraphInputs:
         if not self._shared:
             for name, tensor in self.static.items():
                 padded = torch.zeros_like(tensor, device="cpu")
-                padded[:, :length] = features[name]
+                padded[:, :length] = torch.as_tensor(features[name])
                 tensor.copy_(padded)
             return
         if self._copied is not None:
@@ -226,10 +230,64 @@ class _GraphInputs:
         host = self._host_rows.numpy()
         host[:, :, length:] = 0
         for i, name in enumerate(self._names):
-            host[i, :, :length] = features[name].numpy()
+            host[i, :, :length] = np.asarray(features[name])
         self._device_rows.copy_(self._host_rows, non_blocking=True)
         self._copied = self._copied or torch.cuda.Event()
         self._copied.record()
+
+
+def _fast_tokenizer(model: Any) -> Callable[[str], dict[str, Any]] | None:
+    """A tokenizer of one text giving what model.preprocess([text]) gives, or None.
+
+    A private copy of the model's Rust tokenizer (never the shared one, whose truncation and
+    padding Hugging Face resets on every call), truncating to the model's max_seq_length and not
+    padding: a single text needs no padding. Its output, int64 arrays [1, length] and
+    preprocess()'s other entries, is compared with preprocess() on probe texts (short, empty,
+    longer than max_seq_length); any difference, or a model that is not a plain text
+    Transformer, means None (preprocess() is used).
+    """
+    try:
+        from tokenizers import Tokenizer
+
+        max_length = int(model.max_seq_length)
+        backend = Tokenizer.from_str(model.tokenizer.backend_tokenizer.to_str())
+        backend.no_padding()
+        backend.enable_truncation(max_length)
+        probe = model.preprocess(["probe"])
+        names = [k for k, v in probe.items() if isinstance(v, torch.Tensor)]
+        extras = {k: v for k, v in probe.items() if not isinstance(v, torch.Tensor)}
+        if not set(names) <= set(_ENCODING_FIELDS) or "input_ids" not in names:
+            return None
+        fields = [(name, _ENCODING_FIELDS[name]) for name in names]
+    except Exception:  # noqa: BLE001 - any surprise: the model's own preprocess()
+        return None
+
+    def tokenize(text: str) -> dict[str, Any]:
+        encoding = backend.encode(text)
+        return {**{name: np.array([getattr(encoding, field)], dtype=np.int64)
+                   for name, field in fields}, **extras}
+
+    for text in ("probe", "", "What did Alice say about chess, and when? " * max_length):
+        expected, got = model.preprocess([text]), tokenize(text)
+        if expected.keys() != got.keys() or not all(
+                np.array_equal(np.asarray(v), got[k]) if isinstance(v, torch.Tensor)
+                else v == got[k] for k, v in expected.items()):
+            return None
+    return tokenize
+
+
+_ENCODING_FIELDS = {"input_ids": "ids", "attention_mask": "attention_mask",
+                    "token_type_ids": "type_ids"}
+"""preprocess() feature -> tokenizers.Encoding attribute."""
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, torch.Tensor | np.ndarray)
+
+
+def _normalized(output: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The model's sentence embedding as float32, L2-normalized (as Embedder.encode returns)."""
+    return F.normalize(output["sentence_embedding"].float(), dim=-1)
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:

@@ -84,6 +84,38 @@ def test_embedder_config_errors_and_unloadable_model(tmp_path):
     assert os.environ.get("HF_HUB_OFFLINE") == before
 
 
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(max_size=40) | st.text(alphabet="ab .,?é中🧠", min_size=200, max_size=3000))
+def test_query_tokenizer_gives_what_preprocess_gives(embedder, text):
+    """The query path's own Rust tokenizer copy is preprocess() for one text (incl. truncation)."""
+    model = embedder._loaded()
+    assert embedder._queries._tokenize.__name__ == "tokenize"  # the fast path is in use
+    expected, got = model.preprocess([text]), embedder._queries._tokenize(text)
+    assert expected.keys() == got.keys()
+    for name, value in expected.items():
+        if isinstance(value, torch.Tensor):
+            np.testing.assert_array_equal(value.numpy(), got[name])
+        else:
+            assert value == got[name]
+
+
+def test_query_tokenizer_falls_back_to_preprocess_when_they_differ(embedder):
+    from inferscale_engine.memory.embedder import _fast_tokenizer
+
+    model = embedder._loaded()
+
+    class Shifted:  # a model whose preprocess() differs from its tokenizer (e.g. a prompt)
+        tokenizer, max_seq_length = model.tokenizer, model.max_seq_length
+
+        def preprocess(self, texts):
+            features = model.preprocess(["query: " + texts[0]])
+            return features
+
+    assert _fast_tokenizer(model) is not None
+    assert _fast_tokenizer(Shifted()) is None
+    assert _fast_tokenizer(object()) is None  # no tokenizer at all
+
+
 # ---- UserIndex --------------------------------------------------------------------------------
 def basis(*indices: int, scale: float = 1.0) -> torch.Tensor:
     """Rows scale * e_i: cosine scores against them are exact, so ties are exact too."""
@@ -322,3 +354,99 @@ def test_random_vectors_agree_with_numpy(seed, num_facts, k):
     np.testing.assert_allclose([h[1] for h in hits], expected, atol=1e-5)
     by_id = dict(zip(fact_ids.tolist(), scores, strict=True))
     np.testing.assert_allclose([by_id[f] for f, _ in hits], expected, atol=1e-5)
+
+
+# ---- float16 scan (CUDA's default from HALF_SCAN_MIN_ROWS rows; forced here) -------------------
+def _twin_indexes(vectors: np.ndarray, fact_ids: list[int]) -> tuple[UserIndex, UserIndex]:
+    plain, half = UserIndex(vectors.shape[1]), UserIndex(vectors.shape[1], half_scan_min_rows=1)
+    plain.add(fact_ids, vectors)
+    half.add(fact_ids, vectors)
+    assert plain._half is None and half._half is not None
+    return plain, half
+
+
+def _assert_same_hits(got, expected, index: UserIndex, query):
+    """The float32 scan's hits up to float32 rounding: the same scores position by position, and
+    each returned fact truly scores that (facts closer than rounding may swap places)."""
+    assert len(got) == len(expected)
+    np.testing.assert_allclose([s for _, s in got], [s for _, s in expected], atol=1e-6)
+    rows = torch.tensor([index._row_of[f] for f, _ in got], dtype=torch.long)
+    unit = F.normalize(torch.as_tensor(query, dtype=torch.float64), dim=0)
+    true = index._embeddings[rows].double() @ unit
+    np.testing.assert_allclose(true.numpy(), [s for _, s in expected], atol=1e-6)
+    beyond = plain_scores(index, query, len(expected) + 1)
+    if all(a - b > 1e-5 for a, b in zip(beyond, beyond[1:])):  # no near-ties: the same order
+        assert [f for f, _ in got] == [f for f, _ in expected]
+
+
+def plain_scores(index: UserIndex, query, n: int) -> list[float]:
+    """The n best float64 scores of the index's rows (a reference without any index code)."""
+    unit = F.normalize(torch.as_tensor(query, dtype=torch.float64), dim=0)
+    scores = index._embeddings[:len(index)].double() @ unit
+    return scores.topk(min(n, len(index))).values.tolist()
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**16), num_facts=st.integers(1, 600), k=st.integers(1, 40),
+       copies=st.integers(0, 30))
+def test_half_scan_returns_the_float32_scans_hits(seed, num_facts, k, copies):
+    """Same ids in the same order as a float32 scan, also with exact ties (repeated vectors)
+    and near-ties (a cluster around the query: the float16 candidates cannot prove the cut and
+    the search falls back to float32)."""
+    generator = np.random.default_rng(seed)
+    vectors = generator.standard_normal((num_facts, 32)).astype(np.float32)
+    query = generator.standard_normal(32).astype(np.float32)
+    repeated = vectors[generator.integers(0, num_facts, copies)]
+    near = query + 1e-4 * generator.standard_normal((copies * 4, 32)).astype(np.float32)
+    vectors = np.concatenate([vectors, repeated, near])
+    fact_ids = (generator.permutation(10 * len(vectors))[:len(vectors)] + 1).tolist()
+    plain, half = _twin_indexes(vectors, fact_ids)
+    _assert_same_hits(half.search(torch.from_numpy(query), k),
+                      plain.search(torch.from_numpy(query), k), half, query)
+
+
+def test_half_scan_answers_without_the_float32_scan_when_the_cut_is_clear():
+    generator = np.random.default_rng(0)
+    vectors = generator.standard_normal((4000, 64)).astype(np.float32)
+    plain, half = _twin_indexes(vectors, list(range(1, 4001)))
+    query = torch.from_numpy(generator.standard_normal(64).astype(np.float32))
+    found = half._search_half(F.normalize(query, dim=0), torch.tensor(1.0), 10, 84)
+    assert found is not None  # proven: random vectors leave a gap wider than the error bound
+    _assert_same_hits(found, plain.search(query, 10), half, query)
+
+
+def test_half_scan_falls_back_on_a_cluster_at_the_cut():
+    generator = np.random.default_rng(1)
+    query = generator.standard_normal(64).astype(np.float32)
+    cluster = query + 1e-4 * generator.standard_normal((300, 64)).astype(np.float32)
+    vectors = np.concatenate([generator.standard_normal((1000, 64)).astype(np.float32), cluster])
+    plain, half = _twin_indexes(vectors, list(range(1, 1301)))
+    unit = F.normalize(torch.from_numpy(query), dim=0)
+    assert half._search_half(unit, torch.tensor(1.0), 10, 84) is None  # cut not provable
+    _assert_same_hits(half.search(torch.from_numpy(query), 10),
+                      plain.search(torch.from_numpy(query), 10), half, query)
+
+
+def test_half_copies_follow_adds_replacements_removals_and_growth():
+    generator = np.random.default_rng(2)
+    index = UserIndex(8, initial_capacity=2, half_scan_min_rows=50)
+    index.add(list(range(40)), generator.standard_normal((40, 8)))
+    assert index._half is None  # below the threshold: float32 only
+    index.add(list(range(30, 130)), generator.standard_normal((100, 8)))  # replaces 10, grows
+    assert index._half is not None
+    index.remove(list(range(0, 130, 3)))
+    index.add(list(range(200, 260)), generator.standard_normal((60, 8)))
+    live = len(index)
+    assert index._half.shape == index._embeddings.shape
+    torch.testing.assert_close(index._half[:live], index._embeddings[:live].half(), rtol=0, atol=0)
+    query = torch.from_numpy(generator.standard_normal(8))
+    plain = UserIndex(8)
+    plain.add(list(index._row_fact_ids), index._embeddings[:live])
+    _assert_same_hits(index.search(query, 7), plain.search(query, 7), index, query)
+
+
+def test_half_scan_rejects_a_bad_query_like_the_float32_scan():
+    _, half = _twin_indexes(np.eye(200, 16, dtype=np.float32) + 0.5, list(range(200)))
+    for bad in (torch.zeros(16), torch.full((16,), float("nan"))):
+        with pytest.raises(RetrievalError, match="NaN, inf or an all-zero"):
+            half.search(bad, 3)
