@@ -34,7 +34,7 @@ from inferscale_engine.layout import Layout
 from inferscale_engine.model_check import check_model, connector_config, load_tokenizer
 from inferscale_engine.plan import InjectionPlan
 from inferscale_engine.prompt import MemoryPrompt, PromptBuilder
-from inferscale_engine.read_path import Messages, as_messages, collect
+from inferscale_engine.read_path import Messages, as_messages, collect, prepare_batch
 from inferscale_engine.residency import FactRecord
 from inferscale_engine.runner import Runner, VllmRunner, WorkerClient
 from inferscale_engine.shards import Shard, build_shards, rank_of
@@ -275,10 +275,10 @@ class Engine:
                     for records, _ in resolved:
                         layout.check_handle_size(len(records))
                 pinned = {r.fact.fact_id for records, _ in resolved for r in records}
-                prepared = [shard.planner.prepare(handle, records, messages, sampling, mode,
-                                                  pinned, layout or self.config.layout, tools)
-                            for shard, (handle, _), (records, messages) in zip(
-                                shards, requests, resolved, strict=True)]
+                prepared = prepare_batch([s.planner for s in shards], [
+                    (handle, records, messages) for (handle, _), (records, messages) in zip(
+                        requests, resolved, strict=True)], sampling, mode, pinned,
+                    layout or self.config.layout, tools)
             finally:
                 for shard in self._shards:
                     shard.preambles.end_batch()

@@ -101,39 +101,58 @@ class RequestPlanner:
         mode the same layout is prefilled whole). kv mode falls back to text when the facts to
         inject cannot be made resident.
         """
-        from vllm import TokensPrompt
+        return self.prepare_many([(handle, records, messages)], sampling, mode, pinned, layout,
+                                 tools)[0]
 
+    def prepare_many(self, requests: Sequence[tuple[MemoryHandle | None, list[FactRecord],
+                                                    Messages]],
+                     sampling: Any, mode: str, pinned: set[FactId], layout: Layout,
+                     tools: Sequence[Mapping[str, Any]] | None = None
+                     ) -> list[PreparedRequest]:
+        """prepare() for each (handle, records, messages) of a batch, phase by phase.
+
+        First every prompt, then every plan: each phase's code and data stay in the CPU's
+        caches across the batch instead of being evicted by the other's (a batch of 64 at k=50:
+        11.7 ms instead of 12.6 ms request by request, on 2 EPYC cores).
+        """
+        built = [self._build_request(handle, records, messages, sampling, layout, tools)
+                 for handle, records, messages in requests]
+        prepared = []
+        for (handle, _, _), (prompt, ids, injected, num_repaired, params) in zip(
+                requests, built, strict=True):
+            asked = mode if handle is not None else "text"
+            plan, fallback = None, ""
+            if asked == "kv":
+                try:
+                    if self.ready_for_kv(injected, pinned):
+                        plan = self.plan(handle, prompt, injected, pinned)  # type: ignore[arg-type]
+                    else:
+                        fallback = "evicted"
+                except SlabFullError:  # not even the preamble fits: this one goes as text
+                    fallback = "evicted"
+            self._residency.touch(injected)
+            prepared.append(_request(ids, plan, params, asked, fallback, num_repaired))
+        return prepared
+
+    def _build_request(self, handle: MemoryHandle | None, records: list[FactRecord],
+                       messages: Messages, sampling: Any, layout: Layout,
+                       tools: Sequence[Mapping[str, Any]] | None
+                       ) -> tuple[MemoryPrompt, list[int], list[FactRecord], tuple[int, int],
+                                  Any]:
+        """The prompt, its ids, the records to inject, (repaired facts, tokens), own params."""
         injected, repaired = self.arrange(handle, records, layout)
         prompt = self.build(messages, injected, repaired, layout, tools)
-        records = injected
         ids = prompt.token_ids()
         if len(ids) >= self._config.max_model_len:
             raise InvalidRequestError(f"prompt of {len(ids)} tokens exceeds max_model_len="
                                       f"{self._config.max_model_len}; retrieve fewer facts")
-        asked = mode if handle is not None else "text"
         params = sampling.clone()
         if hasattr(params, "skip_clone"):  # a copy of its own: vLLM need not deep-copy it again
             params.skip_clone = True
         if tools:  # some models mark their tool-call tags special (vLLM does the same)
             params.skip_special_tokens = False
-        plan, fallback = None, ""
-        if asked == "kv":
-            try:
-                if self.ready_for_kv(records, pinned):
-                    plan = self.plan(handle, prompt, records, pinned)  # type: ignore[arg-type]
-                else:
-                    fallback = "evicted"
-            except SlabFullError:  # not even the preamble fits: this one goes as text
-                fallback = "evicted"
-        self._residency.touch(records)
-        num_repaired_tokens = sum(len(r.fact.token_ids) for r in repaired)
-        if plan is None:
-            return PreparedRequest(TokensPrompt(prompt_token_ids=ids), params, asked, "text",
-                                   len(ids), fallback, len(repaired), num_repaired_tokens)
-        params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": plan.to_params()}
-        return PreparedRequest(TokensPrompt(prompt_token_ids=ids, cache_salt=plan.cache_salt),
-                               params, asked, "kv", len(ids), "", len(repaired),
-                               num_repaired_tokens)
+        return (prompt, ids, injected,
+                (len(repaired), sum(len(r.fact.token_ids) for r in repaired)), params)
 
     def arrange(self, handle: MemoryHandle | None, records: list[FactRecord], layout: Layout
                 ) -> tuple[list[FactRecord], list[FactRecord]]:
@@ -187,6 +206,36 @@ class RequestPlanner:
         user_id = check_user_id(handle.user_id)
         return InjectionPlan.from_runs(user_id, keys, runs, secret=self._secret).signed(
             self._secret)
+
+
+def prepare_batch(planners: Sequence[RequestPlanner],
+                  requests: Sequence[tuple[MemoryHandle | None, list[FactRecord], Messages]],
+                  sampling: Any, mode: str, pinned: set[FactId], layout: Layout,
+                  tools: Sequence[Mapping[str, Any]] | None = None) -> list[PreparedRequest]:
+    """A batch's requests, each through its shard's planner (prepare_many), in batch order."""
+    by_planner: dict[int, list[int]] = {}
+    for i, planner in enumerate(planners):
+        by_planner.setdefault(id(planner), []).append(i)
+    prepared: list[PreparedRequest | None] = [None] * len(requests)
+    for indices in by_planner.values():
+        batch = planners[indices[0]].prepare_many([requests[i] for i in indices], sampling,
+                                                  mode, pinned, layout, tools)
+        for i, request in zip(indices, batch, strict=True):
+            prepared[i] = request
+    return cast(list[PreparedRequest], prepared)
+
+
+def _request(ids: list[int], plan: InjectionPlan | None, params: Any, asked: str,
+             fallback: str, num_repaired: tuple[int, int]) -> PreparedRequest:
+    """The vLLM request: the prompt (salted and with the plan in its params when there is one)."""
+    from vllm import TokensPrompt
+
+    if plan is None:
+        return PreparedRequest(TokensPrompt(prompt_token_ids=ids), params, asked, "text",
+                               len(ids), fallback, *num_repaired)
+    params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": plan.to_params()}
+    return PreparedRequest(TokensPrompt(prompt_token_ids=ids, cache_salt=plan.cache_salt),
+                           params, asked, "kv", len(ids), "", *num_repaired)
 
 
 def collect(prepared: list[PreparedRequest], outputs: list[Any], latency_ms: float,
