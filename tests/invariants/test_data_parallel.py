@@ -89,3 +89,18 @@ def test_delete_frees_the_users_engine_only(engine):
     engine.delete(user, ids)
     after = entries(engine)
     assert after == [before[0], before[1] - 3]
+
+
+def test_a_batch_across_engines_keeps_its_order(engine):
+    """generate_many prepares a batch per engine (prepare_batch) and answers in batch order."""
+    users = [user_on(0), user_on(1)]
+    facts = [engine.add_facts(user, [FACTS[rank]])[0] for rank, user in enumerate(users)]
+    order = [0, 1, 0, 1, 1]
+    batch = [(MemoryHandle(users[r], (facts[r],)), QUESTIONS[r]) for r in order]
+    loads = injected(engine)
+    outs = engine.generate_many(batch, greedy(4), mode="kv")
+    assert injected(engine) == [loads[0] + order.count(0), loads[1] + order.count(1)]
+    for r, out in zip(order, outs, strict=True):
+        alone = engine.generate(MemoryHandle(users[r], (facts[r],)), QUESTIONS[r], greedy(4))
+        assert out.plan_status == "inject" and out.token_ids == alone.token_ids
+        assert out.num_prompt_tokens == alone.num_prompt_tokens
