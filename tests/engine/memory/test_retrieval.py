@@ -356,7 +356,7 @@ def test_random_vectors_agree_with_numpy(seed, num_facts, k):
     np.testing.assert_allclose([by_id[f] for f, _ in hits], expected, atol=1e-5)
 
 
-# ---- float16 scan (CUDA's default from HALF_SCAN_MIN_ROWS rows; forced here) -------------------
+# ---- float16 scan (by default from HALF_SCAN_MIN_ROWS rows; forced here) -----------------------
 def _twin_indexes(vectors: np.ndarray, fact_ids: list[int]) -> tuple[UserIndex, UserIndex]:
     plain, half = UserIndex(vectors.shape[1]), UserIndex(vectors.shape[1], half_scan_min_rows=1)
     plain.add(fact_ids, vectors)
@@ -450,3 +450,14 @@ def test_half_scan_rejects_a_bad_query_like_the_float32_scan():
     for bad in (torch.zeros(16), torch.full((16,), float("nan"))):
         with pytest.raises(RetrievalError, match="NaN, inf or an all-zero"):
             half.search(bad, 3)
+
+
+def test_half_copies_start_at_the_devices_threshold():
+    from inferscale_engine.memory.retrieval import HALF_SCAN_MIN_ROWS
+
+    index = UserIndex(4)
+    rows = HALF_SCAN_MIN_ROWS["cpu"]
+    index.add(list(range(rows - 1)), torch.rand(rows - 1, 4) + 0.1)
+    assert index._half is None
+    index.add([rows], torch.rand(1, 4) + 0.1)
+    assert index._half is not None and UserIndex(4, device="meta")._half_scan_min_rows == 0
