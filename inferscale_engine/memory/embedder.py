@@ -243,8 +243,8 @@ def _fast_tokenizer(model: Any) -> Callable[[str], dict[str, Any]] | None:
     padding Hugging Face resets on every call), truncating to the model's max_seq_length and not
     padding: a single text needs no padding. Its output, int64 arrays [1, length] and
     preprocess()'s other entries, is compared with preprocess() on probe texts (short, empty,
-    longer than max_seq_length); any difference, or a model that is not a plain text
-    Transformer, means None (preprocess() is used).
+    cased, accented, CJK, surrounded by whitespace, longer than max_seq_length); any
+    difference, or a model that is not a plain text Transformer, means None (preprocess()).
     """
     try:
         from tokenizers import Tokenizer
@@ -267,7 +267,7 @@ def _fast_tokenizer(model: Any) -> Callable[[str], dict[str, Any]] | None:
         return {**{name: np.array([getattr(encoding, field)], dtype=np.int64)
                    for name, field in fields}, **extras}
 
-    for text in ("probe", "", "What did Alice say about chess, and when? " * max_length):
+    for text in ("probe", "", "  Ça va?\tÉté 中文 🧠\n", "What did Alice say? " * max_length):
         expected, got = model.preprocess([text]), tokenize(text)
         if expected.keys() != got.keys() or not all(
                 np.array_equal(np.asarray(v), got[k]) if isinstance(v, torch.Tensor)
