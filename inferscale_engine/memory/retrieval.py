@@ -22,12 +22,12 @@ from inferscale_engine.memory.embedder import resolve_device
 _NEAREST_CHUNK_ROWS = 256
 """Rows per score matrix in similar_many: [256, 100k] float32 is 100 MB."""
 
-HALF_SCAN_MIN_ROWS = {"cuda": 524_288, "cpu": 65_536}
+HALF_SCAN_MIN_ROWS = {"cuda": 524_288, "cpu": 8_192}
 """Per device type, from how many rows an index also keeps float16 copies of its rows and scans
 those (half the bytes of the memory-bound scan), then re-ranks the best candidates in float32.
 Where the halved scan outweighs the extra steps (benchmarks/gpu/search_probe.py, one query end to
 end, float32 / float16 scan): H200 300k rows 1.07 / 1.11 ms, 1M rows 1.21 / 1.08 ms; 2 EPYC
-cores 100k rows 20.9 / 11.4 ms. Other device types: never."""
+cores 10k rows 8.1 / 7.5 ms, 100k 18.6 / 9.8 ms. Other device types: never."""
 
 _HALF_SCORE_ERROR = 2e-3
 """Bound on |float16 score - float32 score| for unit vectors: rounding both vectors to float16
