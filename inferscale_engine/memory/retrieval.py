@@ -143,8 +143,9 @@ class UserIndex:
             _raise_if_invalid(_is_valid_norm(float(norm)), "query_embedding")
             return []
         k = min(k, len(self))
-        if self._half is not None and 2 * k + 64 < len(self):
-            found = self._search_half(query, norm, k, 2 * k + 64)
+        candidates = 2 * k + 64
+        if self._half is not None and candidates < len(self):
+            found = self._search_half(query, norm, k, candidates)
             if found is not None:
                 return found
         scores = self._embeddings[:len(self)] @ query  # [len]
