@@ -52,9 +52,26 @@ PHASES = (
     "worker_connector.worker._staging.host", "worker_connector.worker._load_indices",
     "worker_connector.worker._staging.upload", "worker_connector.worker.paged.inject_",
     "engine._planner.resolve", "engine._planner.arrange", "engine._planner.build",
-    "engine._planner.plan",
+    "engine._planner.plan", "engine._planner.prepare_many",
+    "engine._runner.llm.llm_engine.add_request", "core.preprocess_add_request",
 )
 """Dotted paths of the methods timed (absent ones are skipped: vLLM versions differ)."""
+
+
+TIMELINE = {"core.step", "core.step_with_batch_queue", "core.scheduler.schedule",
+            "core.model_executor.execute_model", "core.model_executor.sample_tokens",
+            "core.scheduler.update_from_output", "engine._planner.prepare",
+            "engine._planner.prepare_many", "engine._runner.llm.llm_engine.add_request",
+            "core.preprocess_add_request", "worker_connector.start_load_kv"}
+"""Phases whose every call --timeline records (start, duration) within its round."""
+
+
+def _detail(result: Any) -> str:
+    """Requests / tokens of a SchedulerOutput (else nothing)."""
+    tokens = getattr(result, "total_num_scheduled_tokens", None)
+    if tokens is None:
+        return ""
+    return f"{len(result.num_scheduled_tokens)} reqs {tokens} tok"
 
 
 class PhaseTimer:
@@ -70,6 +87,13 @@ class PhaseTimer:
         self.samples: dict[str, list[dict[str, float]]] = defaultdict(list)
         """Per request and label: seconds in each phase (medians resist the rare slow step)."""
         self._seen: dict[str, dict[str, float]] = defaultdict(dict)
+        self.timeline: dict[str, list[list[tuple[str, float, float, str]]]] = defaultdict(list)
+        """Per label and round: (phase, start s since the round began, seconds, detail) of the
+        engine steps, schedules and our hooks (--timeline)."""
+        self.round_start = 0.0
+        self.ttft_p50: dict[str, list[float]] = defaultdict(list)
+        """Per label: each round's median TTFT (ms, vLLM's first-token latency)."""
+        self.record_timeline = False
 
     def end_request(self, label: str) -> None:
         """Close one request of `label`: its phase times are the totals' growth since the last."""
@@ -83,11 +107,18 @@ class PhaseTimer:
         @functools.wraps(method)
         def timed(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
+            result = None
             try:
-                return method(*args, **kwargs)
+                result = method(*args, **kwargs)
+                return result
             finally:
-                self.totals[self.label][path] += time.perf_counter() - start
+                elapsed = time.perf_counter() - start
+                self.totals[self.label][path] += elapsed
                 self.calls[self.label][path] += 1
+                if self.record_timeline and path in TIMELINE and self.label != "warmup":
+                    self.timeline[self.label][-1].append(
+                        (path.rsplit(".", 1)[-1], start - self.round_start, elapsed,
+                         _detail(result)))
 
         setattr(owner, name, timed)
         self.wrapped.append(path)
@@ -113,7 +144,8 @@ class PhaseTimer:
                 for label, requests in self.samples.items() if requests}
 
     def clear(self) -> None:
-        for store in (self.totals, self.counts, self.samples, self._seen, self.calls):
+        for store in (self.totals, self.counts, self.samples, self._seen, self.calls,
+                      self.timeline, self.ttft_p50):
             store.clear()
 
 
@@ -129,27 +161,33 @@ def roots(engine: Any) -> dict[str, Any]:
 
 
 def run_modes(engine: Any, facts: list[int], k: int, questions: Callable[[], str],
-              count: int, rng: random.Random, timer: PhaseTimer | None, batch: int = 1
-              ) -> dict[str, list[float]]:
+              count: int, rng: random.Random, timer: PhaseTimer | None, batch: int = 1,
+              max_tokens: int = 1) -> dict[str, list[float]]:
     """`count` rounds of `batch` fact sets, each round asked in kv then resident mode.
 
     batch 1: one request at a time (TTFT); batch N: N requests in one vLLM batch
     (generate_many, one token each: the prefill step(s) of a throughput batch), their
-    resident fact sets warmed first in one untimed batch.
+    resident fact sets warmed first in one untimed batch. max_tokens > 1: whole throughput.py
+    batches (prefill and decode).
     """
     from vllm import SamplingParams
 
     from inferscale_engine import MemoryHandle
     from inferscale_engine.layout import Layout
 
-    one = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+    one = SamplingParams(max_tokens=max_tokens, temperature=0.0, detokenize=False,
+                         ignore_eos=True)
     out: dict[str, list[float]] = {"kv": [], "resident": []}
 
     def run(requests: list[tuple[Any, str]], mode: str) -> None:
         if len(requests) == 1:  # the single-request path, as ttft.py times it
-            engine.generate(*requests[0], one, mode=mode, layout=Layout())
+            outs = [engine.generate(*requests[0], one, mode=mode, layout=Layout())]
         else:
-            engine.generate_many(requests, one, mode=mode, layout=Layout())
+            outs = engine.generate_many(requests, one, mode=mode, layout=Layout())
+        if timer is not None and timer.label != "warmup":
+            ttfts = sorted(o.ttft_ms for o in outs if o.ttft_ms is not None)
+            if ttfts:
+                timer.ttft_p50[timer.label].append(ttfts[len(ttfts) // 2])
 
     for _ in range(count):
         handles = [MemoryHandle("bench", tuple(rng.sample(facts, k))) for _ in range(batch)]
@@ -161,6 +199,8 @@ def run_modes(engine: Any, facts: list[int], k: int, questions: Callable[[], str
             if timer is not None:
                 timer.label = mode
                 timer.counts[mode] += 1
+                timer.timeline[mode].append([])
+                timer.round_start = time.perf_counter()
             start = time.perf_counter()
             run(asked, "kv" if mode == "kv" else "text")
             out[mode].append((time.perf_counter() - start) * 1e3)
@@ -181,6 +221,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch", type=int, default=1,
                         help="requests per vLLM batch (N of throughput.py; phase times are "
                              "then per batch, and the steps each batch took are counted)")
+    parser.add_argument("--max-tokens", type=int, default=1,
+                        help="tokens per answer (16: whole throughput.py batches)")
+    parser.add_argument("--timeline", action="store_true",
+                        help="print every round's engine steps (start, duration, requests and "
+                             "tokens scheduled) and keep them in the JSON")
     parser.add_argument("--pool", type=int, default=300)
     parser.add_argument("--fact-tokens", type=int, default=30)
     parser.add_argument("--question-tokens", type=int, default=48)
@@ -211,10 +256,12 @@ def main(argv: list[str] | None = None) -> dict:
     threads = torch_threads()
     for variant, k in ((v, int(x)) for v in args.variants.split(",") for x in args.k.split(",")):
         apply_variant(variant, threads)
-        run_modes(engine, facts, k, lambda: next(pool), 6, rng, None, args.batch)  # warm-up
+        run_modes(engine, facts, k, lambda: next(pool), 6, rng, None, args.batch,
+                  args.max_tokens)  # warm-up
         timer.clear()
+        timer.record_timeline = args.timeline
         walls = run_modes(engine, facts, k, lambda: next(pool), args.requests, rng, timer,
-                          args.batch)
+                          args.batch, args.max_tokens)
         phases = timer.median_us()
         medians = {m: sorted(v)[len(v) // 2] for m, v in walls.items()}
         key = k if variant == "default" else f"{variant}-{k}"
@@ -223,10 +270,15 @@ def main(argv: list[str] | None = None) -> dict:
         record["k"][key] = {"median_ms": medians, "phase_us_median": phases,
                             "phase_us_mean": timer.per_request_us(), "walls_ms": walls,
                             "steps_per_round": steps,
-                            "calls": {m: dict(c) for m, c in timer.calls.items()}}
+                            "calls": {m: dict(c) for m, c in timer.calls.items()},
+                            "timeline": {m: rounds for m, rounds in timer.timeline.items()},
+                            "ttft_p50_ms": {m: v for m, v in timer.ttft_p50.items()}}
         unit = "request" if args.batch == 1 else f"batch of {args.batch}"
+        ttft = {m: statistics.median(v) if v else float("nan")
+                for m, v in ((m, timer.ttft_p50.get(m, [])) for m in walls)}
         print(f"\n== {variant} k={k}: median kv {medians['kv']:.2f} ms, resident "
-              f"{medians['resident']:.2f} ms; engine steps per {unit} kv {steps['kv']:.1f}, "
+              f"{medians['resident']:.2f} ms; TTFT p50 kv {ttft['kv']:.2f} ms, resident "
+              f"{ttft['resident']:.2f} ms; engine steps per {unit} kv {steps['kv']:.1f}, "
               f"resident {steps['resident']:.1f}; host time per {unit} (us, median), kv / "
               f"resident / diff")
         for path in timer.wrapped:
@@ -234,6 +286,8 @@ def main(argv: list[str] | None = None) -> dict:
                                                                                           0.0)
             if kv or res:
                 print(f"  {path:60s} {kv:9.1f} {res:9.1f} {kv - res:+9.1f}")
+        if args.timeline:
+            print_timeline(timer.timeline)
     largest = max(int(x) for x in args.k.split(","))
     record["profile"] = {} if not args.profiled else profile(
         engine, facts, largest, lambda: next(pool), args.profiled, rng, args)
@@ -242,6 +296,40 @@ def main(argv: list[str] | None = None) -> dict:
                            record)
     print(f"wrote {written}")
     return record
+
+
+_GROUP = {"preprocess_add_request": "add_request"}
+"""Phases nested in another that print as one run with it."""
+
+
+def print_timeline(timeline: dict[str, list[list[tuple[str, float, float, str]]]]) -> None:
+    """Each mode's median round in full (ms since the round began), then per-round sums."""
+    for mode, rounds in timeline.items():
+        ends = [max((t + d for _, t, d, _ in r), default=0.0) for r in rounds]
+        median = sorted(range(len(rounds)), key=ends.__getitem__)[len(rounds) // 2]
+        print(f"\n-- {mode}: round {median} (median of {len(rounds)} by last event), ms "
+              "(runs of one phase merged: calls x, first start, summed duration)")
+        events = sorted(rounds[median], key=lambda e: e[1])
+        i = 0
+        while i < len(events):
+            j = i
+            while j + 1 < len(events) and _GROUP.get(events[j + 1][0], events[j + 1][0]) == \
+                    _GROUP.get(events[i][0], events[i][0]):
+                j += 1
+            run = events[i:j + 1]
+            sums = {p: sum(d for q, _, d, _ in run if q == p) for p in dict.fromkeys(
+                e[0] for e in run)}
+            print(f"  {1e3 * run[0][1]:9.2f} " + ", ".join(
+                f"{p} +{1e3 * d:.2f}" + (f" x{sum(e[0] == p for e in run)}" if j > i else "")
+                for p, d in sums.items()) + f"  {run[0][3]}")
+            i = j + 1
+        for i, r in enumerate(rounds):
+            steps = [t for p, t, _, _ in r if p == "schedule"]
+            busy = sum(d for p, _, d, _ in r if p in ("execute_model", "schedule",
+                                                       "sample_tokens", "update_from_output"))
+            print(f"  round {i}: {len(steps)} schedules, first at "
+                  f"{1e3 * min(steps, default=0.0):.1f} ms, engine phases {1e3 * busy:.1f} ms, "
+                  f"last event ends {1e3 * ends[i]:.1f} ms")
 
 
 def torch_threads() -> int:

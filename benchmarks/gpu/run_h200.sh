@@ -19,7 +19,8 @@
 # retrieval), fullgraph (ttft.py with cudagraph_mode FULL, Llama, k=0,50,100), probe
 # (ceiling_probe.py, per-phase medians at k=50,100), throughput_async (throughput.py through
 # vLLM's AsyncLLM), probe_batch (ceiling_probe.py --batch 64 at k=50: host time per throughput
-# prefill batch; BLOCK_SIZE=64 for vLLM blocks of 64 tokens), throughput_mp0 (N=32,64 with MP=0;
+# prefill batch; BLOCK_SIZE=64 for vLLM blocks of 64 tokens), timeline (the same with 16-token
+# answers: every engine step of whole throughput batches, N=${N:-64}), throughput_mp0 (N=32,64 with MP=0;
 # BLOCK_SIZE too), sync (async (default) vs sync scheduling: ttft.py with async_scheduling=false),
 # bs64 (ttft.py with vLLM blocks of 64 tokens), probe_bs (ceiling_probe at k=50,100 with blocks of
 # 16 and 64 tokens), search_probe (search phases at 10k/100k/300k/1M facts, float32 vs float16 scan), throughput (k=50, N up to 128, text / kv / resident, MP=1), tp2
@@ -95,6 +96,8 @@ for step in "$@"; do
     probe_batch)  # issue 13 at N=64: host time per batch of 64 one-token requests, kv vs resident
       # (BLOCK_SIZE=64 for vLLM blocks of 64 tokens: a quarter of the per-block bookkeeping)
       timeout 500 python3 benchmarks/gpu/ceiling_probe.py --model llama-3.1-8b --k 50 --batch 64 --requests 6 --profiled 0 --max-model-len 4096 --slab-mib 8192 ${BLOCK_SIZE:+--block-size $BLOCK_SIZE} --tag batch64${BLOCK_SIZE:+-bs$BLOCK_SIZE} 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/probe_batch${BLOCK_SIZE:+-bs$BLOCK_SIZE}.log"; grep -A40 "== " "$INFERSCALE_RESULTS/probe_batch${BLOCK_SIZE:+-bs$BLOCK_SIZE}.log" | grep -E "==|schedule |allocate|cache_full|computed_blocks|_verify|execute|start_load|prepare|planner.plan|runner" ;;
+    timeline)  # issue 13 at N=64: every engine step of whole throughput batches (16 tokens), kv vs resident
+      timeout 400 python3 benchmarks/gpu/ceiling_probe.py --model llama-3.1-8b --k 50 --batch ${N:-64} --max-tokens 16 --timeline --requests 4 --profiled 0 --max-model-len 4096 --slab-mib 8192 ${BLOCK_SIZE:+--block-size $BLOCK_SIZE} --tag timeline${N:-64}${BLOCK_SIZE:+-bs$BLOCK_SIZE} 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/timeline${N:-64}.log"; grep -E "^== |^-- |^  +[0-9]|round" "$INFERSCALE_RESULTS/timeline${N:-64}.log" | head -120 ;;
     throughput_mp0)  # the throughput batches with vLLM's engine core in this process (MP=0)
       timeout 500 python3 benchmarks/throughput.py --model llama-3.1-8b --tag h200-mp0${BLOCK_SIZE:+-bs$BLOCK_SIZE} --concurrency 32,64 --repeats 3 ${BLOCK_SIZE:+--vllm-arg block_size=$BLOCK_SIZE} 2>&1 | grep -vE "$quiet" | tail -4 ;;
     probe_bs)  # host phases per request at k=50,100 with vLLM blocks of 16 and of 64 tokens, one start
