@@ -6,8 +6,9 @@ sets after one warm-up batch per N, the modes interleaved in a shuffled order wi
 repeat (on the same fact sets) so that drift lands on every mode alike. `resident` is the
 ceiling: the same preamble + facts already in vLLM's prefix cache (warmed, untimed); it runs
 last in each repeat, because text requests after its warm-up would hit that cache too.
-Reports requests/s (N / median batch wall time, with min/max) and TTFT p50/p99 from vLLM's
-per-request first-token latency.
+Reports requests/s (N / median batch wall time, with min/max), TTFT p50/p99 from vLLM's
+per-request first-token latency, and paired ratios: kv over text and over resident within each
+repeat (median, min-max), steadier than ratios of medians when a machine's speed drifts.
 
   python benchmarks/throughput.py --model tiny --concurrency 1,8,32,64 --k 50
 """
@@ -62,6 +63,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "async_scheduling=true (repeatable)")
     parser.add_argument("--tag", default="")
     return parser.parse_args(argv)
+
+
+def paired_ratios(results: dict[str, dict[int, dict]], levels: list[int]
+                  ) -> dict[int, dict[str, list[float]]]:
+    """Per N, kv's throughput over text's and over resident's in each repeat.
+
+    The modes of one repeat run back to back on the same fact sets, so a repeat's ratio is
+    free of the drift between repeats (and machine starts) that moves every mode's req/s
+    alike; its median is the steadier comparison.
+    """
+    out: dict[int, dict[str, list[float]]] = {}
+    for n in levels:
+        out[n] = {}
+        for other in ("text", "resident"):
+            if "kv" in results and other in results:
+                kv, them = results["kv"][n]["raw_walls_s"], results[other][n]["raw_walls_s"]
+                out[n][f"kv_over_{other}"] = [t / k for k, t in zip(kv, them, strict=True)]
+    return out
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -147,15 +166,23 @@ def main(argv: list[str] | None = None) -> dict:
         close()
     else:
         engine.close()
-    print("\n| N | " + " | ".join(f"{m} req/s" for m in modes) + " | kv/text | kv/resident |")
-    print("|---" * (len(modes) + 3) + "|")
+    paired = paired_ratios(results, levels)
+    print("\n| N | " + " | ".join(f"{m} req/s" for m in modes)
+          + " | kv/text | kv/resident | paired kv/text | paired kv/resident |")
+    print("|---" * (len(modes) + 5) + "|")
     for n in levels:
         rate = {m: results[m][n]["requests_per_s"] for m in modes}
         ratio = (f"{rate['kv'] / rate['text']:.2f}" if {"kv", "text"} <= set(rate) else "-")
         ceil = (f"{rate['kv'] / rate['resident']:.2f}" if {"kv", "resident"} <= set(rate) else "-")
-        print(f"| {n} | " + " | ".join(f"{rate[m]:.2f}" for m in modes) + f" | {ratio} | {ceil} |")
+        pairs = " | ".join(
+            "-" if (got := paired[n].get(f"kv_over_{m}")) is None
+            else f"{statistics.median(got):.2f} ({min(got):.2f}-{max(got):.2f})"
+            for m in ("text", "resident"))
+        print(f"| {n} | " + " | ".join(f"{rate[m]:.2f}" for m in modes)
+              + f" | {ratio} | {ceil} | {pairs} |")
     record = {"benchmark": "throughput", "config": vars(args), "environment": environment(),
-              "ingest_seconds": ingest_s, "results": results, "engine_stats": stats.workers,
+              "ingest_seconds": ingest_s, "results": results, "paired_ratios": paired,
+              "engine_stats": stats.workers,
               "engine_counters": stats.counters}
     path = write_record(f"throughput-{args.model}{('-' + args.tag) if args.tag else ''}", record)
     print(f"wrote {path}")

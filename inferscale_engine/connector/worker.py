@@ -109,7 +109,7 @@ class InferScaleWorker:
         if not filled:
             return
         self.paged.inject_(self.slab, self._staging.upload(filled), self._rope)
-        for req_id, start, n in written:
+        for req_id, start, n in written[-(self.recent_loads.maxlen or 0):]:  # those kept
             self.recent_loads.append((req_id, host[1, start:start + n].copy()))
         self.counters["injected_requests"] += len(written)
         self.counters["injected_tokens"] += filled
