@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -192,7 +193,21 @@ def environment() -> dict[str, Any]:
             cwd=Path(__file__).parent, check=False).stdout.strip() or None
     except OSError:
         info["git_commit"] = None
+    info["source_digest"] = source_digest()
     return info
+
+
+def source_digest() -> str:
+    """sha256 (12 hex) of the Python sources of the package and the benchmarks.
+
+    Names the code a record was measured with even where git's HEAD does not (the GPU
+    machine gets a copy of the working tree whose .git may be older than the tree).
+    """
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted([*root.glob("inferscale_engine/**/*.py"), *root.glob("benchmarks/**/*.py")]):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def _cpu_name() -> str:
