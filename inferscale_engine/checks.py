@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from inferscale_engine.errors import (
+    ConfigError,
     InvalidFactError,
     InvalidTurnError,
     InvalidUserIdError,
@@ -181,6 +182,16 @@ def check_int(value: object, what: str, minimum: int, error: type[Exception]) ->
     """`value` if it is an int (not a bool) >= minimum."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise error(f"{what}={value!r:.40} must be an int >= {minimum}")
+    return value
+
+
+def check_half_scan_min_rows(value: object) -> int | None:
+    """`value` if it is None or an int >= 0; ConfigError otherwise (MemoryConfig, indexes)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 0):
+        raise ConfigError(f"half_scan_min_rows={value!r:.40} must be an int >= 0 (facts of one "
+                          "user from which searches scan float16 copies; 0 = never) or None "
+                          "(the device's default)")
     return value
 
 

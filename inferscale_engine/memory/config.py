@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from inferscale_engine.checks import check_half_scan_min_rows
 from inferscale_engine.config import EngineConfig
 from inferscale_engine.errors import ConfigError, InvalidRequestError
 from inferscale_engine.memory.store import FactStore
@@ -39,6 +40,10 @@ class MemoryConfig:
     """'encode': re-encode every stored fact's KV at start-up; 'lazy': on first use."""
     encode_on_add: bool = True
     """Encode a fact's KV when it is added (False: on first use)."""
+    half_scan_min_rows: int | None = None
+    """Facts of one user from which searches scan float16 copies of the embeddings (the same
+    results, proven per search, else a float32 scan; 1.5x the index memory); None = the
+    device's default (524,288 on CUDA, 8,192 on the CPU), 0 = never."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine, EngineConfig):
@@ -57,6 +62,7 @@ class MemoryConfig:
         check_startup(self.startup)
         if not isinstance(self.encode_on_add, bool):
             raise ConfigError(f"encode_on_add={self.encode_on_add!r} must be True or False")
+        check_half_scan_min_rows(self.half_scan_min_rows)
 
 
 def check_dedupe_threshold(value: object) -> float | None:

@@ -21,7 +21,7 @@ from inferscale_engine.contexts import (
     similar_context,
 )
 from inferscale_engine.facts import FactId
-from inferscale_engine.memory.records import Turn
+from inferscale_engine.memory.records import StoredFact, Turn
 from inferscale_engine.memory.retrieval import RetrievalIndex
 from inferscale_engine.memory.store import FactStore
 from inferscale_engine.memory.types import AddResult
@@ -217,6 +217,18 @@ def add_results(texts: list[str], matches: list[Match | None],
             fact_id = new_ids[target[0]] if isinstance(target, tuple) else target
             results.append(AddResult(fact_id, text, "DUPLICATE", score))
     return results
+
+
+def store_facts(store: FactStore, user_id: str, session_id: str | None,
+                metadata: dict[str, Any] | None, texts: list[str],
+                token_ids: list[tuple[int, ...]], vectors: torch.Tensor,
+                contexts: list[Context], turns: Sequence[tuple[str, str]]) -> list[StoredFact]:
+    """Write facts and turns in one transaction; returns the facts' records as stored."""
+    metas = [{**(metadata or {}), **context_metadata(c)} for c in contexts]
+    ids = store.add_facts(user_id=user_id, texts=texts, token_ids=token_ids,
+                          embeddings=list(vectors), metadata=metas, session_id=session_id,
+                          turns=turns)
+    return store.get(user_id=user_id, fact_ids=ids) if ids else []
 
 
 def public_metadata(metadata: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from typing import Any
 import torch
 
 from inferscale_engine import checks
-from inferscale_engine.contexts import Context
 from inferscale_engine.engine import Engine, Generation, Messages
 from inferscale_engine.errors import (
     EngineClosedError,
@@ -60,7 +59,8 @@ class Memory:
                  embedder: Embedder | str | None = None, *,
                  dedupe_threshold: float | None = 0.95, startup: str = "encode",
                  encode_on_add: bool = True, device: str | torch.device | None = None,
-                 context_turns: int = 16, progress_bar: bool | None = None) -> None:
+                 context_turns: int = 16, progress_bar: bool | None = None,
+                 half_scan_min_rows: int | None = None) -> None:
         """Open the store and make every stored fact searchable and servable.
 
         Args:
@@ -78,6 +78,7 @@ class Memory:
             context_turns: stored turns of a session (or, for facts added as texts, the user's
                 last facts) read as the context a new fact is encoded after.
             progress_bar: show the start-up progress bar (None: only on a terminal).
+            half_scan_min_rows: see MemoryConfig.half_scan_min_rows.
         """
         self._dedupe_threshold = check_dedupe_threshold(dedupe_threshold)
         check_startup(startup)
@@ -90,7 +91,8 @@ class Memory:
             self._embedder = embedder if isinstance(embedder, Embedder) else Embedder(
                 embedder or DEFAULT_EMBEDDING_MODEL, device=device)
             self._device = torch.device(device) if device else self._embedder.device
-            self._index = RetrievalIndex(device=self._device)
+            self._index = RetrievalIndex(device=self._device,
+                                         half_scan_min_rows=half_scan_min_rows)
             self._encode_on_add = encode_on_add
             self._context_turns = context_turns
             self._lock = threading.RLock()
@@ -116,7 +118,8 @@ class Memory:
             memory = cls(engine, config.db_path,
                          Embedder(config.embedding_model, device=config.device),
                          dedupe_threshold=config.dedupe_threshold, startup=config.startup,
-                         encode_on_add=config.encode_on_add, device=config.device)
+                         encode_on_add=config.encode_on_add, device=config.device,
+                         half_scan_min_rows=config.half_scan_min_rows)
         except BaseException:
             engine.close()
             raise
@@ -167,9 +170,9 @@ class Memory:
                                        self._context_turns, [len(t) for t in token_ids],
                                        self._engine.config, ingest.SimilarSource(
                                            self._index, vectors, self._served.prompt_line))
-            stored = self._store_facts(user_id, session_id, metadata, [facts[i][0] for i in keep],
-                                       [token_ids[i] for i in keep], vectors[keep],
-                                       [contexts[i] for i in keep], turns or ())
+            stored = ingest.store_facts(self._store, user_id, session_id, metadata,
+                                        [facts[i][0] for i in keep], [token_ids[i] for i in keep],
+                                        vectors[keep], [contexts[i] for i in keep], turns or ())
             self._served.register(user_id, stored, self._encode_on_add)
             new_ids = dict(zip(keep, (f.fact_id for f in stored), strict=True))
             self.counters["added"] += len(keep)
@@ -428,18 +431,6 @@ class Memory:
         self.close()
 
     # ---- internals ---------------------------------------------------------------------
-    def _store_facts(self, user_id: str, session_id: str | None,
-                     metadata: dict[str, Any] | None, texts: list[str],
-                     token_ids: list[tuple[int, ...]], vectors: torch.Tensor,
-                     contexts: list[Context], turns: Sequence[tuple[str, str]]
-                     ) -> list[StoredFact]:
-        """Write facts and turns in one transaction; returns the facts' records as stored."""
-        metas = [{**(metadata or {}), **ingest.context_metadata(c)} for c in contexts]
-        ids = self._store.add_facts(user_id=user_id, texts=texts, token_ids=token_ids,
-                                    embeddings=list(vectors), metadata=metas, session_id=session_id,
-                                    turns=turns)
-        return self._store.get(user_id=user_id, fact_ids=ids) if ids else []
-
     def _embed(self, texts: list[str]) -> torch.Tensor:
         """[len(texts), dim] float32 on the index's device, rows L2-normalized."""
         return self._embedder.encode(texts).to(self._device)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from inferscale_engine.checks import check_user_id
+from inferscale_engine.checks import check_half_scan_min_rows, check_user_id
 from inferscale_engine.errors import ConfigError, FactNotFoundError, RetrievalError
 from inferscale_engine.facts import FactId
 from inferscale_engine.memory.embedder import resolve_device
@@ -61,8 +61,9 @@ class UserIndex:
         self._embeddings = torch.empty(max(initial_capacity, 1), dim, dtype=torch.float32,
                                        device=self.device)
         """[capacity, dim] float32; rows [0, len) hold the normalized embeddings."""
-        self._half_scan_min_rows = (HALF_SCAN_MIN_ROWS.get(self.device.type, 0)
-                                    if half_scan_min_rows is None else half_scan_min_rows)
+        rows = check_half_scan_min_rows(half_scan_min_rows)
+        self._half_scan_min_rows = (HALF_SCAN_MIN_ROWS.get(self.device.type, 0) if rows is None
+                                    else rows)
         self._half: torch.Tensor | None = None
         """[capacity, dim] float16 copies of the rows once there are half_scan_min_rows."""
         self._row_fact_ids: list[int] = []
@@ -231,16 +232,18 @@ class UserIndex:
 class RetrievalIndex:
     """A separate UserIndex per user on one device. Thread-safe."""
 
-    def __init__(self, *, dim: int | None = None,
-                 device: str | torch.device | None = None) -> None:
+    def __init__(self, *, dim: int | None = None, device: str | torch.device | None = None,
+                 half_scan_min_rows: int | None = None) -> None:
         """An empty index.
 
         Args:
             dim: embedding dimension; None = that of the first add.
             device: where the matrices live; None = CUDA if available.
+            half_scan_min_rows: see UserIndex (per user).
         """
         self._dim = dim
         self._device = resolve_device(device)
+        self._half_scan_min_rows = check_half_scan_min_rows(half_scan_min_rows)
         self._users: dict[str, UserIndex] = {}
         self._lock = threading.RLock()
 
@@ -257,7 +260,8 @@ class RetrievalIndex:
                 if self._dim is None and (vectors.ndim != 2 or vectors.shape[1] < 1):
                     raise RetrievalError(f"embeddings have shape {tuple(vectors.shape)}; pass "
                                          "[num_facts, dim]")
-                index = UserIndex(self._dim or vectors.shape[1], device=self._device)
+                index = UserIndex(self._dim or vectors.shape[1], device=self._device,
+                                  half_scan_min_rows=self._half_scan_min_rows)
             index.add(ids, vectors)
             self._dim = index.dim
             self._users[user_id] = index

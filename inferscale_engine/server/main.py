@@ -4,7 +4,7 @@
                      [--api-keys FILE] [--k 5] [--window 256] [--context-source similar|recent]
                      [--run-tokens 512] [--slab-mib 256]
                      [--embedding-model NAME|DIR] [--dedupe-threshold 0.95|none]
-                     [vLLM's own serve flags]
+                     [--half-scan-min-rows N] [vLLM's own serve flags]
 
 vLLM's engine (AsyncLLM) starts with InferScale's KV connector and worker extension forced;
 the Memory runs on top of it in worker threads (AsyncRunner); vLLM's app is built as usual and
@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from inferscale_engine.checks import check_half_scan_min_rows
 from inferscale_engine.config import EngineConfig, plan_secret
 from inferscale_engine.errors import ConfigError
 from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL, check_dedupe_threshold
@@ -55,6 +56,9 @@ def our_parser() -> argparse.ArgumentParser:
                         help="sentence-transformers name or folder (default: offline MiniLM)")
     parser.add_argument("--dedupe-threshold", type=_threshold, default=0.95,
                         help="cosine at which an added fact is a duplicate; 'none' stores all")
+    parser.add_argument("--half-scan-min-rows", type=int, default=None,
+                        help="facts of one user from which searches scan float16 copies (1.5x "
+                             "the index memory; default: the device's, 0 = never)")
     return parser
 
 
@@ -70,6 +74,7 @@ def main(argv: list[str]) -> int:
         raise ConfigError("VLLM_SERVER_DEV_MODE exposes /collective_rpc (the slab's control "
                           "calls) to every client; unset it")
     check_dedupe_threshold(ours.dedupe_threshold)  # before vLLM starts, not after
+    check_half_scan_min_rows(ours.half_scan_min_rows)
     keys = ApiKeys.load(ours.api_keys) if ours.api_keys else None
     check_bind(ours.host, keys)
     plan_secret()  # in the environment before vLLM starts its processes: they inherit it
@@ -162,7 +167,8 @@ def open_memory(config: EngineConfig, ours: argparse.Namespace, client: Any,
 
     return Memory.from_config(MemoryConfig(engine=config, db_path=ours.db,
                                            embedding_model=ours.embedding_model,
-                                           dedupe_threshold=ours.dedupe_threshold),
+                                           dedupe_threshold=ours.dedupe_threshold,
+                                           half_scan_min_rows=ours.half_scan_min_rows),
                               runner=lambda _config, _connector: AsyncRunner(client, loop))
 
 

@@ -203,3 +203,12 @@ def test_without_keys_the_server_listens_on_loopback_only(monkeypatch):
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
     with pytest.raises(ConfigError, match="collective_rpc"):
         serve_main(["--model", "tiny"])
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--dedupe-threshold", "1.5"], "dedupe_threshold"),
+    (["--half-scan-min-rows", "-1"], "half_scan_min_rows"),
+])
+def test_bad_memory_flags_are_refused_before_vllm_starts(flags, message):
+    with pytest.raises(ConfigError, match=message):
+        serve_main(["--model", "tiny", *flags])

@@ -32,6 +32,9 @@ def config(tiny_models):
     (dict(startup="eager"), "startup"),
     (dict(device=0), "device"),
     (dict(encode_on_add="yes"), "encode_on_add"),
+    (dict(half_scan_min_rows=-1), "half_scan_min_rows"),
+    (dict(half_scan_min_rows=True), "half_scan_min_rows"),
+    (dict(half_scan_min_rows=1.5), "half_scan_min_rows"),
 ])
 def test_invalid_config_is_refused(config, overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -61,9 +64,10 @@ def test_stale_parts():
 def test_from_config_builds_everything_and_a_model_change_rebuilds_kv(config, tiny_models,
                                                                          tmp_path):
     db = str(tmp_path / "sub" / "m.db")
-    memory_config = MemoryConfig(config, db_path=db, device="cpu")
+    memory_config = MemoryConfig(config, db_path=db, device="cpu", half_scan_min_rows=2)
     with Memory.from_config(memory_config) as memory:
         ids = [r.fact_id for r in memory.add(user_id="alice", texts=FACTS[:3])]
+        assert memory._index._users["alice"]._half is not None  # float16 copies from 2 facts
         out = memory.generate(user_id="alice", query="What does Alice like?", k=1,
                               sampling=greedy(2))
         assert out.plan_status == "inject" and memory.engine.is_resident(ids[0])
@@ -79,6 +83,7 @@ def test_from_config_builds_everything_and_a_model_change_rebuilds_kv(config, ti
     llama = MemoryConfig(engine_config(tiny_models["llama"]), db_path=db, device="cpu")
     with Memory.from_config(llama) as memory:
         assert memory.stats().counters["startup_facts"] == 3
+        assert memory._index._users["alice"]._half is None  # the CPU default: from 8,192
         assert all(memory.engine.is_resident(i) for i in ids)
         assert json.loads(memory._store.fingerprint())["model"] == str(tiny_models["llama"])
         for fact_id in ids:

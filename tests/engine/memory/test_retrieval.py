@@ -461,3 +461,21 @@ def test_half_copies_start_at_the_devices_threshold():
     assert index._half is None
     index.add([rows], torch.rand(1, 4) + 0.1)
     assert index._half is not None and UserIndex(4, device="meta")._half_scan_min_rows == 0
+
+
+def test_every_users_index_takes_the_configured_threshold_and_a_bad_one_is_refused():
+    vectors = torch.rand(6, 4) + 0.1
+    never, early = (RetrievalIndex(device="cpu", half_scan_min_rows=rows) for rows in (0, 3))
+    for index in (never, early):
+        for user in ("alice", "bob"):
+            index.add(user_id=user, fact_ids=range(6), embeddings=vectors)
+    assert all(u._half is None for u in never._users.values())
+    assert all(u._half is not None for u in early._users.values())
+    query = torch.rand(4)
+    assert [f for f, _ in never.search(user_id="bob", query_embedding=query, k=3)] == [
+        f for f, _ in early.search(user_id="bob", query_embedding=query, k=3)]
+    for bad in (-1, True, 2.0, "8"):
+        with pytest.raises(ConfigError, match="half_scan_min_rows"):
+            RetrievalIndex(device="cpu", half_scan_min_rows=bad)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match="half_scan_min_rows"):
+            UserIndex(4, half_scan_min_rows=bad)  # type: ignore[arg-type]
