@@ -126,8 +126,11 @@ class TestArbitraryArguments:
     def test_other_verbs(self, memory, data, verb):
         user_id = data.draw(USER_ID if verb != "reset" else st.sampled_from(["carol", "zed"]))
         existing = sorted({i for u in USERS for i, _ in self.snapshot(memory)[0][u]})
-        fact_id = data.draw(st.one_of(st.sampled_from(existing or [1]),
-                                      st.integers(-3, 10**6), JUNK))
+        # an existing fact by position: the strategy must not depend on the memory's state,
+        # which earlier examples change (hypothesis replays draws: FlakyStrategyDefinition)
+        fact_id = data.draw(st.one_of(
+            st.integers(0, 10**6).map(lambda i: existing[i % len(existing)] if existing else 1),
+            st.integers(-3, 10**6), JUNK))
         before = self.snapshot(memory)
         try:
             if verb == "search":
