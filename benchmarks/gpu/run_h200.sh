@@ -16,7 +16,7 @@
 # 20, and Qwen3-8B, MP=0, retrieval timed on the GPU), async (the same with vLLM's
 # async_scheduling, Llama, k=0,50,100), profile (cProfile of kv and resident at k=100), memory1m (memory_ops.py: 1M facts of one user, index and
 # query embedder on the GPU), ceiling2 (the issue-13 TTFT table: both models, k=0..100, with
-# retrieval), fullgraph (ttft.py with cudagraph_mode FULL, Llama, k=0,50,100), probe
+# retrieval), ttft_llama (the same without retrieval, Llama only; MODELS= for others), fullgraph (ttft.py with cudagraph_mode FULL, Llama, k=0,50,100), probe
 # (ceiling_probe.py, per-phase medians at k=50,100), throughput_async (throughput.py through
 # vLLM's AsyncLLM), probe_batch (ceiling_probe.py --batch 64 at k=50: host time per throughput
 # prefill batch; BLOCK_SIZE=64 for vLLM blocks of 64 tokens), timeline (the same with 16-token
@@ -87,6 +87,10 @@ for step in "$@"; do
       random_minilm
       python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,10,25,50,100 --modes text,kv,resident,kv-user2 --embedder /tmp/minilm --tag h200-ceiling2 --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -9
       python3 benchmarks/ttft.py --model qwen3-8b --ks 0,10,25,50,100 --embedder /tmp/minilm --tag h200-ceiling2 --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -9 ;;
+    ttft_llama)  # the issue-13 TTFT table for Llama-3.1-8B only (no retrieval timing), MODELS overrides
+      for m in ${MODELS:-llama-3.1-8b}; do
+        timeout 400 python3 benchmarks/ttft.py --model $m --ks 0,10,25,50,100 --embedder none --tag h200-${TAG:-fair} --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -9
+      done ;;
     fullgraph)  # vLLM's FULL CUDA graphs for mixed batches too (FA3 supports them), every mode
       timeout 500 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50,100 --embedder none --tag h200-fullgraph --warmup 4 --vllm-arg 'compilation_config={"cudagraph_mode": "FULL"}' 2>&1 | grep -vE "$quiet" | tail -6 ;;
     probe)  # per-phase host time of kv vs resident (medians per request) + profiler tops
