@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> dict:
     for n in levels:
         walls: dict[str, list[float]] = {m: [] for m in modes}
         ttfts: dict[str, list[float]] = {m: [] for m in modes}
+        cached: dict[str, list[int]] = {m: [] for m in modes}
+        """Prompt tokens vLLM did not compute (prefix cache or injected), per request."""
         # Modes interleaved within each repeat, on the same fact sets, so that clock and
         # cache drift between repeats lands on every mode alike; repeat 0 is a warm-up.
         for rep in range(args.repeats + 1):
@@ -153,6 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
                     continue
                 walls[mode].append(wall)
                 ttfts[mode] += [o.ttft_ms for o in outs if o.ttft_ms is not None]
+                cached[mode] += [o.num_cached_tokens or 0 for o in outs]
         for mode in modes:
             results[mode][n] = {
                 "requests_per_s": n / statistics.median(walls[mode]),
@@ -161,13 +164,15 @@ def main(argv: list[str] | None = None) -> dict:
                 "ttft_p50_ms": percentile(ttfts[mode], 0.5) if ttfts[mode] else None,
                 "ttft_p99_ms": percentile(ttfts[mode], 0.99) if ttfts[mode] else None,
                 "raw_walls_s": walls[mode], "raw_ttft_ms": ttfts[mode],
+                "cached_tokens_median": statistics.median(cached[mode]) if cached[mode] else None,
             }
             r = results[mode][n]
             low, high = r["requests_per_s_min_max"]
             print(f"{mode:8s} N={n:3d}: {r['requests_per_s']:8.2f} req/s (min {low:.2f}, max "
                   f"{high:.2f})  TTFT p50 "
                   f"{r['ttft_p50_ms'] or float('nan'):8.2f} ms  p99 "
-                  f"{r['ttft_p99_ms'] or float('nan'):8.2f} ms", flush=True)
+                  f"{r['ttft_p99_ms'] or float('nan'):8.2f} ms  cached "
+                  f"{r['cached_tokens_median'] or 0:.0f} tok", flush=True)
     stats = engine.stats()
     if close is not None:
         close()
