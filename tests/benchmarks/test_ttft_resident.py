@@ -23,3 +23,17 @@ def test_resident_finds_its_facts_in_the_prefix_cache(tmp_path, monkeypatch):
     assert memory - 256 <= found <= memory  # all but the last partial cache blocks
     assert entry["kv_over_resident_paired"]["n"] == 2
     assert list(tmp_path.glob("ttft-tiny-*.json"))
+
+
+def test_resident_finds_no_more_than_kv_injects_after_a_text_request(tmp_path, monkeypatch):
+    """Until 2026-12-03 the timed resident request asked the question the round's text request
+    had just asked after the same facts, so it also found its question's leading blocks cached
+    and computed fewer tokens than kv: a ceiling above the ceiling."""
+    monkeypatch.setenv("INFERSCALE_RESULTS", str(tmp_path))
+    record = ttft.main(["--model", "tiny", "--ks", "20", "--modes", "text,kv,resident",
+                        "--repeats", "2", "--warmup", "1", "--pool", "40", "--embedder", "none",
+                        "--max-model-len", "4096", "--slab-mib", "64", "--facts", "synthetic",
+                        "--block-size", "32", "--question-tokens", "80"])
+    cached = record["summary"][20]["cached_tokens_median"]
+    assert cached["kv"] > 400  # preamble + facts, injected exactly
+    assert cached["kv"] - 32 < cached["resident"] <= cached["kv"]
