@@ -82,6 +82,7 @@ class Memory:
         """
         self._dedupe_threshold = check_dedupe_threshold(dedupe_threshold)
         check_startup(startup)
+        checks.check_half_scan_min_rows(half_scan_min_rows)
         checks.check_int(context_turns, "context_turns", 0, InvalidRequestError)
         self._engine = engine
         self._owns_engine = False

@@ -11,6 +11,7 @@ import json
 import pytest
 
 from inferscale_engine.errors import (
+    ConfigError,
     EngineClosedError,
     FactNotFoundError,
     HandleError,
@@ -103,6 +104,13 @@ def test_dedupe_can_be_disabled(engine, db):
     with Memory(engine, db, HashEmbedder(), dedupe_threshold=None, progress_bar=False) as mem:
         results = mem.add(user_id="u", texts=[FACTS[0], FACTS[0]])
         assert [r.event for r in results] == ["ADD", "ADD"]
+
+
+def test_a_bad_half_scan_threshold_is_refused_before_the_store_opens(engine, tmp_path):
+    db = tmp_path / "never.db"
+    with pytest.raises(ConfigError, match="half_scan_min_rows"):
+        Memory(engine, str(db), HashEmbedder(), half_scan_min_rows=-1)
+    assert not db.exists()
 
 
 def test_semantic_search_with_the_default_embedder(engine, db):
