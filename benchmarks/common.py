@@ -127,6 +127,24 @@ def locomo_facts(count: int, min_tokens: int, tokenizer: Any) -> list[str] | Non
     return texts[:count] if len(texts) >= count else None
 
 
+def fit_max_model_len(model: str, requested: int) -> int:
+    """`requested`, or the model's max_position_embeddings where that is smaller (printed).
+
+    The benchmarks' default (8192) exceeds what some models serve (the tiny test models:
+    4096), which vLLM refuses.
+    """
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return requested
+    limit = config.get("max_position_embeddings")
+    if isinstance(limit, int) and 0 < limit < requested:
+        print(f"max_model_len {requested} -> {limit} (the model's max_position_embeddings)",
+              flush=True)
+        return limit
+    return requested
+
+
 def synthetic_texts(tokenizer: Any, count: int, num_tokens: int, seed: int,
                     fmt: str = "- {text}\n") -> list[str]:
     """`count` distinct texts of about `num_tokens` tokens each (once formatted with `fmt`)."""
