@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -84,6 +85,12 @@ def paired_ratios(results: dict[str, dict[int, dict]], levels: list[int]
     return out
 
 
+def asked_from(batch: list[tuple[Any, str]], questions: list[str], first: int
+               ) -> list[tuple[Any, str]]:
+    """The batch's fact sets asked questions[first], questions[first + 1], ... (cycling)."""
+    return [(h, questions[(first + i) % len(questions)]) for i, (h, _) in enumerate(batch)]
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
@@ -139,14 +146,12 @@ def main(argv: list[str] | None = None) -> dict:
             for mode in order:
                 asked = batch
                 if mode == "resident":  # the same preamble + facts already in the prefix cache
-                    others = [(h, questions[(rep * n + i + 1) % len(questions)])
-                              for i, (h, _) in enumerate(batch)]
-                    engine.generate_many(others, warm, mode="text", layout=Layout())
+                    engine.generate_many(asked_from(batch, questions, rep * n + 1), warm,
+                                         mode="text", layout=Layout())
                     # timed with questions no request asked after these facts: text's batch
                     # (same facts, same questions) left whole prompts in the prefix cache, and
                     # a ceiling finding its questions' blocks there computes fewer tokens than kv
-                    asked = [(h, questions[(rep * n + i + 2) % len(questions)])
-                             for i, (h, _) in enumerate(batch)]
+                    asked = asked_from(batch, questions, rep * n + 2)
                 t0 = time.perf_counter()
                 outs = engine.generate_many(asked, sampling, layout=Layout(),
                                             mode="text" if mode == "resident" else mode)

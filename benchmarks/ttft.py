@@ -281,14 +281,14 @@ def main(argv: list[str] | None = None) -> dict:
     _print_table(summary, modes)
     for k, entry in summary.items():  # resident must find every full cache block of its memory
         found = entry["cached_tokens_median"].get("resident")
-        # kv's median plan (preamble + facts) is the memory of the median request; the last
-        # request's num_injected_tokens is one draw of random fact lengths
-        memory = entry["cached_tokens_median"].get("kv") or entry["num_injected_tokens"]
+        # kv's median plan (preamble + facts, injected exactly) is the median request's memory;
+        # the last request's num_injected_tokens is one draw of random fact lengths
+        planned = entry["cached_tokens_median"].get("kv")
+        memory = planned or entry["num_injected_tokens"]
         if found is not None and memory and found < memory // block_size * block_size:
             print(f"WARNING: at k={k} resident requests found only {found:.0f} prompt tokens in "
                   f"vLLM's prefix cache ({memory} memory tokens, blocks of {block_size}): its "
                   "numbers are no ceiling")
-        planned = entry["cached_tokens_median"].get("kv")  # preamble + facts, injected exactly
         if found is not None and planned is not None and found > planned:
             print(f"WARNING: at k={k} resident requests found {found:.0f} prompt tokens in "
                   f"vLLM's prefix cache, more than kv's {planned:.0f} (preamble + facts): they "

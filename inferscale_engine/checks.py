@@ -186,13 +186,11 @@ def check_int(value: object, what: str, minimum: int, error: type[Exception]) ->
 
 
 def check_half_scan_min_rows(value: object) -> int | None:
-    """`value` if it is None or an int >= 0; ConfigError otherwise (MemoryConfig, indexes)."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                              or value < 0):
-        raise ConfigError(f"half_scan_min_rows={value!r:.40} must be an int >= 0 (facts of one "
-                          "user from which searches scan float16 copies; 0 = never) or None "
-                          "(the device's default)")
-    return value
+    """`value` if it is None (the device's default) or an int >= 0 (0 = never).
+
+    ConfigError otherwise (MemoryConfig, the indexes, the server's flag).
+    """
+    return None if value is None else check_int(value, "half_scan_min_rows", 0, ConfigError)
 
 
 def comparable_text(text: str) -> str:

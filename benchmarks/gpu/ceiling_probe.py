@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import random
 import statistics
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,9 +59,9 @@ PHASES = (
 """Dotted paths of the methods timed (absent ones are skipped: vLLM versions differ)."""
 
 
-TIMELINE = {"core.step", "core.step_with_batch_queue", "core.scheduler.schedule",
-            "core.model_executor.execute_model", "core.model_executor.sample_tokens",
-            "core.scheduler.update_from_output", "engine._planner.prepare",
+TIMELINE = {"core.scheduler.schedule", "core.model_executor.execute_model",
+            "core.model_executor.sample_tokens", "core.scheduler.update_from_output",
+            "engine._planner.prepare",
             "engine._planner.prepare_many", "engine._runner.llm.llm_engine.add_request",
             "core.preprocess_add_request", "worker_connector.start_load_kv"}
 """Phases whose every call --timeline records (start, duration) within its round."""
@@ -271,11 +272,11 @@ def main(argv: list[str] | None = None) -> dict:
                             "phase_us_mean": timer.per_request_us(), "walls_ms": walls,
                             "steps_per_round": steps,
                             "calls": {m: dict(c) for m, c in timer.calls.items()},
-                            "timeline": {m: rounds for m, rounds in timer.timeline.items()},
-                            "ttft_p50_ms": {m: v for m, v in timer.ttft_p50.items()}}
+                            "timeline": dict(timer.timeline),
+                            "ttft_p50_ms": dict(timer.ttft_p50)}
         unit = "request" if args.batch == 1 else f"batch of {args.batch}"
-        ttft = {m: statistics.median(v) if v else float("nan")
-                for m, v in ((m, timer.ttft_p50.get(m, [])) for m in walls)}
+        ttft = {m: statistics.median(timer.ttft_p50[m]) if timer.ttft_p50.get(m) else float("nan")
+                for m in walls}
         print(f"\n== {variant} k={k}: median kv {medians['kv']:.2f} ms, resident "
               f"{medians['resident']:.2f} ms; TTFT p50 kv {ttft['kv']:.2f} ms, resident "
               f"{ttft['resident']:.2f} ms; engine steps per {unit} kv {steps['kv']:.1f}, "
@@ -310,19 +311,15 @@ def print_timeline(timeline: dict[str, list[list[tuple[str, float, float, str]]]
         print(f"\n-- {mode}: round {median} (median of {len(rounds)} by last event), ms "
               "(runs of one phase merged: calls x, first start, summed duration)")
         events = sorted(rounds[median], key=lambda e: e[1])
-        i = 0
-        while i < len(events):
-            j = i
-            while j + 1 < len(events) and _GROUP.get(events[j + 1][0], events[j + 1][0]) == \
-                    _GROUP.get(events[i][0], events[i][0]):
-                j += 1
-            run = events[i:j + 1]
-            sums = {p: sum(d for q, _, d, _ in run if q == p) for p in dict.fromkeys(
-                e[0] for e in run)}
+        for _, group in itertools.groupby(events, key=lambda e: _GROUP.get(e[0], e[0])):
+            run = list(group)
+            sums: dict[str, float] = defaultdict(float)
+            for phase, _, duration, _ in run:
+                sums[phase] += duration
+            calls = Counter(e[0] for e in run)
             print(f"  {1e3 * run[0][1]:9.2f} " + ", ".join(
-                f"{p} +{1e3 * d:.2f}" + (f" x{sum(e[0] == p for e in run)}" if j > i else "")
+                f"{p} +{1e3 * d:.2f}" + (f" x{calls[p]}" if len(run) > 1 else "")
                 for p, d in sums.items()) + f"  {run[0][3]}")
-            i = j + 1
         for i, r in enumerate(rounds):
             steps = [t for p, t, _, _ in r if p == "schedule"]
             busy = sum(d for p, _, d, _ in r if p in ("execute_model", "schedule",
