@@ -91,6 +91,22 @@ def asked_from(batch: list[tuple[Any, str]], questions: list[str], first: int
     return [(h, questions[(first + i) % len(questions)]) for i, (h, _) in enumerate(batch)]
 
 
+def batch_shape(batches: list[list[list[float]]]) -> dict[str, float | None]:
+    """How timed batches entered vLLM's engine core (medians over batches, ms from submit).
+
+    last_queued: when the batch's last request reached the engine core's queue; first_steps:
+    how many engine steps first scheduled the batch's requests (one timestamp per schedule
+    call); last_scheduled: when the last request was first scheduled.
+    """
+    full = [b for b in batches if b]
+    if not full:
+        return {"last_queued_ms_median": None, "first_steps_median": None,
+                "last_scheduled_ms_median": None}
+    return {"last_queued_ms_median": statistics.median(max(r[0] for r in b) for b in full),
+            "first_steps_median": statistics.median(len({r[1] for r in b}) for b in full),
+            "last_scheduled_ms_median": statistics.median(max(r[1] for r in b) for b in full)}
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
@@ -133,6 +149,8 @@ def main(argv: list[str] | None = None) -> dict:
         ttfts: dict[str, list[float]] = {m: [] for m in modes}
         cached: dict[str, list[int]] = {m: [] for m in modes}
         """Prompt tokens vLLM did not compute (prefix cache or injected), per request."""
+        engine_ms: dict[str, list[list[list[float]]]] = {m: [] for m in modes}
+        """Per timed batch, per request: queued, first scheduled, first token (engine clock)."""
         # Modes interleaved within each repeat, on the same fact sets, so that clock and
         # cache drift between repeats lands on every mode alike; repeat 0 is a warm-up.
         for rep in range(args.repeats + 1):
@@ -152,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict:
                     # (same facts, same questions) left whole prompts in the prefix cache, and
                     # a ceiling finding its questions' blocks there computes fewer tokens than kv
                     asked = asked_from(batch, questions, rep * n + 2)
-                t0 = time.perf_counter()
+                t0, mono0 = time.perf_counter(), time.monotonic()
                 outs = engine.generate_many(asked, sampling, layout=Layout(),
                                             mode="text" if mode == "resident" else mode)
                 wall = time.perf_counter() - t0
@@ -161,6 +179,8 @@ def main(argv: list[str] | None = None) -> dict:
                 walls[mode].append(wall)
                 ttfts[mode] += [o.ttft_ms for o in outs if o.ttft_ms is not None]
                 cached[mode] += [o.num_cached_tokens or 0 for o in outs]
+                engine_ms[mode].append([[round((t - mono0) * 1e3, 3) for t in o.engine_times]
+                                        for o in outs if o.engine_times])
         for mode in modes:
             results[mode][n] = {
                 "requests_per_s": n / statistics.median(walls[mode]),
@@ -170,6 +190,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "ttft_p99_ms": percentile(ttfts[mode], 0.99) if ttfts[mode] else None,
                 "raw_walls_s": walls[mode], "raw_ttft_ms": ttfts[mode],
                 "cached_tokens_median": statistics.median(cached[mode]) if cached[mode] else None,
+                "raw_engine_ms": engine_ms[mode], **batch_shape(engine_ms[mode]),
             }
             r = results[mode][n]
             low, high = r["requests_per_s_min_max"]
@@ -178,6 +199,11 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{r['ttft_p50_ms'] or float('nan'):8.2f} ms  p99 "
                   f"{r['ttft_p99_ms'] or float('nan'):8.2f} ms  cached "
                   f"{r['cached_tokens_median'] or 0:.0f} tok", flush=True)
+            if r["first_steps_median"] is not None:
+                print(f"{'':8s}        engine: all queued by {r['last_queued_ms_median']:.1f} ms, "
+                      f"first scheduled over {r['first_steps_median']:.0f} steps, the last "
+                      f"at {r['last_scheduled_ms_median']:.1f} ms (medians over batches)",
+                      flush=True)
     stats = engine.stats()
     if close is not None:
         close()
