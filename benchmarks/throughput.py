@@ -96,15 +96,19 @@ def batch_shape(batches: list[list[list[float]]]) -> dict[str, float | None]:
 
     last_queued: when the batch's last request reached the engine core's queue; first_steps:
     how many engine steps first scheduled the batch's requests (one timestamp per schedule
-    call); last_scheduled: when the last request was first scheduled.
+    call); last_scheduled: when the last request was first scheduled; last_first_token and
+    last_token: when the engine core produced the batch's last first token and its very last
+    token (the batch's wall minus that is the client's lag: output processing, collection).
     """
     full = [b for b in batches if b]
-    if not full:
-        return {"last_queued_ms_median": None, "first_steps_median": None,
-                "last_scheduled_ms_median": None}
-    return {"last_queued_ms_median": statistics.median(max(r[0] for r in b) for b in full),
-            "first_steps_median": statistics.median(len({r[1] for r in b}) for b in full),
-            "last_scheduled_ms_median": statistics.median(max(r[1] for r in b) for b in full)}
+    names = ("last_queued", "last_scheduled", "last_first_token", "last_token")
+    shape: dict[str, float | None] = {
+        "first_steps_median": statistics.median(len({r[1] for r in b}) for b in full)
+        if full else None}
+    for i, name in enumerate(names):
+        shape[f"{name}_ms_median"] = (statistics.median(max(r[i] for r in b) for b in full)
+                                      if full else None)
+    return shape
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -150,7 +154,8 @@ def main(argv: list[str] | None = None) -> dict:
         cached: dict[str, list[int]] = {m: [] for m in modes}
         """Prompt tokens vLLM did not compute (prefix cache or injected), per request."""
         engine_ms: dict[str, list[list[list[float]]]] = {m: [] for m in modes}
-        """Per timed batch, per request: queued, first scheduled, first token (engine clock)."""
+        """Per timed batch, per request: queued, first scheduled, first and last token (ms
+        from submission, engine core's clock)."""
         # Modes interleaved within each repeat, on the same fact sets, so that clock and
         # cache drift between repeats lands on every mode alike; repeat 0 is a warm-up.
         for rep in range(args.repeats + 1):
@@ -202,8 +207,10 @@ def main(argv: list[str] | None = None) -> dict:
             if r["first_steps_median"] is not None:
                 print(f"{'':8s}        engine: all queued by {r['last_queued_ms_median']:.1f} ms, "
                       f"first scheduled over {r['first_steps_median']:.0f} steps, the last "
-                      f"at {r['last_scheduled_ms_median']:.1f} ms (medians over batches)",
-                      flush=True)
+                      f"at {r['last_scheduled_ms_median']:.1f} ms; last first token at "
+                      f"{r['last_first_token_ms_median']:.1f}, last token at "
+                      f"{r['last_token_ms_median']:.1f}, batch returned at "
+                      f"{r['batch_wall_s'] * 1e3:.1f} ms (medians over batches)", flush=True)
     stats = engine.stats()
     if close is not None:
         close()

@@ -44,10 +44,10 @@ class Generation:
     or the connector's verdict ('mismatch', 'rejected': vLLM prefilled the facts)."""
     num_stale_facts: int = 0
     """Facts of the handle deleted before it was served (left out)."""
-    engine_times: tuple[float, float, float] | None = None
+    engine_times: tuple[float, float, float, float] | None = None
     """vLLM's engine-core clock (time.monotonic(), seconds; one clock for every process of a
-    host) when the request was queued, first scheduled and produced its first token (needs
-    disable_log_stats=False; None otherwise)."""
+    host) when the request was queued, first scheduled, produced its first token and its last
+    one (needs disable_log_stats=False; None otherwise)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,13 +97,14 @@ def from_output(out: Any, mode: str, num_prompt_tokens: int, latency_ms: float) 
     injected = int(result.get("claimed", 0)) if status == "inject" else 0
     metrics = getattr(out, "metrics", None)
     first_token_s = getattr(metrics, "first_token_latency", 0.0) if metrics else 0.0
-    queued, scheduled, first_token = (float(getattr(metrics, name, 0.0) or 0.0) for name in (
-        "queued_ts", "scheduled_ts", "first_token_ts"))
+    queued, scheduled, first_token, last_token = (
+        float(getattr(metrics, name, 0.0) or 0.0)
+        for name in ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts"))
     return Generation(completion.text, tuple(completion.token_ids), logprobs, first, mode,
                       num_prompt_tokens, injected, int(out.num_cached_tokens or 0), status,
                       latency_ms, first_token_s * 1e3 if first_token_s else None,
-                      engine_times=(queued, scheduled, first_token)
-                      if queued and scheduled and first_token else None)
+                      engine_times=(queued, scheduled, first_token, last_token)
+                      if queued and scheduled and first_token and last_token else None)
 
 
 def text_pieces(tokenizer: Any, generation: Generation) -> list[str]:

@@ -24,14 +24,16 @@ def test_resident_batches_find_no_more_than_kv_injects(tmp_path, monkeypatch):
     for mode in ("text", "kv", "resident"):
         (batch,) = result[mode][4]["raw_engine_ms"]
         assert len(batch) == 4
-        assert all(0 <= q <= s <= f for q, s, f in batch), batch
+        assert all(0 <= q <= s <= f <= last for q, s, f, last in batch), batch
+        assert result[mode][4]["last_token_ms_median"] <= result[mode][4]["batch_wall_s"] * 1e3
         assert 1 <= result[mode][4]["first_steps_median"] <= 4
 
 
 def test_batch_shape_counts_schedule_calls():
-    batches = [[[0.5, 2.0, 9.0], [0.7, 2.0, 9.0], [3.0, 11.0, 20.0]],
-               [[0.4, 1.0, 8.0], [0.6, 1.0, 8.0], [0.9, 1.0, 8.0]], []]
+    batches = [[[0.5, 2.0, 9.0, 30.0], [0.7, 2.0, 9.0, 31.0], [3.0, 11.0, 20.0, 40.0]],
+               [[0.4, 1.0, 8.0, 20.0], [0.6, 1.0, 8.0, 22.0], [0.9, 1.0, 8.0, 24.0]], []]
     shape = throughput.batch_shape(batches)
     assert shape == {"last_queued_ms_median": 1.95, "first_steps_median": 1.5,
-                     "last_scheduled_ms_median": 6.0}
+                     "last_scheduled_ms_median": 6.0, "last_first_token_ms_median": 14.0,
+                     "last_token_ms_median": 32.0}
     assert throughput.batch_shape([[]])["first_steps_median"] is None
