@@ -77,7 +77,7 @@ for step in "$@"; do
     ttft)
       python3 benchmarks/ttft.py --model llama-3.1-8b --multiprocessing --embedder none --tag h200-mp1 --plot --warmup 2 2>&1 | grep -vE "$quiet" | tail -9
       python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50 --embedder none --tag h200-mp0 --warmup 2 2>&1 | grep -vE "$quiet" | tail -5 ;;
-    throughput) python3 benchmarks/throughput.py --model llama-3.1-8b --multiprocessing --tag h200 --concurrency 1,8,32,64,128 --repeats ${REPEATS:-4} 2>&1 | grep -vE "$quiet" | tail -12 ;;
+    throughput) python3 benchmarks/throughput.py --model llama-3.1-8b --multiprocessing --tag h200 --concurrency 1,8,32,64,128 --repeats ${REPEATS:-6} 2>&1 | grep -vE "$quiet" | tail -12 ;;
     ceiling) random_minilm
       python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,10,20,25,50,100 --modes text,kv,resident,kv-user2,kv-user4,text-user2,text-user4 --embedder /tmp/minilm --tag h200-ceiling --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -12
       python3 benchmarks/ttft.py --model qwen3-8b --ks 0,10,25,50,100 --embedder /tmp/minilm --tag h200-ceiling --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -9 ;;
