@@ -20,7 +20,8 @@
 # (ceiling_probe.py, per-phase medians at k=50,100), throughput_async (throughput.py through
 # vLLM's AsyncLLM), probe_batch (ceiling_probe.py --batch 64 at k=50: host time per throughput
 # prefill batch; BLOCK_SIZE=64 for vLLM blocks of 64 tokens), timeline (the same with 16-token
-# answers: every engine step of whole throughput batches, N=${N:-64}), throughput_mp0 (N=32,64 with MP=0;
+# answers: every engine step of whole throughput batches, N=${N:-64}), tail (throughput at N=64,
+# 10 repeats, MP=1 and MP=0: where the decode tail of a batch goes), throughput_mp0 (N=32,64 with MP=0;
 # BLOCK_SIZE too), sync (async (default) vs sync scheduling: ttft.py with async_scheduling=false),
 # bs64 (ttft.py with vLLM blocks of 64 tokens), probe_bs (ceiling_probe at k=50,100 with blocks of
 # 16 and 64 tokens), search_probe (search phases at 10k/100k/300k/1M facts, float32 vs float16 scan), throughput (k=50, N up to 128, text / kv / resident, MP=1), tp2
@@ -102,6 +103,10 @@ for step in "$@"; do
       timeout 500 python3 benchmarks/gpu/ceiling_probe.py --model llama-3.1-8b --k 50 --batch 64 --requests 6 --profiled 0 --max-model-len 4096 --slab-mib 8192 ${BLOCK_SIZE:+--block-size $BLOCK_SIZE} --tag batch64${BLOCK_SIZE:+-bs$BLOCK_SIZE} 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/probe_batch${BLOCK_SIZE:+-bs$BLOCK_SIZE}.log"; grep -A40 "== " "$INFERSCALE_RESULTS/probe_batch${BLOCK_SIZE:+-bs$BLOCK_SIZE}.log" | grep -E "==|schedule |allocate|cache_full|computed_blocks|_verify|execute|start_load|prepare|planner.plan|runner" ;;
     timeline)  # issue 13 at N=64: every engine step of whole throughput batches (16 tokens), kv vs resident
       timeout 400 python3 benchmarks/gpu/ceiling_probe.py --model llama-3.1-8b --k 50 --batch ${N:-64} --max-tokens 16 --timeline --requests 4 --profiled 0 --max-model-len 4096 --slab-mib 8192 ${BLOCK_SIZE:+--block-size $BLOCK_SIZE} --tag timeline${N:-64}${BLOCK_SIZE:+-bs$BLOCK_SIZE} 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/timeline${N:-64}.log"; grep -E "^== |^-- |^  +[0-9]|round" "$INFERSCALE_RESULTS/timeline${N:-64}.log" | head -120 ;;
+    tail)  # issue 13: what swings throughput between starts. N=64, 10 timed repeats, MP=1 then
+      # MP=0; each batch's engine-core first/last token vs its wall (the decode tail's split)
+      timeout 280 python3 benchmarks/throughput.py --model llama-3.1-8b --multiprocessing --tag h200-tail-mp1 --concurrency 64 --repeats 10 2>&1 | grep -vE "$quiet" | tail -9
+      timeout 280 python3 benchmarks/throughput.py --model llama-3.1-8b --tag h200-tail-mp0 --concurrency 64 --repeats 10 2>&1 | grep -vE "$quiet" | tail -9 ;;
     throughput_mp0)  # the throughput batches with vLLM's engine core in this process (MP=0)
       timeout 500 python3 benchmarks/throughput.py --model llama-3.1-8b --tag h200-mp0${BLOCK_SIZE:+-bs$BLOCK_SIZE} --concurrency 32,64 --repeats 3 ${BLOCK_SIZE:+--vllm-arg block_size=$BLOCK_SIZE} 2>&1 | grep -vE "$quiet" | tail -4 ;;
     probe_bs)  # host phases per request at k=50,100 with vLLM blocks of 16 and of 64 tokens, one start
