@@ -61,10 +61,10 @@ PHASES = (
 
 TIMELINE = {"core.scheduler.schedule", "core.model_executor.execute_model",
             "core.model_executor.sample_tokens", "core.scheduler.update_from_output",
-            "engine._planner.prepare",
             "engine._planner.prepare_many", "engine._runner.llm.llm_engine.add_request",
             "core.preprocess_add_request", "worker_connector.start_load_kv"}
-"""Phases whose every call --timeline records (start, duration) within its round."""
+"""Phases (of PHASES: only those are wrapped) whose every call --timeline records (start,
+duration) within its round."""
 
 
 def _detail(result: Any) -> str:
