@@ -17,6 +17,9 @@ repeat (median, min-max), steadier than ratios of medians when a machine's speed
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import random
 import statistics
 import sys
@@ -63,6 +66,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vllm-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="a vLLM engine argument for every mode alike, e.g. "
                              "async_scheduling=true (repeatable)")
+    parser.add_argument("--profile-client", action="store_true",
+                        help="cProfile this (the client's) process during the timed batches of "
+                             "the largest N, per mode; the top entries go to the record")
     parser.add_argument("--tag", default="")
     return parser.parse_args(argv)
 
@@ -111,6 +117,16 @@ def batch_shape(batches: list[list[list[float]]]) -> dict[str, float | None]:
     return shape
 
 
+def profile_top(profiler: cProfile.Profile, limit: int = 25) -> dict[str, list[str]]:
+    """The profile's top entries by own time and by cumulative time (pstats lines)."""
+    out = {}
+    for key in ("tottime", "cumulative"):
+        buffer = io.StringIO()
+        pstats.Stats(profiler, stream=buffer).sort_stats(key).print_stats(limit)
+        out[key] = [line for line in buffer.getvalue().splitlines() if line.strip()]
+    return out
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
@@ -153,6 +169,11 @@ def main(argv: list[str] | None = None) -> dict:
         ttfts: dict[str, list[float]] = {m: [] for m in modes}
         cached: dict[str, list[int]] = {m: [] for m in modes}
         """Prompt tokens vLLM did not compute (prefix cache or injected), per request."""
+        client_cpu: dict[str, list[float]] = {m: [] for m in modes}
+        """CPU seconds this process (prompts, plans, vLLM's client, output processing) spent
+        per timed batch; with MP=1 the engine core's own work is not in it."""
+        profilers = ({m: cProfile.Profile() for m in modes}
+                     if args.profile_client and n == max(levels) else {})
         engine_ms: dict[str, list[list[list[float]]]] = {m: [] for m in modes}
         """Per timed batch, per request: queued, first scheduled, first and last token (ms
         from submission, engine core's clock)."""
@@ -175,13 +196,19 @@ def main(argv: list[str] | None = None) -> dict:
                     # (same facts, same questions) left whole prompts in the prefix cache, and
                     # a ceiling finding its questions' blocks there computes fewer tokens than kv
                     asked = asked_from(batch, questions, rep * n + 2)
-                t0, mono0 = time.perf_counter(), time.monotonic()
+                profiler = profilers.get(mode) if rep else None
+                if profiler is not None:
+                    profiler.enable()
+                t0, mono0, cpu0 = time.perf_counter(), time.monotonic(), time.process_time()
                 outs = engine.generate_many(asked, sampling, layout=Layout(),
                                             mode="text" if mode == "resident" else mode)
-                wall = time.perf_counter() - t0
+                wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+                if profiler is not None:
+                    profiler.disable()
                 if rep == 0:
                     continue
                 walls[mode].append(wall)
+                client_cpu[mode].append(cpu)
                 ttfts[mode] += [o.ttft_ms for o in outs if o.ttft_ms is not None]
                 cached[mode] += [o.num_cached_tokens or 0 for o in outs]
                 engine_ms[mode].append([[round((t - mono0) * 1e3, 3) for t in o.engine_times]
@@ -196,14 +223,20 @@ def main(argv: list[str] | None = None) -> dict:
                 "raw_walls_s": walls[mode], "raw_ttft_ms": ttfts[mode],
                 "cached_tokens_median": statistics.median(cached[mode]) if cached[mode] else None,
                 "raw_engine_ms": engine_ms[mode], **batch_shape(engine_ms[mode]),
+                "raw_client_cpu_s": client_cpu[mode],
+                "client_cpu_ms_median": statistics.median(client_cpu[mode]) * 1e3,
             }
+            if mode in profilers:
+                r = results[mode][n]
+                r["client_profile"] = profile_top(profilers[mode])
             r = results[mode][n]
             low, high = r["requests_per_s_min_max"]
             print(f"{mode:8s} N={n:3d}: {r['requests_per_s']:8.2f} req/s (min {low:.2f}, max "
                   f"{high:.2f})  TTFT p50 "
                   f"{r['ttft_p50_ms'] or float('nan'):8.2f} ms  p99 "
                   f"{r['ttft_p99_ms'] or float('nan'):8.2f} ms  cached "
-                  f"{r['cached_tokens_median'] or 0:.0f} tok", flush=True)
+                  f"{r['cached_tokens_median'] or 0:.0f} tok  client CPU "
+                  f"{r['client_cpu_ms_median']:.0f} ms/batch", flush=True)
             if r["first_steps_median"] is not None:
                 print(f"{'':8s}        engine: all queued by {r['last_queued_ms_median']:.1f} ms, "
                       f"first scheduled over {r['first_steps_median']:.0f} steps, the last "

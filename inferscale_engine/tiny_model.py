@@ -75,8 +75,15 @@ def corpus_sentences(num_sentences: int = 3000, seed: int = 0) -> list[str]:
     return out
 
 
-def build_tokenizer(out_dir: Path, vocab_size: int) -> None:
-    """Train a byte-level BPE tokenizer on the synthetic corpus and save it as a HF tokenizer."""
+def build_tokenizer(out_dir: Path, vocab_size: int, cover: int = 0) -> None:
+    """Train a byte-level BPE tokenizer on the synthetic corpus and save it as a HF tokenizer.
+
+    cover: if larger than vocab_size, ids vocab_size..cover-1 become filler tokens (decodable,
+    never produced by encoding: no merge leads to them), so that every id a model with `cover`
+    logits can sample decodes like a real tokenizer's (a model with dummy weights samples
+    anywhere in its vocabulary; ids a tokenizer lacks decode ~100x slower, which made the
+    H200 throughput runs measure detokenization instead of serving).
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -91,6 +98,8 @@ def build_tokenizer(out_dir: Path, vocab_size: int) -> None:
         show_progress=False,
     )
     tok.train_from_iterator(corpus_sentences(), trainer=trainer)
+    if cover > tok.get_vocab_size():
+        tok = _with_fillers(tok, cover)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -100,6 +109,29 @@ def build_tokenizer(out_dir: Path, vocab_size: int) -> None:
     )
     fast.chat_template = CHATML_TEMPLATE
     fast.save_pretrained(str(out_dir))
+
+
+def _with_fillers(tok: Any, size: int) -> Any:
+    """`tok` with filler tokens (" q<letters>") for every id from its vocab size up to size."""
+    from tokenizers import Tokenizer
+
+    data = json.loads(tok.to_str())
+    vocab: dict[str, int] = data["model"]["vocab"]
+    taken = set(vocab) | {t["content"] for t in data.get("added_tokens", [])}
+    next_id = max(vocab.values()) + 1
+    for i in range(size):  # names from a counter; a name already in the vocab is skipped
+        if next_id >= size:
+            break
+        name, n = "\u0120q", i
+        while True:
+            name += "abcdefghijklmnopqrstuvwxyz"[n % 26]
+            n //= 26
+            if not n:
+                break
+        if name not in taken:
+            vocab[name] = next_id
+            next_id += 1
+    return Tokenizer.from_str(json.dumps(data))
 
 
 _LONGROPE = {  # Phi-3 LongRoPE: two factor sets for the 24 rotary pairs of 0.75 * 64 dims
@@ -304,6 +336,9 @@ REFERENCE_CONFIGS: dict[str, dict[str, object]] = {
 def dummy_model_path(name: str) -> Path:
     """A folder with a reference architecture's config.json and the tiny tokenizer, no weights.
 
+    The tokenizer's vocabulary is filled up to the config's vocab_size (build_tokenizer's
+    cover), so every id the model samples decodes.
+
     Load it with load_format="dummy". Args:
         name: a key of REFERENCE_CONFIGS.
     """
@@ -311,8 +346,11 @@ def dummy_model_path(name: str) -> Path:
         raise ValueError(f"unknown reference config {name!r}; known: {sorted(REFERENCE_CONFIGS)}")
     folder = default_cache_dir() / f"dummy-{name}"
     folder.mkdir(parents=True, exist_ok=True)
-    if not (folder / "tokenizer.json").exists():
-        build_tokenizer(folder, TinyModelSpec().vocab_size)
+    vocab_size = int(REFERENCE_CONFIGS[name]["vocab_size"])
+    tokenizer = folder / "tokenizer.json"
+    if not tokenizer.exists() or len(json.loads(tokenizer.read_text())["model"]["vocab"]) < (
+            vocab_size):  # folders made before the fillers
+        build_tokenizer(folder, TinyModelSpec().vocab_size, cover=vocab_size)
     config = json.dumps(REFERENCE_CONFIGS[name], indent=1)
     path = folder / "config.json"
     if not path.exists() or path.read_text() != config:  # an edited entry replaces the old one

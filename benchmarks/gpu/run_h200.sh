@@ -21,7 +21,8 @@
 # vLLM's AsyncLLM), probe_batch (ceiling_probe.py --batch 64 at k=50: host time per throughput
 # prefill batch; BLOCK_SIZE=64 for vLLM blocks of 64 tokens), timeline (the same with 16-token
 # answers: every engine step of whole throughput batches, N=${N:-64}), tail (throughput at N=64,
-# 10 repeats, MP=1 and MP=0: where the decode tail of a batch goes), throughput_mp0 (N=32,64 with MP=0;
+# 10 repeats, MP=1 and MP=0: where the decode tail of a batch goes), client (cProfile of the
+# client process during throughput batches at N=64, vLLM's stats on and off), throughput_mp0 (N=32,64 with MP=0;
 # BLOCK_SIZE too), sync (async (default) vs sync scheduling: ttft.py with async_scheduling=false),
 # bs64 (ttft.py with vLLM blocks of 64 tokens), probe_bs (ceiling_probe at k=50,100 with blocks of
 # 16 and 64 tokens), search_probe (search phases at 10k/100k/300k/1M facts, float32 vs float16 scan), throughput (k=50, N up to 128, text / kv / resident, MP=1), tp2
@@ -78,6 +79,10 @@ for step in "$@"; do
     ttft)
       python3 benchmarks/ttft.py --model llama-3.1-8b --multiprocessing --embedder none --tag h200-mp1 --plot --warmup 2 2>&1 | grep -vE "$quiet" | tail -9
       python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50 --embedder none --tag h200-mp0 --warmup 2 2>&1 | grep -vE "$quiet" | tail -5 ;;
+    client)  # where the client's time per throughput batch goes: cProfile at N=64, vLLM stats on, then off
+      for stats in false true; do
+        python3 benchmarks/throughput.py --model llama-3.1-8b --multiprocessing --tag h200-client-nostats-$stats --concurrency 64 --repeats ${REPEATS:-4} --profile-client --vllm-arg disable_log_stats=$stats 2>&1 | grep -vE "$quiet" | tail -8
+      done ;;
     throughput) python3 benchmarks/throughput.py --model llama-3.1-8b --multiprocessing --tag h200 --concurrency 1,8,32,64,128 --repeats ${REPEATS:-6} 2>&1 | grep -vE "$quiet" | tail -12 ;;
     ceiling) random_minilm
       python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,10,20,25,50,100 --modes text,kv,resident,kv-user2,kv-user4,text-user2,text-user4 --embedder /tmp/minilm --tag h200-ceiling --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -12

@@ -22,7 +22,7 @@ def test_reference_config_loads_and_is_served(name):
     path = dummy_model_path(name)
     config = AutoConfig.from_pretrained(path)
     assert config.architectures == REFERENCE_CONFIGS[name]["architectures"]
-    assert len(AutoTokenizer.from_pretrained(path)) <= config.vocab_size  # tiny ids are valid
+    assert len(AutoTokenizer.from_pretrained(path)) == config.vocab_size  # every id decodes
     for max_model_len in (4096, 8192):
         _, specs = check_model(EngineConfig(model=str(path), dtype="bfloat16",
                                             max_model_len=max_model_len, load_format="dummy"))
@@ -60,3 +60,19 @@ def test_an_edited_entry_replaces_the_cached_config(monkeypatch):
     monkeypatch.setitem(REFERENCE_CONFIGS, "qwen3-8b", edited)
     assert json.loads((dummy_model_path("qwen3-8b") / "config.json").read_text()) == edited
     assert dummy_model_path("qwen3-8b") == path
+
+
+def test_dummy_tokenizer_decodes_every_id_and_encodes_as_the_tiny_one():
+    """Filler ids decode to text (a dummy-weight model samples anywhere in its vocabulary) and
+    encoding never produces them (prompts are the tiny tokenizer's)."""
+    from transformers import AutoTokenizer
+
+    from inferscale_engine.tiny_model import TinyModelSpec, corpus_sentences
+
+    tokenizer = AutoTokenizer.from_pretrained(dummy_model_path("llama-3.1-8b"))
+    top = REFERENCE_CONFIGS["llama-3.1-8b"]["vocab_size"] - 1
+    fillers = [TinyModelSpec().vocab_size, 70_000, top]
+    pieces = [tokenizer.decode([i]) for i in fillers]
+    assert all(p.startswith(" q") and len(p) > 2 for p in pieces) and len(set(pieces)) == 3
+    text = " ".join(corpus_sentences()[:50]) + "".join(pieces)
+    assert max(tokenizer(text).input_ids) < TinyModelSpec().vocab_size
