@@ -14,7 +14,7 @@ import os
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -346,7 +346,7 @@ def dummy_model_path(name: str) -> Path:
         raise ValueError(f"unknown reference config {name!r}; known: {sorted(REFERENCE_CONFIGS)}")
     folder = default_cache_dir() / f"dummy-{name}"
     folder.mkdir(parents=True, exist_ok=True)
-    vocab_size = int(REFERENCE_CONFIGS[name]["vocab_size"])
+    vocab_size = cast(int, REFERENCE_CONFIGS[name]["vocab_size"])
     tokenizer = folder / "tokenizer.json"
     if not tokenizer.exists() or len(json.loads(tokenizer.read_text())["model"]["vocab"]) < (
             vocab_size):  # folders made before the fillers
