@@ -9,7 +9,7 @@ ids of a stored fact are exactly the ids in the prompt, in KV mode and in text m
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,10 @@ TOOLS_FOOTER = (
     "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
     '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
 _MARK = "<<INFERSCALE-MEMORY-BLOCK>>"
+_PROBES = ("", "Hi", "- Dan collects old maps.\n", "  two  spaces,\ttabs\n\nand lines  ",
+           "naïve café: 東京, ✓ 🚀 Ω ß", "<|im_end|><|endoftext|><s></s>[INST] <think>")
+"""Chat tails (special tokens, whitespace, non-ASCII) a tokenizer's backend must encode as the
+tokenizer does before PromptBuilder encodes through it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +73,27 @@ class PromptBuilder:
         self._user_block_header = user_block_header
         self._preambles: dict[str, tuple[int, ...]] = {}
         """Rendered preamble text -> token ids: the same few system prompts recur."""
+        try:  # the probes as chats: preamble and tail pieces, around the template's own tokens
+            probes = [part for text in _PROBES
+                      for part in self._render([{"role": "user", "content": text}])]
+        except Exception:  # a template that fails here fails the first request the same way
+            probes = list(_PROBES)
+        self._backend = _same_backend(tokenizer, probes)
 
     def encode(self, text: str) -> tuple[int, ...]:
-        """Token ids of `text` without special tokens added."""
+        """Token ids of `text` without special tokens added.
+
+        Through the tokenizer's Rust backend when it encodes the probe texts exactly as the
+        tokenizer does (a third of the time per call, paid by every request), while no
+        truncation or padding is set on it; otherwise, or if it refuses the text, the
+        tokenizer's own call (its ids, or its error).
+        """
+        backend = self._backend
+        if backend is not None and backend.truncation is None and backend.padding is None:
+            try:
+                return tuple(backend.encode(text, add_special_tokens=False).ids)
+            except Exception:  # the tokenizer's own call decides below
+                pass
         return tuple(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def fact_ids(self, text: str) -> tuple[int, ...]:
@@ -141,6 +163,26 @@ class PromptBuilder:
             raise UnsupportedModelError("the chat template altered the memory marker; this "
                                         "tokenizer's template is not supported")
         return head, tail
+
+
+def _same_backend(tokenizer: Any, probes: Iterable[str]) -> Any | None:
+    """The tokenizer's Rust backend if it encodes every probe exactly as the tokenizer does.
+
+    Each probe is checked alone and twice in a row; None if any differs or raises.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not hasattr(backend, "encode"):
+        return None
+    try:
+        for text in probes:
+            for probe in (text, text + text):
+                expected = list(tokenizer(probe, add_special_tokens=False)["input_ids"])
+                if (backend.truncation is not None or backend.padding is not None
+                        or list(backend.encode(probe, add_special_tokens=False).ids) != expected):
+                    return None
+    except Exception:
+        return None
+    return backend
 
 
 def tools_section(tools: Sequence[Mapping[str, Any]]) -> str:
