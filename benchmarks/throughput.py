@@ -227,8 +227,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "client_cpu_ms_median": statistics.median(client_cpu[mode]) * 1e3,
             }
             if mode in profilers:
-                r = results[mode][n]
-                r["client_profile"] = profile_top(profilers[mode])
+                results[mode][n]["client_profile"] = profile_top(profilers[mode])
             r = results[mode][n]
             low, high = r["requests_per_s_min_max"]
             print(f"{mode:8s} N={n:3d}: {r['requests_per_s']:8.2f} req/s (min {low:.2f}, max "

@@ -81,8 +81,9 @@ def build_tokenizer(out_dir: Path, vocab_size: int, cover: int = 0) -> None:
     cover: if larger than vocab_size, ids vocab_size..cover-1 become filler tokens (decodable,
     never produced by encoding: no merge leads to them), so that every id a model with `cover`
     logits can sample decodes like a real tokenizer's (a model with dummy weights samples
-    anywhere in its vocabulary; ids a tokenizer lacks decode ~100x slower, which made the
-    H200 throughput runs measure detokenization instead of serving).
+    anywhere in its vocabulary; an id a tokenizer lacks decodes ~10x slower on this project's
+    CPU and far slower on the H200 host, which made the H200 throughput runs measure
+    detokenization instead of serving).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
