@@ -14,7 +14,7 @@ def test_resident_batches_find_no_more_than_kv_injects(tmp_path, monkeypatch):
     record = throughput.main(["--model", "tiny", "--concurrency", "4", "--k", "20",
                               "--repeats", "1", "--pool", "60", "--max-model-len", "4096",
                               "--slab-mib", "64", "--question-tokens", "80",
-                              "--vllm-arg", "block_size=32"])
+                              "--vllm-arg", "block_size=32", "--profile-client"])
     result = record["results"]
     kv, resident = (result[m][4]["cached_tokens_median"] for m in ("kv", "resident"))
     assert kv > 400  # preamble + 20 facts, injected exactly
@@ -27,6 +27,12 @@ def test_resident_batches_find_no_more_than_kv_injects(tmp_path, monkeypatch):
         assert all(0 <= q <= s <= f <= last for q, s, f, last in batch), batch
         assert result[mode][4]["last_token_ms_median"] <= result[mode][4]["batch_wall_s"] * 1e3
         assert 1 <= result[mode][4]["first_steps_median"] <= 4
+        # the client's CPU per timed batch, and its profile (the engine runs in this process
+        # here, MP=0, so the batch's engine step is in it)
+        (cpu,) = result[mode][4]["raw_client_cpu_s"]
+        assert 0 < cpu and result[mode][4]["client_cpu_ms_median"] == cpu * 1e3
+        profile = result[mode][4]["client_profile"]
+        assert any("generate_many" in line for line in profile["cumulative"])
 
 
 def test_batch_shape_counts_schedule_calls():
