@@ -168,7 +168,9 @@ class PromptBuilder:
 def _same_backend(tokenizer: Any, probes: Iterable[str]) -> Any | None:
     """The tokenizer's Rust backend if it encodes every probe exactly as the tokenizer does.
 
-    Each probe is checked alone and twice in a row; None if any differs or raises.
+    Each probe is checked alone and twice in a row; None if any differs or raises. (The
+    tokenizer's own call clears the backend's truncation and padding; `encode` checks them on
+    every call.)
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or not hasattr(backend, "encode"):
@@ -177,8 +179,7 @@ def _same_backend(tokenizer: Any, probes: Iterable[str]) -> Any | None:
         for text in probes:
             for probe in (text, text + text):
                 expected = list(tokenizer(probe, add_special_tokens=False)["input_ids"])
-                if (backend.truncation is not None or backend.padding is not None
-                        or list(backend.encode(probe, add_special_tokens=False).ids) != expected):
+                if list(backend.encode(probe, add_special_tokens=False).ids) != expected:
                     return None
     except Exception:
         return None
