@@ -3,7 +3,7 @@
 # After staging the bundle (../shared/device/build-vllm-gpu-bundle.sh; benchmarks/gpu/stage_bundle.sh
 # carries it in three device calls):
 #   bash benchmarks/gpu/run_h200.sh STEP [STEP ...]
-# Steps: kernels (Triton tests compiled), tests (GPU engine tests; BLOCK_SIZE=64 runs them with
+# Steps: kernels (Triton tests compiled), overlap (benchmarks/gpu/overlap_probe.py), tests (GPU engine tests; BLOCK_SIZE=64 runs them with
 # vLLM blocks of 64 tokens), bandwidth, ttft (Llama-3.1-8B,
 # MP=1 all k, MP=0 k=0,50), throughput (Llama-3.1-8B), qwen3 (TTFT Qwen3-8B), minilm (a random-init
 # all-MiniLM-L6-v2 from the config/tokenizer files carried in .device/minilm: retrieval is timed with
@@ -76,6 +76,9 @@ for step in "$@"; do
     kernels) TRITON_INTERPRET=0 python3 -m pytest tests/engine/kernels -q -p no:cacheprovider 2>&1 | tail -3 ;;
     tests) INFERSCALE_TEST_BLOCK_SIZE=${BLOCK_SIZE:-} python3 -m pytest tests/gpu -q -s -p no:cacheprovider --ignore=tests/gpu/test_gpu_families.py 2>&1 | tee "$INFERSCALE_RESULTS/gpu_tests.log" | grep -E "^\[gpu|passed|failed|^E " | head -40 ;;
     bandwidth) python3 benchmarks/kernel_bandwidth.py 2>&1 | tail -8 ;;
+    overlap)  # can the injection copy hide behind a prefill's GEMMs on a side stream? (no vLLM)
+      python3 benchmarks/gpu/overlap_probe.py --reps 15 2>&1 | tail -10
+      python3 benchmarks/gpu/overlap_probe.py --reps 15 --inject-tokens 160000 --tokens 7300 --groups 4,8,32 --tag n128 2>&1 | tail -6 ;;
     ttft)
       python3 benchmarks/ttft.py --model llama-3.1-8b --multiprocessing --embedder none --tag h200-mp1 --plot --warmup 2 2>&1 | grep -vE "$quiet" | tail -9
       python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50 --embedder none --tag h200-mp0 --warmup 2 2>&1 | grep -vE "$quiet" | tail -5 ;;
