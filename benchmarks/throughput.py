@@ -69,6 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile-client", action="store_true",
                         help="cProfile this (the client's) process during the timed batches of "
                              "the largest N, per mode; the top entries go to the record")
+    parser.add_argument("--align-blocks", action="store_true",
+                        help="draw each request's facts so that preamble + facts end on a vLLM "
+                             "block boundary: resident's prefix cache then holds exactly the "
+                             "tokens kv injects (otherwise it also holds the chat template's "
+                             "tokens after the facts up to the next boundary, so resident "
+                             "computes up to block_size - 1 fewer tokens per request than kv)")
     parser.add_argument("--tag", default="")
     return parser.parse_args(argv)
 
@@ -127,6 +133,31 @@ def profile_top(profiler: cProfile.Profile, limit: int = 25) -> dict[str, list[s
     return out
 
 
+def fact_set(engine: Any, rng: random.Random, fact_ids: list[Any], k: int, question: str,
+             block_size: int | None) -> Any:
+    """A handle of k facts drawn at random; with block_size, redrawn until preamble + facts
+    (what kv injects) end on a multiple of block_size."""
+    from inferscale_engine import MemoryHandle
+    from inferscale_engine.layout import Layout
+
+    for _ in range(10_000):
+        handle = MemoryHandle("bench", tuple(rng.sample(fact_ids, k)))
+        if block_size is None:
+            return handle
+        prompt = engine.render_prompt(handle, question, layout=Layout())
+        if (len(prompt.preamble) + sum(map(len, prompt.facts))) % block_size == 0:
+            return handle
+    raise SystemExit(f"--align-blocks: no set of {k} facts ends on a multiple of {block_size} "
+                     "tokens in 10,000 draws (facts of one length?); vary --fact-tokens")
+
+
+def block_size_of(engine: Any) -> int:
+    """vLLM's KV block size of the engine's vllm.LLM (or AsyncLLM)."""
+    llm = engine.llm
+    config = getattr(llm, "vllm_config", None) or llm.llm_engine.vllm_config
+    return int(config.cache_config.block_size)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
@@ -135,7 +166,7 @@ def percentile(values: list[float], q: float) -> float:
 def main(argv: list[str] | None = None) -> dict:
     from vllm import SamplingParams
 
-    from inferscale_engine import Engine, EngineConfig, MemoryHandle
+    from inferscale_engine import Engine, EngineConfig
     from inferscale_engine.layout import Layout
 
     args = parse_args(argv)
@@ -162,6 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     warm = SamplingParams(max_tokens=1, temperature=0.0)
     rng = random.Random(0)
+    align = block_size_of(engine) if args.align_blocks else None
     modes = args.modes.split(",")
     results: dict[str, dict[int, dict]] = {m: {} for m in modes}
     for n in levels:
@@ -180,8 +212,8 @@ def main(argv: list[str] | None = None) -> dict:
         # Modes interleaved within each repeat, on the same fact sets, so that clock and
         # cache drift between repeats lands on every mode alike; repeat 0 is a warm-up.
         for rep in range(args.repeats + 1):
-            batch = [(MemoryHandle("bench", tuple(rng.sample(fact_ids, args.k))),
-                      questions[(rep * n + i) % len(questions)]) for i in range(n)]
+            asks = [questions[(rep * n + i) % len(questions)] for i in range(n)]
+            batch = [(fact_set(engine, rng, fact_ids, args.k, q, align), q) for q in asks]
             # resident last: its warm-up fills vLLM's prefix cache with these fact sets as
             # unsalted text, and a text batch after it would be served from there (what made
             # text's req/s swing 5x between repeats, 2026-12-02).
@@ -262,7 +294,8 @@ def main(argv: list[str] | None = None) -> dict:
             for m in ("text", "resident"))
         print(f"| {n} | " + " | ".join(f"{rate[m]:.2f}" for m in modes)
               + f" | {ratio} | {ceil} | {pairs} |")
-    record = {"benchmark": "throughput", "config": vars(args), "environment": environment(),
+    record = {"benchmark": "throughput", "config": {**vars(args), "aligned_to": align},
+              "environment": environment(),
               "ingest_seconds": ingest_s, "results": results, "paired_ratios": paired,
               "engine_stats": stats.workers,
               "engine_counters": stats.counters}

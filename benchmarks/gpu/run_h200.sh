@@ -25,7 +25,8 @@
 # client process during throughput batches at N=64, vLLM's stats on and off), throughput_mp0 (N=32,64 with MP=0;
 # BLOCK_SIZE too), sync (async (default) vs sync scheduling: ttft.py with async_scheduling=false),
 # bs64 (ttft.py with vLLM blocks of 64 tokens), probe_bs (ceiling_probe at k=50,100 with blocks of
-# 16 and 64 tokens), search_probe (search phases at 10k/100k/300k/1M facts, float32 vs float16 scan), throughput (k=50, N up to 128, text / kv / resident, MP=1), tp2
+# 16 and 64 tokens), search_probe (search phases at 10k/100k/300k/1M facts, float32 vs float16 scan), throughput (k=50, N up to 128, text / kv / resident, MP=1), aligned (kv vs resident, fact sets
+# ending on a block boundary and not), tp2
 # (kind nvidia-h200-x2: the TP=2 invariants, ttft.py and throughput.py at TP=2, tagged tp2).
 # FAMILY_MODELS picks a subset of the families, e.g. FAMILY_MODELS="qwen3-30b-a3b mixtral-8x7b".
 # The MoE families need vLLM 0.26's _moe_C_stable_libtorch.abi3.so, which the bundle drops. Pack
@@ -85,6 +86,11 @@ for step in "$@"; do
     client)  # where the client's time per throughput batch goes: cProfile at N=64, vLLM stats on, then off
       for stats in false true; do
         python3 benchmarks/throughput.py --model llama-3.1-8b --multiprocessing --tag h200-client-nostats-$stats --concurrency 64 --repeats ${REPEATS:-4} --profile-client --vllm-arg disable_log_stats=$stats 2>&1 | grep -vE "$quiet" | tail -8
+      done ;;
+    aligned)  # kv vs resident with each request's preamble + facts ending on a block boundary
+      # (resident then computes exactly the tokens kv computes), next to the unaligned draw
+      for a in unaligned aligned; do
+        timeout 280 python3 benchmarks/throughput.py --model llama-3.1-8b --multiprocessing --modes kv,resident --concurrency ${CONC:-32,64,128} --repeats ${REPEATS:-6} --tag h200-$a $([ $a = aligned ] && echo --align-blocks) 2>&1 | grep -vE "$quiet" | tail -6
       done ;;
     throughput) python3 benchmarks/throughput.py --model llama-3.1-8b --multiprocessing --tag h200 --concurrency 1,8,32,64,128 --repeats ${REPEATS:-6} 2>&1 | grep -vE "$quiet" | tail -12 ;;
     ceiling) random_minilm

@@ -35,6 +35,19 @@ def test_resident_batches_find_no_more_than_kv_injects(tmp_path, monkeypatch):
         assert any("generate_many" in line for line in profile["cumulative"])
 
 
+def test_aligned_fact_sets_make_resident_compute_what_kv_computes(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERSCALE_RESULTS", str(tmp_path))
+    record = throughput.main(["--model", "tiny", "--concurrency", "3", "--k", "20",
+                              "--repeats", "1", "--pool", "60", "--max-model-len", "4096",
+                              "--slab-mib", "64", "--question-tokens", "80", "--modes",
+                              "kv,resident", "--vllm-arg", "block_size=32", "--align-blocks"])
+    assert record["config"]["aligned_to"] == 32
+    result = record["results"]
+    kv, resident = (result[m][3]["cached_tokens_median"] for m in ("kv", "resident"))
+    assert kv % 32 == 0 and kv > 400
+    assert resident == kv  # the chat template's tokens after the facts start a new block
+
+
 def test_batch_shape_counts_schedule_calls():
     batches = [[[0.5, 2.0, 9.0, 30.0], [0.7, 2.0, 9.0, 31.0], [3.0, 11.0, 20.0, 40.0]],
                [[0.4, 1.0, 8.0, 20.0], [0.6, 1.0, 8.0, 22.0], [0.9, 1.0, 8.0, 24.0]], []]
