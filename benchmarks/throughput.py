@@ -140,10 +140,10 @@ def fact_set(engine: Any, rng: random.Random, fact_ids: list[Any], k: int, quest
     from inferscale_engine import MemoryHandle
     from inferscale_engine.layout import Layout
 
+    if block_size is None:
+        return MemoryHandle("bench", tuple(rng.sample(fact_ids, k)))
     for _ in range(10_000):
         handle = MemoryHandle("bench", tuple(rng.sample(fact_ids, k)))
-        if block_size is None:
-            return handle
         prompt = engine.render_prompt(handle, question, layout=Layout())
         if (len(prompt.preamble) + sum(map(len, prompt.facts))) % block_size == 0:
             return handle
