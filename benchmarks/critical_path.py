@@ -14,6 +14,7 @@ connector really build (no vLLM engine, no GPU kernel): a prompt of a preamble, 
              meta          update_state_after_alloc + build_connector_meta (the LoadSpec)
              pickle_meta   pickle round trip of the step metadata (MP=1, every step)
   worker     load          InferScaleWorker.start_load with a no-op kernel: the index math
+             stepN         the same for one step of --batch loads (a prefill of N requests)
   sum        kv_only       plan + to_params + params_copy + check + meta + load
 
 Median microseconds over --repeats calls per step, steps interleaved in rounds so that load
@@ -65,6 +66,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="cProfile every step at the largest k; print the top entries")
     parser.add_argument("--cold", action="store_true",
                         help="flush the CPU caches before every timed call (as in a server)")
+    parser.add_argument("--batch", type=int, default=64,
+                        help="also time the worker's index math for one step of this many "
+                             "loads; 0: off")
     parser.add_argument("--tag", default="")
     parser.add_argument("--no-record", action="store_true", help="print only, write no JSON")
     return parser.parse_args(argv)
@@ -156,8 +160,8 @@ def build(args: argparse.Namespace, k_max: int) -> SimpleNamespace:
 
 
 def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
-              ) -> tuple[dict[str, Callable[[], object]], int]:
-    """One closure per step for a request with k facts; and its prompt length."""
+              ) -> tuple[dict[str, Callable[[], object]], int, Any]:
+    """One closure per step for a request with k facts; its prompt length and step metadata."""
     from inferscale_engine.connector.slab import SlabEntry
     from inferscale_engine.facts import MemoryHandle
     from inferscale_engine.layout import Layout
@@ -188,7 +192,7 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
                                                  length, start + 7 * (key % 5))
     num_blocks = -(-len(ids) // block_size)
     block_ids = rng.sample(range(1, 4 * num_blocks + 64), num_blocks)
-    rid = f"req-{k}"
+    rid = f"req-{k}-{seed}"
     request = SimpleNamespace(request_id=rid, kv_transfer_params=params,
                               prompt_token_ids=list(ids), cache_salt=plan.cache_salt)
     checked = scheduler._verify(request)
@@ -241,7 +245,18 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
     for fn in steps.values():  # every step runs cleanly before it is timed
         fn()
     assert worker.counters["load_errors"] == 0
-    return steps, len(ids)
+    return steps, len(ids), step_meta
+
+
+def step_of(env: SimpleNamespace, k: int, block_size: int, batch: int
+            ) -> dict[str, Callable[[], object]]:
+    """The worker's start_load for one engine step of `batch` loads (distinct fact sets and
+    block tables), as vLLM hands it over when `batch` requests are scheduled together."""
+    from inferscale_engine.connector.metadata import InferScaleMetadata
+
+    loads = [steps_for(env, k, block_size, seed=k * 1000 + i)[2].loads[0] for i in range(batch)]
+    meta = InferScaleMetadata(loads=loads)
+    return {f"step{batch}": lambda: env.worker.start_load(meta)}
 
 
 def time_steps(steps: dict[str, Callable[[], object]], repeats: int, rounds: int,
@@ -302,7 +317,9 @@ def main(argv: list[str] | None = None) -> dict:
     prompt_tokens: dict[int, int] = {}
     profiles = ""
     for k in ks:
-        steps, prompt_tokens[k] = steps_for(env, k, args.block_size, seed=k)
+        steps, prompt_tokens[k], _ = steps_for(env, k, args.block_size, seed=k)
+        if args.batch:
+            steps.update(step_of(env, k, args.block_size, args.batch))
         results[k] = time_steps(steps, args.repeats, args.rounds, args.cold)
         if args.profile and k == max(ks):
             profiles = profile(steps, max(1, args.repeats // 10))

@@ -175,6 +175,9 @@ class InferScaleWorker:
         lengths = load.lengths.tolist()
         if hi <= lo:
             return None
+        if len(load.block_ids) * self._block_size < hi:  # vLLM always allocates them first
+            self._fail(load, "block table shorter than the load", -1)
+            return None
         whole = lo == 0 and hi == sum(lengths)
         if whole:  # the usual load: every segment, whole
             keys = load.slab_keys.tolist()
