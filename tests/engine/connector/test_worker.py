@@ -155,7 +155,6 @@ def test_a_step_of_several_loads_uploads_the_good_ones_back_to_back():
     assert [rid for rid, _ in worker.recent_loads] == ["req", "req"]
 
 
-
 def test_a_load_with_a_short_block_table_fails_alone():
     """Blocks for fewer tokens than the load: that load fails (its blocks recomputed), the
     step's other loads are injected, nothing raises."""
