@@ -238,6 +238,13 @@ def _cpu_name() -> str:
     return platform.processor()
 
 
+def block_size_of(engine: Any) -> int:
+    """vLLM's KV block size of the engine's vllm.LLM (or AsyncLLM)."""
+    llm = engine.llm
+    config = getattr(llm, "vllm_config", None) or llm.llm_engine.vllm_config
+    return int(config.cache_config.block_size)
+
+
 def write_record(name: str, record: dict[str, Any], out_dir: Path | None = None) -> Path:
     """Write one JSON record; returns its path."""
     out_dir = Path(out_dir or os.environ.get("INFERSCALE_RESULTS", RESULTS_DIR))

@@ -30,6 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import (  # noqa: E402
+    block_size_of,
     environment,
     open_async_engine,
     resolve_model,
@@ -149,13 +150,6 @@ def fact_set(engine: Any, rng: random.Random, fact_ids: list[Any], k: int, quest
             return handle
     raise SystemExit(f"--align-blocks: no set of {k} facts ends on a multiple of {block_size} "
                      "tokens in 10,000 draws (facts of one length?); vary --fact-tokens")
-
-
-def block_size_of(engine: Any) -> int:
-    """vLLM's KV block size of the engine's vllm.LLM (or AsyncLLM)."""
-    llm = engine.llm
-    config = getattr(llm, "vllm_config", None) or llm.llm_engine.vllm_config
-    return int(config.cache_config.block_size)
 
 
 def percentile(values: list[float], q: float) -> float:

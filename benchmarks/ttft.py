@@ -35,6 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import (  # noqa: E402
+    block_size_of,
     compilation_overrides,
     environment,
     fit_max_model_len,
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
         entry["num_prompt_tokens"] = prompt_tokens.get(k)
         entry["num_injected_tokens"] = injected.get(k)
         summary[k] = entry
-    block_size = engine.llm.llm_engine.vllm_config.cache_config.block_size
+    block_size = block_size_of(engine)
     record = {
         "benchmark": "ttft", "config": vars(args), "engine_config": {
             f: getattr(config, f) for f in ("model", "dtype", "load_format", "max_model_len",
