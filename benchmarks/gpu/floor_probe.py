@@ -1,0 +1,229 @@
+"""The floor of KV injection through vLLM's connector API: TTFT with our work removed piece by piece.
+
+Issue 13 asks kv's TTFT to come within 5% of the resident ceiling. This probe measures how close
+the connector API lets any injection come: on one engine (MP=0, so vLLM's scheduler, the worker
+and both halves of our connector run in this process; ttft.py's engine settings), one
+max_tokens=1 request at a time, each round runs these variants:
+
+  resident     the same kind of prompt with its preamble + facts already in vLLM's prefix cache
+               (warmed with another question; timed with a fresh one), as in ttft.py
+  kv           the product path
+  kv-trusted   the scheduler takes the parsed plan without checking its MAC against the prompt
+               (no InjectionPlan.bound_to: no packing of the prompt's ids, no HMAC)
+  kv-nocopy    the worker builds and uploads the load indices but launches no injection copy
+  kv-noload    the worker's start_load returns at once (no index math, upload or copy)
+  kv-floor     trusted + noload: what is left is vLLM's own handling of external tokens (block
+               allocation, prefix-cache insertion), the plan's parse and connector metadata, and
+               the client's prompt + signed plan
+
+The ablated variants are benchmark-only switches set on this process's connector objects (never
+in the package); they compute with whatever the claimed blocks held, which only timing may use.
+Every variant draws its own fact set each round (injected prompts are salted per fact set, so a
+second kv request on the same set would find the first one's blocks in the prefix cache);
+every kv variant must claim its memory (checked, printed). Per variant: the wall of
+Engine.generate, of the vLLM run alone (prompt and plan built before it) and their paired
+ratios to resident (the median over rounds of each round's ratio).
+
+  python benchmarks/gpu/floor_probe.py --model llama-3.1-8b --k 0,50,100 --requests 25
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.common import environment, summarize, synthetic_texts, write_record  # noqa: E402
+from benchmarks.ttft import build_engine, paired_ratio  # noqa: E402
+
+VARIANTS = ("kv", "kv-trusted", "kv-nocopy", "kv-noload", "kv-floor", "resident")
+SWITCHES = {"kv": set(), "kv-trusted": {"trusted"}, "kv-nocopy": {"nocopy"},
+            "kv-noload": {"noload"}, "kv-floor": {"trusted", "noload"}, "resident": set()}
+
+
+class Ablation:
+    """Switches on this process's connector halves (MP=0), and what they did."""
+
+    def __init__(self, engine: Any) -> None:
+        from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+        from inferscale_engine.connector.scheduler import _Checked
+        from inferscale_engine.plan import InjectionPlan, from_params
+
+        core = getattr(engine._runner.llm.llm_engine.engine_core, "engine_core", None)
+        if core is None:
+            raise SystemExit("floor_probe needs the in-process engine core (MP=0)")
+        self.on: set[str] = set()
+        self.counts: Counter[str] = Counter()
+        scheduler = core.scheduler.connector.scheduler
+        worker = get_kv_transfer_group().worker
+        verify, start_load, inject = scheduler._verify, worker.start_load, worker.paged.inject_
+
+        def trusting_verify(request: Any) -> Any:
+            if "trusted" in self.on:
+                plan = from_params(request.kv_transfer_params, tokens=False)
+                if isinstance(plan, InjectionPlan):  # parsed without its tokens: only their
+                    self.counts["trusted"] += 1  # count is used from here on
+                    return _Checked(InjectionPlan(
+                        plan.user_id, plan.slab_keys, plan.lengths, bytes(4 * sum(plan.lengths)),
+                        plan.cache_salt, plan.mac, plan.wire), "inject")
+            return verify(request)
+
+        def maybe_load(meta: Any) -> None:
+            if "noload" in self.on and meta.loads:
+                self.counts["noload"] += len(meta.loads)
+                return
+            start_load(meta)
+
+        def maybe_inject(*args: Any) -> None:
+            if "nocopy" in self.on:
+                self.counts["nocopy"] += 1
+                return
+            inject(*args)
+
+        scheduler._verify = trusting_verify
+        worker.start_load = maybe_load
+        worker.paged.inject_ = maybe_inject
+        self.worker = worker
+
+
+def run_rounds(engine: Any, ablation: Ablation, facts: list[int], k: int, variants: list[str],
+               rounds: int, rng: random.Random, question: Any) -> dict[str, dict[str, list]]:
+    """`rounds` rounds of every variant (kv variants in a rotating order, resident last)."""
+    from vllm import SamplingParams
+
+    from inferscale_engine import MemoryHandle
+    from inferscale_engine.layout import Layout
+
+    one = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+    runner, run_ms = engine._runner, []
+    run = runner.run
+
+    def timed_run(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return run(*args, **kwargs)
+        finally:
+            run_ms.append((time.perf_counter() - start) * 1e3)
+
+    runner.run = timed_run
+    out: dict[str, dict[str, list]] = {v: {"wall_ms": [], "engine_ms": [], "injected": [],
+                                           "cached": []} for v in variants}
+    kv_variants = [v for v in variants if v != "resident"]
+    try:
+        for i in range(rounds):
+            order = kv_variants[i % len(kv_variants):] + kv_variants[:i % len(kv_variants)]
+            for variant in order + ["resident"] * ("resident" in variants):
+                handle = MemoryHandle("bench", tuple(rng.sample(facts, k)))
+                if variant == "resident":
+                    engine.generate(handle, question(), one, mode="text", layout=Layout())
+                ablation.on = SWITCHES[variant]
+                start = time.perf_counter()
+                result = engine.generate(handle, question(), one,
+                                         mode="text" if variant == "resident" else "kv",
+                                         layout=Layout())
+                wall = (time.perf_counter() - start) * 1e3
+                ablation.on = set()
+                got = out[variant]
+                got["wall_ms"].append(wall)
+                got["engine_ms"].append(run_ms[-1])
+                got["injected"].append(result.num_injected_tokens)
+                got["cached"].append(result.num_cached_tokens)
+    finally:
+        runner.run = run
+    return out
+
+
+def summary_of(raw: dict[str, dict[str, list]]) -> dict[str, Any]:
+    res = raw.get("resident")
+    entry: dict[str, Any] = {}
+    for variant, got in raw.items():
+        entry[variant] = {
+            "wall": summarize(got["wall_ms"]), "engine": summarize(got["engine_ms"]),
+            "prepare_ms_median": statistics.median(
+                w - e for w, e in zip(got["wall_ms"], got["engine_ms"], strict=True)),
+            "injected_median": statistics.median(got["injected"]),
+            "cached_median": statistics.median(got["cached"]),
+        }
+        if res is not None and variant != "resident":
+            entry[variant]["paired_wall"] = paired_ratio(got["wall_ms"], res["wall_ms"])
+            entry[variant]["paired_engine"] = paired_ratio(got["engine_ms"], res["engine_ms"])
+    return entry
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--k", default="0,50,100")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--requests", type=int, default=25, help="timed rounds per k")
+    parser.add_argument("--warmup", type=int, default=4, help="untimed rounds per k")
+    parser.add_argument("--pool", type=int, default=400)
+    parser.add_argument("--fact-tokens", type=int, default=30)
+    parser.add_argument("--question-tokens", type=int, default=48)
+    parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--slab-mib", type=int, default=4096)
+    parser.add_argument("--kv-cache-gib", type=float, default=None)
+    parser.add_argument("--cudagraph-sizes", default=None)
+    parser.add_argument("--vllm-arg", action="append", default=[])
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args(argv)
+    variants = args.variants.split(",")
+    if unknown := set(variants) - set(VARIANTS):
+        raise SystemExit(f"unknown variants {sorted(unknown)}; choose from {VARIANTS}")
+    args.enforce_eager, args.multiprocessing = False, False
+    engine, _ = build_engine(args)
+    facts = engine.add_facts("bench", synthetic_texts(engine.tokenizer, args.pool,
+                                                      args.fact_tokens, seed=1))
+    questions = iter(synthetic_texts(engine.tokenizer, 8192, args.question_tokens, seed=2,
+                                     fmt="{text}"))
+    ablation = Ablation(engine)
+    rng = random.Random(0)
+    record: dict[str, Any] = {"benchmark": "floor_probe", "config": vars(args),
+                              "environment": environment(), "k": {}}
+    for k in (int(x) for x in args.k.split(",")):
+        run_rounds(engine, ablation, facts, k, variants, args.warmup, rng,
+                   lambda: next(questions))
+        before = Counter(ablation.counts)
+        raw = run_rounds(engine, ablation, facts, k, variants, args.requests, rng,
+                         lambda: next(questions))
+        entry = summary_of(raw)
+        entry["switch_counts"] = dict(ablation.counts - before)
+        record["k"][k] = {"summary": entry, "raw": raw}
+        print_k(k, entry, variants)
+    record["worker_counters"] = dict(ablation.worker.counters)
+    engine.close()
+    written = write_record(f"floor_probe-{args.model}{('-' + args.tag) if args.tag else ''}",
+                           record)
+    print(f"wrote {written}")
+    return record
+
+
+def print_k(k: int, entry: dict[str, Any], variants: list[str]) -> None:
+    print(f"\n== k={k} (switches fired: {entry['switch_counts']}); medians in ms, paired = median "
+          "over rounds of the round's ratio to resident")
+    print("| variant | wall | engine | prepare | injected | cached | wall/resident | "
+          "engine/resident |")
+    print("|---|---|---|---|---|---|---|---|")
+    for variant in variants:
+        e = entry[variant]
+        paired = [f"{e[p]['median']:.3f}" if p in e else "-"
+                  for p in ("paired_wall", "paired_engine")]
+        print(f"| {variant} | {e['wall']['median_ms']:.2f} | {e['engine']['median_ms']:.2f} | "
+              f"{e['prepare_ms_median']:.2f} | {e['injected_median']:.0f} | "
+              f"{e['cached_median']:.0f} | {paired[0]} | {paired[1]} |", flush=True)
+        if variant != "resident" and k and not e["injected_median"]:
+            print(f"WARNING: {variant} injected nothing: its numbers are not an injection's")
+
+
+if __name__ == "__main__":
+    main()
