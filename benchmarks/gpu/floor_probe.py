@@ -1,4 +1,4 @@
-"""The floor of KV injection through vLLM's connector API: TTFT with our work removed piece by piece.
+"""The floor of KV injection through vLLM's connector API: TTFT with our work removed in parts.
 
 Issue 13 asks kv's TTFT to come within 5% of the resident ceiling. This probe measures how close
 the connector API lets any injection come: on one engine (MP=0, so vLLM's scheduler, the worker
