@@ -87,6 +87,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vllm-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="a vLLM engine argument for every mode alike, e.g. "
                              "async_scheduling=true (repeatable)")
+    parser.add_argument("--neutral", action="store_true",
+                        help="before every timed request, one untimed k=0 text request, so that "
+                             "every mode follows the same light request (otherwise kv follows "
+                             "text's long prefill and resident its own short warm-up)")
     parser.add_argument("--tag", default="")
     return parser.parse_args(argv)
 
@@ -182,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict:
     fact_lengths = sorted(len(tokenizer.encode("- " + f + "\n")) for f in facts)
     print(f"{len(facts)} {args.facts} facts, median {fact_lengths[len(facts) // 2]} tokens",
           flush=True)
-    questions = synthetic_texts(tokenizer, 3 * (args.repeats + args.warmup) + 1,
+    questions = synthetic_texts(tokenizer, 3 * (args.repeats + args.warmup) + 2,
                                 args.question_tokens, seed=2, fmt="{text}")
     start = time.perf_counter()
     fact_ids = engine.add_facts("bench", facts)
@@ -197,7 +201,8 @@ def main(argv: list[str] | None = None) -> dict:
     """Prompt tokens vLLM found in its prefix cache, per request: resident must find its facts."""
     injected: dict[int, int] = {}
     prompt_tokens: dict[int, int] = {}
-    question_iter = itertools.cycle(questions)
+    question_iter = itertools.cycle(questions[:-1])
+    neutral_question = questions[-1]  # --neutral's: asked before every timed request
     profilers = {"kv": cProfile.Profile(), "resident": cProfile.Profile()}
     for k in ks:
         for mode in modes:
@@ -220,6 +225,8 @@ def main(argv: list[str] | None = None) -> dict:
                 if mode == "resident":  # fill the prefix cache with this very layout (the
                     # engine's default layout repairs facts elsewhere: a different prefix)
                     engine.generate(handle, other, one_token, mode="text", layout=layout)
+                if args.neutral:
+                    engine.generate(None, neutral_question, one_token, mode="text")
                 profiler = profilers.get(mode) if profiling else None
                 if profiler is not None:
                     profiler.enable()
