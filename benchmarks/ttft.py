@@ -87,10 +87,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vllm-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="a vLLM engine argument for every mode alike, e.g. "
                              "async_scheduling=true (repeatable)")
-    parser.add_argument("--neutral", action="store_true",
-                        help="before every timed request, one untimed k=0 text request, so that "
-                             "every mode follows the same light request (otherwise kv follows "
-                             "text's long prefill and resident its own short warm-up)")
+    parser.add_argument("--predecessor", default="mixed", choices=("mixed", "same", "neutral"),
+                        help="what runs right before each timed request: mixed = the round's "
+                             "previous mode (kv follows text; resident its own warm-up, a "
+                             "request of its own path); same = one untimed request of the same "
+                             "mode on another fact set (as in a stream of one mode's requests); "
+                             "neutral = one untimed k=0 text request")
     parser.add_argument("--tag", default="")
     return parser.parse_args(argv)
 
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
     injected: dict[int, int] = {}
     prompt_tokens: dict[int, int] = {}
     question_iter = itertools.cycle(questions[:-1])
-    neutral_question = questions[-1]  # --neutral's: asked before every timed request
+    neutral_question = questions[-1]  # --predecessor's: asked before timed requests
     profilers = {"kv": cProfile.Profile(), "resident": cProfile.Profile()}
     for k in ks:
         for mode in modes:
@@ -225,8 +227,12 @@ def main(argv: list[str] | None = None) -> dict:
                 if mode == "resident":  # fill the prefix cache with this very layout (the
                     # engine's default layout repairs facts elsewhere: a different prefix)
                     engine.generate(handle, other, one_token, mode="text", layout=layout)
-                if args.neutral:
+                if args.predecessor == "neutral":
                     engine.generate(None, neutral_question, one_token, mode="text")
+                elif args.predecessor == "same" and mode != "resident":  # resident's is its
+                    other_set = MemoryHandle("bench", tuple(rng.sample(fact_ids, k)))  # warm-up
+                    engine.generate(other_set, neutral_question, one_token, mode=base,
+                                    layout=layout)
                 profiler = profilers.get(mode) if profiling else None
                 if profiler is not None:
                     profiler.enable()
