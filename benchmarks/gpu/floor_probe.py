@@ -15,6 +15,8 @@ max_tokens=1 request at a time, each round runs these variants:
   kv-floor     trusted + noload: what is left is vLLM's own handling of external tokens (block
                allocation, prefix-cache insertion), the plan's parse and connector metadata, and
                the client's prompt + signed plan
+  kv-aftertext kv right after an untimed text request on the same facts (as ttft.py's round
+               order runs it: text, then kv), where the other kv variants mostly follow kv
 
 The ablated variants are benchmark-only switches set on this process's connector objects (never
 in the package); they compute with whatever the claimed blocks held, which only timing may use.
@@ -43,9 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.common import environment, summarize, synthetic_texts, write_record  # noqa: E402
 from benchmarks.ttft import build_engine, paired_ratio  # noqa: E402
 
-VARIANTS = ("kv", "kv-trusted", "kv-nocopy", "kv-noload", "kv-floor", "resident")
+VARIANTS = ("kv", "kv-trusted", "kv-nocopy", "kv-noload", "kv-floor", "kv-aftertext", "resident")
 SWITCHES = {"kv": set(), "kv-trusted": {"trusted"}, "kv-nocopy": {"nocopy"},
-            "kv-noload": {"noload"}, "kv-floor": {"trusted", "noload"}, "resident": set()}
+            "kv-noload": {"noload"}, "kv-floor": {"trusted", "noload"}, "kv-aftertext": set(),
+            "resident": set()}
 
 
 class Ablation:
@@ -122,7 +125,7 @@ def run_rounds(engine: Any, ablation: Ablation, facts: list[int], k: int, varian
             order = kv_variants[i % len(kv_variants):] + kv_variants[:i % len(kv_variants)]
             for variant in order + ["resident"] * ("resident" in variants):
                 handle = MemoryHandle("bench", tuple(rng.sample(facts, k)))
-                if variant == "resident":
+                if variant in ("resident", "kv-aftertext"):
                     engine.generate(handle, question(), one, mode="text", layout=Layout())
                 ablation.on = SWITCHES[variant]
                 start = time.perf_counter()

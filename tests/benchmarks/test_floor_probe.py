@@ -17,7 +17,7 @@ def test_every_variant_injects_and_every_switch_fires(tmp_path, monkeypatch):
                                "--warmup", "1", "--pool", "60", "--max-model-len", "4096",
                                "--slab-mib", "64"])
     entry = record["k"][20]["summary"]
-    for variant in ("kv", "kv-trusted", "kv-nocopy", "kv-noload", "kv-floor"):
+    for variant in ("kv", "kv-trusted", "kv-nocopy", "kv-noload", "kv-floor", "kv-aftertext"):
         assert entry[variant]["injected_median"] > 400, variant  # preamble + 20 facts
         assert entry[variant]["paired_wall"]["n"] == rounds
     assert entry["resident"]["cached_median"] > 0
