@@ -33,6 +33,10 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 
+COMPUTE_BELOW_TOKENS = 16
+"""A preamble-only plan with fewer uncached tokens than this is not loaded: vLLM computes them."""
+
+
 @dataclass(slots=True)
 class _Checked:
     """A request's plan after checking, and what to report when it finishes."""
@@ -69,7 +73,13 @@ class InferScaleScheduler:
         if checked.status != "inject":
             return 0, False
         assert isinstance(checked.plan, InjectionPlan)
-        return max(0, checked.plan.num_tokens - num_computed_tokens), False
+        remaining = checked.plan.num_tokens - num_computed_tokens
+        if remaining < COMPUTE_BELOW_TOKENS and len(checked.plan.lengths) == 1:
+            # Only the preamble (no facts), cached but for its last few tokens: vLLM computes
+            # them with the question (the same KV: the preamble's is a plain prefill's) instead
+            # of a load whose fixed cost (indices, upload, launch) is worth more.
+            return 0, False
+        return max(0, remaining), False
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
                                  num_external_tokens: int) -> None:
