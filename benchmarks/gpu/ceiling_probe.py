@@ -150,6 +150,19 @@ class PhaseTimer:
             store.clear()
 
 
+def add_engine_args(parser: argparse.ArgumentParser, pool: int) -> None:
+    """The fact pool, prompt shape and engine settings the probes pass to build_engine."""
+    parser.add_argument("--pool", type=int, default=pool)
+    parser.add_argument("--fact-tokens", type=int, default=30)
+    parser.add_argument("--question-tokens", type=int, default=48)
+    parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--slab-mib", type=int, default=4096)
+    parser.add_argument("--kv-cache-gib", type=float, default=None)
+    parser.add_argument("--cudagraph-sizes", default=None)
+    parser.add_argument("--vllm-arg", action="append", default=[])
+
+
 def roots(engine: Any) -> dict[str, Any]:
     """The objects PHASES start from (MP=0 only)."""
     from vllm.distributed.kv_transfer import get_kv_transfer_group
@@ -157,7 +170,7 @@ def roots(engine: Any) -> dict[str, Any]:
     client = engine._runner.llm.llm_engine.engine_core
     core = getattr(client, "engine_core", None)
     if core is None:
-        raise SystemExit("ceiling_probe needs the in-process engine core (MP=0)")
+        raise SystemExit("the probes need the in-process engine core (MP=0)")
     return {"core": core, "engine": engine, "worker_connector": get_kv_transfer_group()}
 
 
@@ -227,15 +240,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--timeline", action="store_true",
                         help="print every round's engine steps (start, duration, requests and "
                              "tokens scheduled) and keep them in the JSON")
-    parser.add_argument("--pool", type=int, default=300)
-    parser.add_argument("--fact-tokens", type=int, default=30)
-    parser.add_argument("--question-tokens", type=int, default=48)
-    parser.add_argument("--max-model-len", type=int, default=8192)
-    parser.add_argument("--block-size", type=int, default=None)
-    parser.add_argument("--slab-mib", type=int, default=4096)
-    parser.add_argument("--kv-cache-gib", type=float, default=None)
-    parser.add_argument("--cudagraph-sizes", default=None)
-    parser.add_argument("--vllm-arg", action="append", default=[])
+    add_engine_args(parser, pool=300)
     parser.add_argument("--variants", default="default",
                         help="process settings to probe in turn, each over every k: default, "
                              "gc-frozen (gc.freeze() now), gc-off (gc disabled), threads1 "

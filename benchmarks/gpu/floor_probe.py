@@ -43,6 +43,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.common import environment, summarize, synthetic_texts, write_record  # noqa: E402
+from benchmarks.gpu.ceiling_probe import add_engine_args, roots  # noqa: E402
 from benchmarks.ttft import build_engine, paired_ratio  # noqa: E402
 
 VARIANTS = ("kv", "kv-trusted", "kv-nocopy", "kv-noload", "kv-floor", "kv-aftertext", "resident")
@@ -55,18 +56,14 @@ class Ablation:
     """Switches on this process's connector halves (MP=0), and what they did."""
 
     def __init__(self, engine: Any) -> None:
-        from vllm.distributed.kv_transfer import get_kv_transfer_group
-
         from inferscale_engine.connector.scheduler import _Checked
         from inferscale_engine.plan import InjectionPlan, from_params
 
-        core = getattr(engine._runner.llm.llm_engine.engine_core, "engine_core", None)
-        if core is None:
-            raise SystemExit("floor_probe needs the in-process engine core (MP=0)")
+        objects = roots(engine)
         self.on: set[str] = set()
         self.counts: Counter[str] = Counter()
-        scheduler = core.scheduler.connector.scheduler
-        worker = get_kv_transfer_group().worker
+        scheduler = objects["core"].scheduler.connector.scheduler
+        worker = objects["worker_connector"].worker
         verify, start_load, inject = scheduler._verify, worker.start_load, worker.paged.inject_
 
         def trusting_verify(request: Any) -> Any:
@@ -169,15 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--requests", type=int, default=25, help="timed rounds per k")
     parser.add_argument("--warmup", type=int, default=4, help="untimed rounds per k")
-    parser.add_argument("--pool", type=int, default=400)
-    parser.add_argument("--fact-tokens", type=int, default=30)
-    parser.add_argument("--question-tokens", type=int, default=48)
-    parser.add_argument("--max-model-len", type=int, default=8192)
-    parser.add_argument("--block-size", type=int, default=None)
-    parser.add_argument("--slab-mib", type=int, default=4096)
-    parser.add_argument("--kv-cache-gib", type=float, default=None)
-    parser.add_argument("--cudagraph-sizes", default=None)
-    parser.add_argument("--vllm-arg", action="append", default=[])
+    add_engine_args(parser, pool=400)
     parser.add_argument("--tag", default="")
     args = parser.parse_args(argv)
     variants = args.variants.split(",")
