@@ -17,6 +17,10 @@ max_tokens=1 request at a time, each round runs these variants:
                the client's prompt + signed plan
   kv-aftertext kv right after an untimed text request on the same facts (as ttft.py's round
                order runs it: text, then kv), where the other kv variants mostly follow kv
+  resident-afterkv  resident with an untimed kv request (another fact set) between the
+               prefix-cache fill and the timed request: resident then follows a small request,
+               as the kv variants do, where plain resident follows its fill's full prefill
+               (kv-aftertext : resident and kv : resident-afterkv are the like-for-like pairs)
 
 The ablated variants are benchmark-only switches set on this process's connector objects (never
 in the package); they compute with whatever the claimed blocks held, which only timing may use.
@@ -46,10 +50,12 @@ from benchmarks.common import environment, summarize, synthetic_texts, write_rec
 from benchmarks.gpu.ceiling_probe import add_engine_args, roots  # noqa: E402
 from benchmarks.ttft import build_engine, paired_ratio  # noqa: E402
 
-VARIANTS = ("kv", "kv-trusted", "kv-nocopy", "kv-noload", "kv-floor", "kv-aftertext", "resident")
+VARIANTS = ("kv", "kv-trusted", "kv-nocopy", "kv-noload", "kv-floor", "kv-aftertext", "resident",
+            "resident-afterkv")
+RESIDENTS = ("resident", "resident-afterkv")
 SWITCHES = {"kv": set(), "kv-trusted": {"trusted"}, "kv-nocopy": {"nocopy"},
             "kv-noload": {"noload"}, "kv-floor": {"trusted", "noload"}, "kv-aftertext": set(),
-            "resident": set()}
+            "resident": set(), "resident-afterkv": set()}
 
 
 class Ablation:
@@ -116,18 +122,23 @@ def run_rounds(engine: Any, ablation: Ablation, facts: list[int], k: int, varian
     runner.run = timed_run
     out: dict[str, dict[str, list]] = {v: {"wall_ms": [], "engine_ms": [], "injected": [],
                                            "cached": []} for v in variants}
-    kv_variants = [v for v in variants if v != "resident"]
+    kv_variants = [v for v in variants if v not in RESIDENTS]
+    residents = [v for v in RESIDENTS if v in variants]
     try:
         for i in range(rounds):
             order = kv_variants[i % len(kv_variants):] + kv_variants[:i % len(kv_variants)]
-            for variant in order + ["resident"] * ("resident" in variants):
+            # residents last (their fills put unsalted text in the prefix cache), alternating
+            for variant in order + (residents if i % 2 else residents[::-1]):
                 handle = MemoryHandle("bench", tuple(rng.sample(facts, k)))
-                if variant in ("resident", "kv-aftertext"):
+                if variant in ("resident", "resident-afterkv", "kv-aftertext"):
                     engine.generate(handle, question(), one, mode="text", layout=Layout())
+                if variant == "resident-afterkv":
+                    engine.generate(MemoryHandle("bench", tuple(rng.sample(facts, k))),
+                                    question(), one, mode="kv", layout=Layout())
                 ablation.on = SWITCHES[variant]
                 start = time.perf_counter()
                 result = engine.generate(handle, question(), one,
-                                         mode="text" if variant == "resident" else "kv",
+                                         mode="text" if variant in RESIDENTS else "kv",
                                          layout=Layout())
                 wall = (time.perf_counter() - start) * 1e3
                 ablation.on = set()
@@ -142,7 +153,7 @@ def run_rounds(engine: Any, ablation: Ablation, facts: list[int], k: int, varian
 
 
 def summary_of(raw: dict[str, dict[str, list]]) -> dict[str, Any]:
-    res = raw.get("resident")
+    res, res_kv = raw.get("resident"), raw.get("resident-afterkv")
     entry: dict[str, Any] = {}
     for variant, got in raw.items():
         entry[variant] = {
@@ -155,6 +166,9 @@ def summary_of(raw: dict[str, dict[str, list]]) -> dict[str, Any]:
         if res is not None and variant != "resident":
             entry[variant]["paired_wall"] = paired_ratio(got["wall_ms"], res["wall_ms"])
             entry[variant]["paired_engine"] = paired_ratio(got["engine_ms"], res["engine_ms"])
+        if res_kv is not None and variant != "resident-afterkv":
+            entry[variant]["paired_wall_afterkv"] = paired_ratio(got["wall_ms"],
+                                                                 res_kv["wall_ms"])
     return entry
 
 
@@ -204,16 +218,16 @@ def print_k(k: int, entry: dict[str, Any], variants: list[str]) -> None:
     print(f"\n== k={k} (switches fired: {entry['switch_counts']}); medians in ms, paired = median "
           "over rounds of the round's ratio to resident")
     print("| variant | wall | engine | prepare | injected | cached | wall/resident | "
-          "engine/resident |")
-    print("|---|---|---|---|---|---|---|---|")
+          "engine/resident | wall/resident-afterkv |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for variant in variants:
         e = entry[variant]
         paired = [f"{e[p]['median']:.3f}" if p in e else "-"
-                  for p in ("paired_wall", "paired_engine")]
+                  for p in ("paired_wall", "paired_engine", "paired_wall_afterkv")]
         print(f"| {variant} | {e['wall']['median_ms']:.2f} | {e['engine']['median_ms']:.2f} | "
               f"{e['prepare_ms_median']:.2f} | {e['injected_median']:.0f} | "
-              f"{e['cached_median']:.0f} | {paired[0]} | {paired[1]} |", flush=True)
-        if variant != "resident" and k and not e["injected_median"]:
+              f"{e['cached_median']:.0f} | {' | '.join(paired)} |", flush=True)
+        if variant not in RESIDENTS and k and not e["injected_median"]:
             print(f"WARNING: {variant} injected nothing: its numbers are not an injection's")
 
 

@@ -27,7 +27,7 @@
 # bs64 (ttft.py with vLLM blocks of 64 tokens), probe_bs (ceiling_probe at k=50,100 with blocks of
 # 16 and 64 tokens), search_probe (search phases at 10k/100k/300k/1M facts, float32 vs float16 scan), throughput (k=50, N up to 128, text / kv / resident, MP=1), aligned (kv vs resident, fact sets
 # ending on a block boundary and not; DRAWS, MODES, BLOCK_SIZE), floor (floor_probe.py: TTFT of kv
-# with the plan check, the load or both switched off, vs resident; MODELS, KS), tp2
+# with the plan check, the load or both switched off, vs resident; MODELS, KS, VARIANTS), tp2
 # (kind nvidia-h200-x2: the TP=2 invariants, ttft.py and throughput.py at TP=2, tagged tp2).
 # FAMILY_MODELS picks a subset of the families, e.g. FAMILY_MODELS="qwen3-30b-a3b mixtral-8x7b".
 # The MoE families need vLLM 0.26's _moe_C_stable_libtorch.abi3.so, which the bundle drops. Pack
@@ -96,7 +96,7 @@ for step in "$@"; do
       done ;;
     floor)  # the connector API's floor: kv with our per-request work removed piece by piece
       for m in ${MODELS:-llama-3.1-8b}; do
-        timeout ${TIMEOUT:-400} python3 benchmarks/gpu/floor_probe.py --model $m --k ${KS:-0,25,50,100} --requests ${REPEATS:-25} --tag h200 2>&1 | grep -vE "$quiet" | grep -E "^\||^==|WARN|wrote"
+        timeout ${TIMEOUT:-400} python3 benchmarks/gpu/floor_probe.py --model $m --k ${KS:-0,25,50,100} --requests ${REPEATS:-25} ${VARIANTS:+--variants $VARIANTS} --tag h200 2>&1 | grep -vE "$quiet" | grep -E "^\||^==|WARN|wrote"
       done ;;
     throughput) python3 benchmarks/throughput.py --model llama-3.1-8b --multiprocessing --tag h200 --concurrency 1,8,32,64,128 --repeats ${REPEATS:-6} 2>&1 | grep -vE "$quiet" | tail -12 ;;
     ceiling) random_minilm
