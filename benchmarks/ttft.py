@@ -87,12 +87,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vllm-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="a vLLM engine argument for every mode alike, e.g. "
                              "async_scheduling=true (repeatable)")
-    parser.add_argument("--predecessor", default="mixed", choices=("mixed", "same", "neutral"),
-                        help="what runs right before each timed request: mixed = the round's "
-                             "previous mode (kv follows text; resident its own warm-up, a "
-                             "request of its own path); same = one untimed request of the same "
-                             "mode on another fact set (as in a stream of one mode's requests); "
-                             "neutral = one untimed k=0 text request")
+    parser.add_argument("--predecessor", default="same", choices=("mixed", "same", "neutral"),
+                        help="what runs right before each timed request: same (default) = one "
+                             "untimed request of the same mode on another fact set (as in a "
+                             "stream of one mode's requests; resident: a request on its own, "
+                             "already cached facts after its warm-up, so that it too follows "
+                             "a short request); mixed = the round's previous mode (the order "
+                             "before 2026-12-04: kv right after text's full prefill of the same "
+                             "facts, while resident follows a short request, which costs kv "
+                             "0.03-0.10 against resident on the H200); neutral = one untimed "
+                             "k=0 text request")
     parser.add_argument("--tag", default="")
     return parser.parse_args(argv)
 
@@ -229,8 +233,13 @@ def main(argv: list[str] | None = None) -> dict:
                     engine.generate(handle, other, one_token, mode="text", layout=layout)
                 if args.predecessor == "neutral":
                     engine.generate(None, neutral_question, one_token, mode="text")
-                elif args.predecessor == "same" and mode != "resident":  # resident's is its
-                    other_set = MemoryHandle("bench", tuple(rng.sample(fact_ids, k)))  # warm-up
+                elif args.predecessor == "same" and mode == "resident":  # after its fill (a
+                    # full prefill when no text request of the round cached these facts), a
+                    # short request on them: resident follows a short request, as kv does
+                    engine.generate(handle, neutral_question, one_token, mode="text",
+                                    layout=layout)
+                elif args.predecessor == "same":
+                    other_set = MemoryHandle("bench", tuple(rng.sample(fact_ids, k)))
                     engine.generate(other_set, neutral_question, one_token, mode=base,
                                     layout=layout)
                 profiler = profilers.get(mode) if profiling else None
