@@ -162,6 +162,7 @@ def build(args: argparse.Namespace, k_max: int) -> SimpleNamespace:
 def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
               ) -> tuple[dict[str, Callable[[], object]], int, Any]:
     """One closure per step for a request with k facts; its prompt length and step metadata."""
+    from inferscale_engine.connector.metadata import InferScaleMetadata
     from inferscale_engine.connector.slab import SlabEntry
     from inferscale_engine.facts import MemoryHandle
     from inferscale_engine.layout import Layout
@@ -208,7 +209,7 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
 
     output = step_output()
 
-    def meta() -> object:
+    def meta() -> InferScaleMetadata:
         scheduler.update_state_after_alloc(request, None, num_external)
         return scheduler.build_connector_meta(output)
 
@@ -227,6 +228,7 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
         return out
 
     parsed = from_params(params)
+    assert isinstance(parsed, InjectionPlan)
     steps: dict[str, Callable[[], object]] = {
         "prompt": lambda: planner.build(messages, records, [], Layout()).token_ids(),
         "plan": plan_step,
