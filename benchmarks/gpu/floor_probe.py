@@ -28,7 +28,8 @@ Every variant draws its own fact set each round (injected prompts are salted per
 second kv request on the same set would find the first one's blocks in the prefix cache);
 every kv variant must claim its memory (checked, printed). Per variant: the wall of
 Engine.generate, of the vLLM run alone (prompt and plan built before it) and their paired
-ratios to resident (the median over rounds of each round's ratio).
+ratios to resident (the median over rounds of each round's ratio); on a GPU also the SM clock
+and power draw (NVML) sampled right before each timed request.
 
   python benchmarks/gpu/floor_probe.py --model llama-3.1-8b --k 0,50,100 --requests 25
 """
@@ -100,6 +101,36 @@ class Ablation:
         self.worker = worker
 
 
+class GpuState:
+    """The GPU's SM clock (MHz) and power draw (W) through NVML (vLLM's vendored pynvml), sampled
+    right before each timed request: does a long prefill leave the next request a slower GPU?
+    Samples nothing where there is no NVIDIA GPU or NVML."""
+
+    def __init__(self) -> None:
+        self._nvml: Any = None
+        try:
+            import torch
+            import vllm.third_party.pynvml as nvml
+
+            if torch.cuda.is_available():
+                nvml.nvmlInit()
+                self._handle = nvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+                self._nvml = nvml
+        except Exception:  # noqa: BLE001 - optional: no GPU, no driver, no NVML
+            self._nvml = None
+
+    def sample(self) -> tuple[float, float] | None:
+        if self._nvml is None:
+            return None
+        nvml = self._nvml
+        try:
+            return (float(nvml.nvmlDeviceGetClockInfo(self._handle, nvml.NVML_CLOCK_SM)),
+                    nvml.nvmlDeviceGetPowerUsage(self._handle) / 1e3)
+        except Exception:  # noqa: BLE001 - a query this GPU does not support: stop sampling
+            self._nvml = None
+            return None
+
+
 def run_rounds(engine: Any, ablation: Ablation, facts: list[int], k: int, variants: list[str],
                rounds: int, rng: random.Random, question: Any) -> dict[str, dict[str, list]]:
     """`rounds` rounds of every variant (kv variants in a rotating order, resident last)."""
@@ -121,7 +152,8 @@ def run_rounds(engine: Any, ablation: Ablation, facts: list[int], k: int, varian
 
     runner.run = timed_run
     out: dict[str, dict[str, list]] = {v: {"wall_ms": [], "engine_ms": [], "injected": [],
-                                           "cached": []} for v in variants}
+                                           "cached": [], "gpu": []} for v in variants}
+    gpu = GpuState()
     kv_variants = [v for v in variants if v not in RESIDENTS]
     residents = [v for v in RESIDENTS if v in variants]
     try:
@@ -136,6 +168,7 @@ def run_rounds(engine: Any, ablation: Ablation, facts: list[int], k: int, varian
                     engine.generate(MemoryHandle("bench", tuple(rng.sample(facts, k))),
                                     question(), one, mode="kv", layout=Layout())
                 ablation.on = SWITCHES[variant]
+                state = gpu.sample()
                 start = time.perf_counter()
                 result = engine.generate(handle, question(), one,
                                          mode="text" if variant in RESIDENTS else "kv",
@@ -147,6 +180,8 @@ def run_rounds(engine: Any, ablation: Ablation, facts: list[int], k: int, varian
                 got["engine_ms"].append(run_ms[-1])
                 got["injected"].append(result.num_injected_tokens)
                 got["cached"].append(result.num_cached_tokens)
+                if state is not None:
+                    got["gpu"].append(state)
     finally:
         runner.run = run
     return out
@@ -163,6 +198,9 @@ def summary_of(raw: dict[str, dict[str, list]]) -> dict[str, Any]:
             "injected_median": statistics.median(got["injected"]),
             "cached_median": statistics.median(got["cached"]),
         }
+        if got.get("gpu"):  # (SM clock MHz, power W) right before each timed request
+            entry[variant]["sm_clock_mhz_median"] = statistics.median(c for c, _ in got["gpu"])
+            entry[variant]["power_w_median"] = statistics.median(w for _, w in got["gpu"])
         if res is not None and variant != "resident":
             entry[variant]["paired_wall"] = paired_ratio(got["wall_ms"], res["wall_ms"])
             entry[variant]["paired_engine"] = paired_ratio(got["engine_ms"], res["engine_ms"])
@@ -218,15 +256,17 @@ def print_k(k: int, entry: dict[str, Any], variants: list[str]) -> None:
     print(f"\n== k={k} (switches fired: {entry['switch_counts']}); medians in ms, paired = median "
           "over rounds of the round's ratio to resident")
     print("| variant | wall | engine | prepare | injected | cached | wall/resident | "
-          "engine/resident | wall/resident-afterkv |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "engine/resident | wall/resident-afterkv | SM MHz | W |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for variant in variants:
         e = entry[variant]
         paired = [f"{e[p]['median']:.3f}" if p in e else "-"
                   for p in ("paired_wall", "paired_engine", "paired_wall_afterkv")]
         print(f"| {variant} | {e['wall']['median_ms']:.2f} | {e['engine']['median_ms']:.2f} | "
               f"{e['prepare_ms_median']:.2f} | {e['injected_median']:.0f} | "
-              f"{e['cached_median']:.0f} | {' | '.join(paired)} |", flush=True)
+              f"{e['cached_median']:.0f} | {' | '.join(paired)} | "
+              f"{e.get('sm_clock_mhz_median', '-')} | {e.get('power_w_median', '-')} |",
+              flush=True)
         if variant not in RESIDENTS and k and not e["injected_median"]:
             print(f"WARNING: {variant} injected nothing: its numbers are not an injection's")
 
