@@ -132,7 +132,8 @@ class GpuState:
 
 
 def run_rounds(engine: Any, ablation: Ablation, facts: list[int], k: int, variants: list[str],
-               rounds: int, rng: random.Random, question: Any) -> dict[str, dict[str, list]]:
+               rounds: int, rng: random.Random, question: Any, gpu: GpuState
+               ) -> dict[str, dict[str, list]]:
     """`rounds` rounds of every variant (kv variants in a rotating order, resident last)."""
     from vllm import SamplingParams
 
@@ -153,7 +154,6 @@ def run_rounds(engine: Any, ablation: Ablation, facts: list[int], k: int, varian
     runner.run = timed_run
     out: dict[str, dict[str, list]] = {v: {"wall_ms": [], "engine_ms": [], "injected": [],
                                            "cached": [], "gpu": []} for v in variants}
-    gpu = GpuState()
     kv_variants = [v for v in variants if v not in RESIDENTS]
     residents = [v for v in RESIDENTS if v in variants]
     try:
@@ -162,7 +162,7 @@ def run_rounds(engine: Any, ablation: Ablation, facts: list[int], k: int, varian
             # residents last (their fills put unsalted text in the prefix cache), alternating
             for variant in order + (residents if i % 2 else residents[::-1]):
                 handle = MemoryHandle("bench", tuple(rng.sample(facts, k)))
-                if variant in ("resident", "resident-afterkv", "kv-aftertext"):
+                if variant in (*RESIDENTS, "kv-aftertext"):
                     engine.generate(handle, question(), one, mode="text", layout=Layout())
                 if variant == "resident-afterkv":
                     engine.generate(MemoryHandle("bench", tuple(rng.sample(facts, k))),
@@ -230,16 +230,16 @@ def main(argv: list[str] | None = None) -> dict:
                                                       args.fact_tokens, seed=1))
     questions = iter(synthetic_texts(engine.tokenizer, 8192, args.question_tokens, seed=2,
                                      fmt="{text}"))
-    ablation = Ablation(engine)
+    ablation, gpu = Ablation(engine), GpuState()
     rng = random.Random(0)
     record: dict[str, Any] = {"benchmark": "floor_probe", "config": vars(args),
                               "environment": environment(), "k": {}}
     for k in (int(x) for x in args.k.split(",")):
         run_rounds(engine, ablation, facts, k, variants, args.warmup, rng,
-                   lambda: next(questions))
+                   lambda: next(questions), gpu)
         before = Counter(ablation.counts)
         raw = run_rounds(engine, ablation, facts, k, variants, args.requests, rng,
-                         lambda: next(questions))
+                         lambda: next(questions), gpu)
         entry = summary_of(raw)
         entry["switch_counts"] = dict(ablation.counts - before)
         record["k"][k] = {"summary": entry, "raw": raw}

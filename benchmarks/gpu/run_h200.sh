@@ -109,7 +109,7 @@ for step in "$@"; do
       python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,10,25,50,100 --modes text,kv,resident,kv-user2 --embedder /tmp/minilm --tag h200-ceiling2 --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -9
       python3 benchmarks/ttft.py --model qwen3-8b --ks 0,10,25,50,100 --embedder /tmp/minilm --tag h200-ceiling2 --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -9 ;;
     ttft_llama)  # the issue-13 TTFT table for Llama-3.1-8B only (no retrieval timing), MODELS overrides
-      # (KS, TAG; EXTRA: more ttft.py arguments, e.g. --neutral)
+      # (KS, TAG; EXTRA: more ttft.py arguments, e.g. --predecessor mixed)
       for m in ${MODELS:-llama-3.1-8b}; do
         timeout 400 python3 benchmarks/ttft.py --model $m --ks ${KS:-0,10,25,50,100} --embedder none --tag h200-${TAG:-fair} --plot --warmup 4 ${EXTRA:-} 2>&1 | grep -vE "$quiet" | tail -9
       done ;;
