@@ -87,7 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vllm-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="a vLLM engine argument for every mode alike, e.g. "
                              "async_scheduling=true (repeatable)")
-    parser.add_argument("--predecessor", default="same", choices=("mixed", "same", "neutral"),
+    parser.add_argument("--predecessor", default="same",
+                        choices=("mixed", "same", "neutral", "uniform"),
                         help="what runs right before each timed request: same (default) = one "
                              "untimed request of the same mode on another fact set (as in a "
                              "stream of one mode's requests; resident: a request on its own, "
@@ -96,7 +97,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "before 2026-12-04: kv right after text's full prefill of the same "
                              "facts, while resident follows a short request, which costs kv "
                              "0.03-0.10 against resident on the H200); neutral = one untimed "
-                             "k=0 text request")
+                             "k=0 text request; uniform = the same two untimed requests before "
+                             "every mode's timed one: a text request (a full prefill) and then "
+                             "a kv request, each on another fact set (resident's warm-up runs "
+                             "before them)")
     parser.add_argument("--tag", default="")
     return parser.parse_args(argv)
 
@@ -242,6 +246,12 @@ def main(argv: list[str] | None = None) -> dict:
                     other_set = MemoryHandle("bench", tuple(rng.sample(fact_ids, k)))
                     engine.generate(other_set, neutral_question, one_token, mode=base,
                                     layout=layout)
+                elif args.predecessor == "uniform":  # every mode alike: a full prefill
+                    # two requests back, a load one request back (both on other fact sets)
+                    for before in ("text", "kv"):
+                        other_set = MemoryHandle("bench", tuple(rng.sample(fact_ids, k)))
+                        engine.generate(other_set, neutral_question, one_token, mode=before,
+                                        layout=layout)
                 profiler = profilers.get(mode) if profiling else None
                 if profiler is not None:
                     profiler.enable()

@@ -37,3 +37,20 @@ def test_resident_finds_no_more_than_kv_injects_after_a_text_request(tmp_path, m
     cached = record["summary"][20]["cached_tokens_median"]
     assert cached["kv"] > 400  # preamble + facts, injected exactly
     assert cached["kv"] - 32 < cached["resident"] <= cached["kv"]
+
+
+def test_uniform_predecessors_leave_each_mode_its_own_cache_state(tmp_path, monkeypatch):
+    """--predecessor uniform runs a text and a kv request on other fact sets before every
+    timed request: text must still prefill its facts (only the preamble cached), resident must
+    still find its own, and kv still injects them."""
+    monkeypatch.setenv("INFERSCALE_RESULTS", str(tmp_path))
+    record = ttft.main(["--model", "tiny", "--ks", "20", "--modes", "text,kv,resident",
+                        "--repeats", "2", "--warmup", "1", "--pool", "60", "--embedder", "none",
+                        "--max-model-len", "4096", "--slab-mib", "64", "--facts", "synthetic",
+                        "--predecessor", "uniform"])
+    entry = record["summary"][20]
+    cached, memory = entry["cached_tokens_median"], entry["num_injected_tokens"]
+    assert memory > 400
+    assert cached["text"] < memory / 4  # the preamble, not the facts
+    assert memory - 256 <= cached["resident"] <= memory
+    assert record["config"]["predecessor"] == "uniform"
