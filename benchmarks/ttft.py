@@ -87,20 +87,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vllm-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="a vLLM engine argument for every mode alike, e.g. "
                              "async_scheduling=true (repeatable)")
-    parser.add_argument("--predecessor", default="same",
-                        choices=("mixed", "same", "neutral", "uniform"),
-                        help="what runs right before each timed request: same (default) = one "
-                             "untimed request of the same mode on another fact set (as in a "
-                             "stream of one mode's requests; resident: a request on its own, "
-                             "already cached facts after its warm-up, so that it too follows "
-                             "a short request); mixed = the round's previous mode (the order "
-                             "before 2026-12-04: kv right after text's full prefill of the same "
-                             "facts, while resident follows a short request, which costs kv "
-                             "0.03-0.10 against resident on the H200); neutral = one untimed "
-                             "k=0 text request; uniform = the same two untimed requests before "
+    parser.add_argument("--predecessor", default="uniform",
+                        choices=("uniform", "same", "mixed", "neutral"),
+                        help="what runs right before each timed request. uniform (default) "
+                             "= the same two untimed requests before "
                              "every mode's timed one: a text request (a full prefill) and then "
                              "a kv request, each on another fact set (resident's warm-up runs "
-                             "before them)")
+                             "before them), so kv and its ceiling have one history; same = one "
+                             "untimed request of the same mode on another fact set (resident: "
+                             "a short request on its own cached facts; kv then still ran two "
+                             "requests after text's full prefill, resident three); mixed = the "
+                             "round's previous mode (before 2026-12-04: kv right after text's "
+                             "full prefill, resident after a short request); neutral = one "
+                             "untimed k=0 text request")
     parser.add_argument("--tag", default="")
     return parser.parse_args(argv)
 
