@@ -89,17 +89,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "async_scheduling=true (repeatable)")
     parser.add_argument("--predecessor", default="uniform",
                         choices=("uniform", "same", "mixed", "neutral"),
-                        help="what runs right before each timed request. uniform (default) "
-                             "= the same two untimed requests before "
-                             "every mode's timed one: a text request (a full prefill) and then "
-                             "a kv request, each on another fact set (resident's warm-up runs "
-                             "before them), so kv and its ceiling have one history; same = one "
-                             "untimed request of the same mode on another fact set (resident: "
-                             "a short request on its own cached facts; kv then still ran two "
-                             "requests after text's full prefill, resident three); mixed = the "
-                             "round's previous mode (before 2026-12-04: kv right after text's "
-                             "full prefill, resident after a short request); neutral = one "
-                             "untimed k=0 text request")
+                        help="what runs right before each timed request. uniform (default) = "
+                             "the same two untimed requests before every mode's timed one: a "
+                             "text request (a full prefill) and then a kv request, each on "
+                             "another fact set (resident's warm-up runs before them), so kv and "
+                             "its ceiling have one history; same = one untimed request of the "
+                             "same mode on another fact set (resident: a short request on its "
+                             "own cached facts; kv then still ran two requests after text's "
+                             "full prefill, resident three); mixed = the round's previous mode "
+                             "(before 2026-12-04: kv right after text's full prefill, resident "
+                             "after a short request); neutral = one untimed k=0 text request")
     parser.add_argument("--tag", default="")
     return parser.parse_args(argv)
 
@@ -241,13 +240,9 @@ def main(argv: list[str] | None = None) -> dict:
                     # short request on them: resident follows a short request, as kv does
                     engine.generate(handle, neutral_question, one_token, mode="text",
                                     layout=layout)
-                elif args.predecessor == "same":
-                    other_set = MemoryHandle("bench", tuple(rng.sample(fact_ids, k)))
-                    engine.generate(other_set, neutral_question, one_token, mode=base,
-                                    layout=layout)
-                elif args.predecessor == "uniform":  # every mode alike: a full prefill
-                    # two requests back, a load one request back (both on other fact sets)
-                    for before in ("text", "kv"):
+                elif args.predecessor in ("same", "uniform"):  # on other fact sets; uniform:
+                    # every mode alike, a full prefill two requests back and a load one back
+                    for before in (base,) if args.predecessor == "same" else ("text", "kv"):
                         other_set = MemoryHandle("bench", tuple(rng.sample(fact_ids, k)))
                         engine.generate(other_set, neutral_question, one_token, mode=before,
                                         layout=layout)
