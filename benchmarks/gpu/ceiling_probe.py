@@ -51,7 +51,7 @@ PHASES = (
     "core.scheduler.connector.scheduler._verify",
     "core.scheduler.connector.scheduler.build_connector_meta",
     "worker_connector.worker._staging.host", "worker_connector.worker._load_indices",
-    "worker_connector.worker._staging.upload", "worker_connector.worker.paged.inject_",
+    "worker_connector.worker._staging.index", "worker_connector.worker.paged.inject_",
     "engine._planner.resolve", "engine._planner.arrange", "engine._planner.build",
     "engine._planner.plan", "engine._planner.prepare_many",
     "engine._runner.llm.llm_engine.add_request", "core.preprocess_add_request",

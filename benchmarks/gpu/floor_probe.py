@@ -12,6 +12,8 @@ max_tokens=1 request at a time, each round runs these variants:
                (no InjectionPlan.bound_to: no packing of the prompt's ids, no HMAC)
   kv-nocopy    the worker builds and uploads the load indices but launches no injection copy
   kv-noload    the worker's start_load returns at once (no index math, upload or copy)
+  kv-copyindex the worker copies the load indices to the device before the launch (the path
+               where the kernel cannot read pinned host memory; the default reads them there)
   kv-floor     trusted + noload: what is left is vLLM's own handling of external tokens (block
                allocation, prefix-cache insertion), the plan's parse and connector metadata, and
                the client's prompt + signed plan
@@ -51,11 +53,12 @@ from benchmarks.common import environment, summarize, synthetic_texts, write_rec
 from benchmarks.gpu.ceiling_probe import add_engine_args, roots  # noqa: E402
 from benchmarks.ttft import build_engine, paired_ratio  # noqa: E402
 
-VARIANTS = ("kv", "kv-trusted", "kv-nocopy", "kv-noload", "kv-floor", "kv-aftertext", "resident",
-            "resident-afterkv")
+VARIANTS = ("kv", "kv-trusted", "kv-nocopy", "kv-noload", "kv-floor", "kv-copyindex",
+            "kv-aftertext", "resident", "resident-afterkv")
 RESIDENTS = ("resident", "resident-afterkv")
 SWITCHES = {"kv": set(), "kv-trusted": {"trusted"}, "kv-nocopy": {"nocopy"},
-            "kv-noload": {"noload"}, "kv-floor": {"trusted", "noload"}, "kv-aftertext": set(),
+            "kv-noload": {"noload"}, "kv-floor": {"trusted", "noload"},
+            "kv-copyindex": {"copyindex"}, "kv-aftertext": set(),
             "resident": set(), "resident-afterkv": set()}
 
 
@@ -87,7 +90,15 @@ class Ablation:
             if "noload" in self.on and meta.loads:
                 self.counts["noload"] += len(meta.loads)
                 return
-            start_load(meta)
+            staging = worker._staging
+            zero_copy = staging.zero_copy
+            if "copyindex" in self.on and meta.loads:
+                self.counts["copyindex"] += len(meta.loads)
+                staging.zero_copy = False
+            try:
+                start_load(meta)
+            finally:
+                staging.zero_copy = zero_copy
 
         def maybe_inject(*args: Any) -> None:
             if "nocopy" in self.on:

@@ -77,7 +77,10 @@ for step in "$@"; do
   case $step in
     kernels) TRITON_INTERPRET=0 python3 -m pytest tests/engine/kernels -q -p no:cacheprovider 2>&1 | tail -3 ;;
     tests) INFERSCALE_TEST_BLOCK_SIZE=${BLOCK_SIZE:-} python3 -m pytest tests/gpu -q -s -p no:cacheprovider --ignore=tests/gpu/test_gpu_families.py 2>&1 | tee "$INFERSCALE_RESULTS/gpu_tests.log" | grep -E "^\[gpu|passed|failed|^E " | head -40 ;;
-    bandwidth) python3 benchmarks/kernel_bandwidth.py 2>&1 | tail -8 ;;
+    bandwidth)  # ${TOKENS}: injected tokens per step (k=10 / 50 / 100 of 30-token facts)
+      for t in ${TOKENS:-300 1500 3000}; do echo "== $t tokens"
+        python3 benchmarks/kernel_bandwidth.py --num-tokens $t --fact-tokens 30 2>&1 | grep -E "GB/s|host time|wrote"
+      done ;;
     overlap)  # can the injection copy hide behind a prefill's GEMMs on a side stream? (no vLLM)
       python3 benchmarks/gpu/overlap_probe.py --reps 15 2>&1 | tail -10
       python3 benchmarks/gpu/overlap_probe.py --reps 15 --inject-tokens 160000 --tokens 7300 --groups 4,8,32 --tag n128 2>&1 | tail -6 ;;

@@ -84,16 +84,39 @@ class InferScaleWorker:
         self._staging = _Staging(first.device)
         self._rope = _rope_tables(self._layer_specs, list(kv_caches), self._config.max_positions,
                                   first.device)
+        self._check_zero_copy()
         logger.info("InferScale slab: %d layers, %d pages x %d tokens, %.1f MiB on %s",
                     len(layers), self._config.slab_pages, self._config.page_tokens,
                     self.slab.stats()["capacity_bytes"] / 2**20, first.device)
+
+    def _check_zero_copy(self) -> None:
+        """One load of a masked token (slab row -1: nothing moves) from pinned host memory.
+
+        Where the driver does not map pinned memory for the device, Triton refuses the address
+        and loads copy their index to the device instead. Also compiles the injection kernel
+        here rather than in the first request.
+        """
+        assert self.slab is not None and self.paged is not None and self._rope is not None
+        if not self._staging.zero_copy or not isinstance(self.paged, StridedPagedKV):
+            return
+        self._staging.host(1)[:] = -1
+        try:
+            self.paged.inject_(self.slab, self._staging.index(1), self._rope)
+            torch.cuda.synchronize(self.slab.keys.device)
+        except Exception as exc:  # noqa: BLE001 - refused by Triton or the driver: copy instead
+            self._staging.zero_copy = False
+            logger.warning("InferScale: load indices are copied to the device (the kernel "
+                           "cannot read pinned host memory here: %r)", exc)
+        finally:
+            self._staging.launched()
 
     # ---- hooks -------------------------------------------------------------------------
     def start_load(self, meta: InferScaleMetadata) -> None:
         """Inject every load of this step.
 
-        Index math on the CPU straight into one (pinned) host buffer, one host-to-device copy,
-        one kernel launch (or one vLLM cache-write call per layer on the CPU).
+        Index math on the CPU straight into one (pinned) host buffer, which the kernel reads
+        in place (or after one host-to-device copy), one kernel launch (or one vLLM cache-write
+        call per layer on the CPU).
         """
         if not meta.loads:
             return
@@ -108,7 +131,10 @@ class InferScaleWorker:
                 filled += part.shape[1]
         if not filled:
             return
-        self.paged.inject_(self.slab, self._staging.upload(filled), self._rope)
+        try:
+            self.paged.inject_(self.slab, self._staging.index(filled), self._rope)
+        finally:
+            self._staging.launched()
         for req_id, start, n in written[-(self.recent_loads.maxlen or 0):]:  # those kept
             self.recent_loads.append((req_id, host[1, start:start + n].copy()))
         self.counters["injected_requests"] += len(written)
@@ -260,16 +286,20 @@ class InferScaleWorker:
 
 
 class _Staging:
-    """Host buffers the step's load indices are written into, and their upload.
+    """Host buffers the step's load indices are written into, and how the kernel gets them.
 
-    On CUDA: two pinned host buffers used in turn and a device buffer, so a step's upload is
-    one asynchronous copy with no allocation. A host buffer is written again two steps later,
-    after waiting for its copy's event (long finished by then). Elsewhere: plain numpy.
+    On CUDA: two pinned host buffers used in turn. With `zero_copy` (the default where the
+    driver maps pinned memory for the device) the kernel reads the index straight from the
+    pinned buffer, so a step pays no copy call; otherwise one asynchronous copy into a device
+    buffer. A host buffer is written again two steps later, after waiting for the event
+    recorded after its step's launch (long finished by then). Elsewhere: plain numpy.
     """
 
     def __init__(self, device: torch.device) -> None:
         self._device = device
         self._cuda = device.type == "cuda"
+        self.zero_copy = self._cuda
+        """The kernel reads the index from pinned host memory (set False where it cannot)."""
         self._hosts = [torch.empty(0, dtype=torch.int64) for _ in range(2)]
         self._events: list[torch.cuda.Event | None] = [None, None]
         self._turn = 0
@@ -292,12 +322,15 @@ class _Staging:
         self._view = buffer.numpy()[:4 * num_tokens].reshape(4, num_tokens)
         return self._view
 
-    def upload(self, num_tokens: int) -> torch.Tensor:
-        """The first num_tokens columns of this step's buffer, [4, n] on the device.
+    def index(self, num_tokens: int) -> torch.Tensor:
+        """The first num_tokens columns of this step's buffer as the kernel's [4, n] index.
 
-        Rows keep the buffer's row stride (the kernels take it), so nothing is compacted.
+        The pinned host buffer itself (zero copy) or its copy on the device. Rows keep the
+        buffer's row stride (the kernels take it), so nothing is compacted.
         """
         if not self._cuda:
+            return torch.from_numpy(self._view)[:, :num_tokens]
+        if self.zero_copy:  # the pinned buffer's memory, at the same address
             return torch.from_numpy(self._view)[:, :num_tokens]
         size = self._view.size
         if self._device_buffer.numel() < size:
@@ -305,9 +338,13 @@ class _Staging:
                                               dtype=torch.int64, device=self._device)
         flat = self._device_buffer[:size]
         flat.copy_(self._hosts[self._turn][:size], non_blocking=True)
-        event = self._events[self._turn] = self._events[self._turn] or torch.cuda.Event()
-        event.record()
         return flat.view(self._view.shape)[:, :num_tokens]
+
+    def launched(self) -> None:
+        """Mark this step's buffer in use until the work queued so far has run."""
+        if self._cuda:
+            event = self._events[self._turn] = self._events[self._turn] or torch.cuda.Event()
+            event.record()
 
 
 _ROWS_CANONICAL = attrgetter("rows_canonical")

@@ -8,6 +8,10 @@ launch skips Triton's binder too: it calls the launcher of the kernel the first 
 compiled with the arguments Triton's binder would hand it, the step's index and token count
 substituted (they are never specialized on, so the one compiled kernel serves every step).
 Launch hooks (a profiler) or another Triton calling convention keep the regular path.
+
+On CUDA the index may also sit in pinned host memory: the kernel then reads it over the bus
+(unified addressing), and the step needs no host-to-device copy. Triton's launcher checks that
+the driver maps the address; a pageable host tensor fails there with a ValueError.
 """
 
 from __future__ import annotations
@@ -52,10 +56,11 @@ class BoundMover:
 
     def _run(self, to_cache: bool, index: torch.Tensor) -> None:
         if index.dim() != 2 or index.shape[0] != 4 or index.dtype != torch.int64 or (
-                index.stride(1) != 1 or index.device != self._device):
-            raise ValueError(f"a mover's index must be [4, T] int64 on {self._device} with "
-                             f"contiguous rows; got {index.dtype} {list(index.shape)} strides "
-                             f"{index.stride()} on {index.device}")
+                index.stride(1) != 1) or (index.device != self._device and not (
+                    self._device.type == "cuda" and index.device.type == "cpu")):
+            raise ValueError(f"a mover's index must be [4, T] int64 on {self._device} (or in "
+                             f"pinned host memory) with contiguous rows; got {index.dtype} "
+                             f"{list(index.shape)} strides {index.stride()} on {index.device}")
         if not index.shape[1]:
             return
         static = self._static[to_cache]
@@ -82,7 +87,10 @@ class _PreBound:
         values = dict(zip(names[:5], static.head, strict=True))
         values.update(zip(names[8:8 + len(static.tail)], static.tail, strict=True))
         values.update((n, static.options[n]) for n in names[8 + len(static.tail):])
-        self._params = [values.get(n) for n in names]
+        # The fixed tensors as their device addresses: the launcher takes an int as it is,
+        # where a tensor costs a data_ptr() call and a driver query per launch. `static`
+        # keeps the tensors alive.
+        self._params = [_address(values.get(n)) for n in names]
         self._positions = tuple(names.index(n) for n in _DYNAMIC)
         self._static = static
         self._knobs = knobs.runtime
@@ -128,6 +136,10 @@ class _PreBound:
         grid_x, grid_y, grid_z = self._static.grid(num_tokens)
         self._launcher(grid_x, grid_y, grid_z, self._stream(self._device_index),
                        self._function, self._metadata, None, None, None, *params)
+
+
+def _address(value: Any) -> Any:
+    return value.data_ptr() if isinstance(value, torch.Tensor) else value
 
 
 def _no_hooks(hook: Any) -> bool:

@@ -25,8 +25,10 @@ GPU = dict(kv_cache_memory_bytes=None, gpu_memory_utilization=0.3, enforce_eager
 def _layout(worker) -> str:
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
-    paged = get_kv_transfer_group().worker.paged
-    return f"{type(paged).__name__}(triton={getattr(paged, '_pointers', None) is not None})"
+    worker = get_kv_transfer_group().worker
+    paged = worker.paged
+    return (f"{type(paged).__name__}(triton={getattr(paged, '_pointers', None) is not None}, "
+            f"zero_copy={worker._staging.zero_copy})")
 
 
 def bf16_ulps(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
@@ -128,7 +130,7 @@ def test_bf16_same_position_and_moved_keys(tiny_models, name):
               f"max |diff| / max |K| {relative:.2e}; run of 3 facts vs alone max |dK| / "
               f"max |K| {run_keys:.2e}, run at its position vs text {run_diff:.2e}")
         assert run_keys <= 1e-2 and run_diff <= 1e-2
-        assert "triton=True" in layout
+        assert "triton=True" in layout and "zero_copy=True" in layout  # index read in place
         assert diff == 0.0  # same-position injection is bit-exact in bf16
         # vLLM rotates fresh keys with bf16-rounded cos/sin tables, Chunked RoPE in fp32:
         # 95.2-95.7% of elements within 1 ulp on the H200 (2026-11-30).

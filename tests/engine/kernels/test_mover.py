@@ -71,6 +71,34 @@ def test_every_launch_matches_the_reference(direction: str) -> None:
     assert mover.fast_launches == (0 if INTERPRETED else len(STEPS) - 1)
 
 
+@pytest.mark.skipif(INTERPRETED, reason="pinned host memory is a CUDA path")
+def test_an_index_in_pinned_host_memory_moves_what_a_device_index_moves() -> None:
+    # The worker's zero-copy staging: the kernel reads the index where the host wrote it.
+    case = Case(dtype=torch.bfloat16, lengths=(40, 41, 7, 13), num_rows=128, num_blocks=64)
+    gen = torch.Generator().manual_seed(12)
+    cos, sin = tables(case)
+    rows, slots, canonical, serving = make_plan(case, gen)
+    keys, values = make_cache(case, gen, fill=SENTINEL)
+    slab_keys, slab_values = make_slab(case, gen)
+    mover = BoundMover(chunked_rope.PagedKVPointers(keys, values), slab_keys, slab_values,
+                       cos, sin, case.style)
+    for step, (start, count) in enumerate(STEPS):
+        want_keys, want_values = [k.clone() for k in keys], [v.clone() for v in values]
+        piece = slice(start, start + count)
+        host = staged((rows, slots, canonical, serving), start, count, 128 + step).cpu()
+        pinned = torch.empty((4, 128 + step), dtype=torch.int64).pin_memory()[:, :count]
+        pinned.copy_(host)
+        mover.inject(pinned)
+        reference.inject_(want_keys, want_values, slab_keys, slab_values, rows[piece],
+                          slots[piece], canonical[piece], serving[piece], cos, sin, case.style)
+        for got, want in zip([*keys, *values], [*want_keys, *want_values]):
+            assert_matches(got, want)
+    assert mover.fast_launches == len(STEPS) - 1
+    pageable = torch.zeros(4, 8, dtype=torch.int64)  # not mapped for the device: refused
+    with pytest.raises(ValueError, match="cannot be accessed"):
+        mover.inject(pageable)
+
+
 def test_a_bad_index_is_refused_with_its_shape() -> None:
     case = Case()
     gen = torch.Generator().manual_seed(2)
