@@ -65,8 +65,8 @@ class InferScaleWorker:
         self._failed_block_ids: set[int] = set()
         self._staging = _Staging(torch.device("cpu"))
         self.counters: Counter[str] = Counter()
-        self.recent_loads: deque[tuple[str, np.ndarray]] = deque(maxlen=8)
-        """(request id, paged slots written) of the last loads, for diagnostics and tests."""
+        self._recent: deque[tuple[str, np.ndarray, int, int]] = deque(maxlen=8)
+        """(request id, block table, first and end position) of the last loads."""
 
     # ---- set-up ------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -127,7 +127,7 @@ class InferScaleWorker:
         for load in meta.loads:
             part = self._load_indices(load, host[:, filled:])
             if part is not None:
-                written.append((load.req_id, filled, part.shape[1]))
+                written.append(load)
                 filled += part.shape[1]
         if not filled:
             return
@@ -135,8 +135,8 @@ class InferScaleWorker:
             self.paged.inject_(self.slab, self._staging.index(filled), self._rope)
         finally:
             self._staging.launched()
-        for req_id, start, n in written[-(self.recent_loads.maxlen or 0):]:  # those kept
-            self.recent_loads.append((req_id, host[1, start:start + n].copy()))
+        self._recent.extend((load.req_id, load.block_ids, load.load_start, load.load_end)
+                            for load in written[-(self._recent.maxlen or 0):])
         self.counters["injected_requests"] += len(written)
         self.counters["injected_tokens"] += filled
 
@@ -177,6 +177,11 @@ class InferScaleWorker:
         """Slab occupancy and counters."""
         assert self.slab is not None
         return {**self.slab.stats(), **self.counters}
+
+    @property
+    def recent_loads(self) -> list[tuple[str, np.ndarray]]:
+        """(request id, paged slots written) of the last few loads (diagnostics and tests)."""
+        return [(rid, self._slots(block_ids, lo, hi)) for rid, block_ids, lo, hi in self._recent]
 
     # ---- helpers -----------------------------------------------------------------------
     def _slots(self, block_ids: np.ndarray | list[int], start: int, end: int) -> np.ndarray:
@@ -301,7 +306,11 @@ class _Staging:
         self.zero_copy = self._cuda
         """The kernel reads the index from pinned host memory (set False where it cannot)."""
         self._hosts = [torch.empty(0, dtype=torch.int64) for _ in range(2)]
+        self._host_arrays = [np.empty(0, dtype=np.int64) for _ in range(2)]  # the same memory
         self._events: list[torch.cuda.Event | None] = [None, None]
+        self._stream: torch.cuda.Stream | None = None
+        self._device_index = (device.index if device.index is not None
+                              else torch.cuda.current_device()) if self._cuda else -1
         self._turn = 0
         self._device_buffer = torch.empty(0, dtype=torch.int64, device=device)
         self._view = np.empty((4, 0), dtype=np.int64)
@@ -315,11 +324,12 @@ class _Staging:
         event = self._events[self._turn]
         if event is not None:
             event.synchronize()
-        buffer = self._hosts[self._turn]
-        if buffer.numel() < 4 * num_tokens:
+        array = self._host_arrays[self._turn]
+        if array.size < 4 * num_tokens:
             buffer = self._hosts[self._turn] = torch.empty(
-                max(4 * num_tokens, 2 * buffer.numel()), dtype=torch.int64, pin_memory=True)
-        self._view = buffer.numpy()[:4 * num_tokens].reshape(4, num_tokens)
+                max(4 * num_tokens, 2 * array.size), dtype=torch.int64, pin_memory=True)
+            array = self._host_arrays[self._turn] = buffer.numpy()
+        self._view = array[:4 * num_tokens].reshape(4, num_tokens)
         return self._view
 
     def index(self, num_tokens: int) -> torch.Tensor:
@@ -342,9 +352,15 @@ class _Staging:
 
     def launched(self) -> None:
         """Mark this step's buffer in use until the work queued so far has run."""
-        if self._cuda:
-            event = self._events[self._turn] = self._events[self._turn] or torch.cuda.Event()
-            event.record()
+        if not self._cuda:
+            return
+        event = self._events[self._turn] = self._events[self._turn] or torch.cuda.Event()
+        # The current stream as a Stream object, built again only when it changes
+        # (torch.cuda.current_stream() builds one per call: tens of microseconds, cold).
+        raw = torch._C._cuda_getCurrentRawStream(self._device_index)
+        if self._stream is None or self._stream.cuda_stream != raw:
+            self._stream = torch.cuda.current_stream(self._device)
+        event.record(self._stream)
 
 
 _ROWS_CANONICAL = attrgetter("rows_canonical")

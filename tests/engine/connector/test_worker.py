@@ -153,6 +153,7 @@ def test_a_step_of_several_loads_uploads_the_good_ones_back_to_back():
     assert worker.counters["injected_tokens"] == want.shape[1]
     assert worker.counters["load_errors"] == 1
     assert [rid for rid, _ in worker.recent_loads] == ["req", "req"]
+    assert np.array_equal(worker.recent_loads[-1][1], want[1, -loads[2].load_end:])
 
 
 def test_a_load_with_a_short_block_table_fails_alone():

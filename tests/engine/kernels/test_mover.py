@@ -79,7 +79,7 @@ def test_an_index_in_pinned_host_memory_moves_what_a_device_index_moves() -> Non
     cos, sin = tables(case)
     rows, slots, canonical, serving = make_plan(case, gen)
     keys, values = make_cache(case, gen, fill=SENTINEL)
-    slab_keys, slab_values = make_slab(case, gen)
+    slab_keys, slab_values = make_slab(case, gen, fill=None)
     mover = BoundMover(chunked_rope.PagedKVPointers(keys, values), slab_keys, slab_values,
                        cos, sin, case.style)
     for step, (start, count) in enumerate(STEPS):
