@@ -185,6 +185,19 @@ def summarize(samples_ms: list[float]) -> dict[str, float]:
             "n": len(ordered)}
 
 
+def median_interval(samples: list[float], level: float = 0.95, resamples: int = 2000,
+                    seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap interval of the median of `samples` (rounds resampled with
+    replacement; a fixed seed, so a record always reports the same interval)."""
+    if len(samples) < 2:
+        return (samples[0], samples[0]) if samples else (float("nan"), float("nan"))
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(samples, k=len(samples)))
+                     for _ in range(resamples))
+    tail = (1 - level) / 2
+    return medians[int(tail * resamples)], medians[min(resamples - 1, int((1 - tail) * resamples))]
+
+
 def environment() -> dict[str, Any]:
     """Machine, versions and settings that every number must carry."""
     import torch
@@ -251,6 +264,13 @@ def write_record(name: str, record: dict[str, Any], out_dir: Path | None = None)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(record, indent=1, default=str))
+    return path
+
+
+def write_tagged(name: str, tag: str, record: dict[str, Any]) -> Path:
+    """write_record under `name-tag` (or `name` without a tag); prints the path."""
+    path = write_record(name + (f"-{tag}" if tag else ""), record)
+    print(f"wrote {path}")
     return path
 
 

@@ -48,7 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import environment, synthetic_texts, write_record  # noqa: E402
+from benchmarks.common import environment, synthetic_texts, write_tagged  # noqa: E402
 
 SUMMED = ("plan", "to_params", "params_copy", "check", "meta", "load")
 
@@ -332,8 +332,7 @@ def main(argv: list[str] | None = None) -> dict:
     record = {"benchmark": "critical_path", "config": vars(args), "environment": environment(),
               "num_prompt_tokens": prompt_tokens, "results": results, "profile_top": profiles}
     if not args.no_record:
-        name = "critical-path" + (f"-{args.tag}" if args.tag else "")
-        print(f"wrote {write_record(name, record)}")
+        write_tagged("critical-path", args.tag, record)
     return record
 
 

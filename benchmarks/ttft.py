@@ -40,6 +40,7 @@ from benchmarks.common import (  # noqa: E402
     environment,
     fit_max_model_len,
     locomo_facts,
+    median_interval,
     resolve_model,
     summarize,
     synthetic_texts,
@@ -329,12 +330,14 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def paired_ratio(numerators: list[float], denominators: list[float]) -> dict[str, float]:
-    """Median (and quartiles) over rounds of each round's ratio: the modes of a round run back
-    to back on the same fact set, so drift between rounds (clocks, a noisy host) cancels."""
+    """Median (and quartiles, and the median's bootstrap 95% interval) over rounds of each
+    round's ratio: the modes of a round run back to back on the same fact set, so drift between
+    rounds (clocks, a noisy host) cancels."""
     ratios = sorted(a / b for a, b in zip(numerators, denominators, strict=True))
     quartile = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    low, high = median_interval(ratios)
     return {"median": statistics.median(ratios), "p25": quartile[0], "p75": quartile[2],
-            "n": len(ratios)}
+            "ci95_low": low, "ci95_high": high, "n": len(ratios)}
 
 
 def _print_table(summary: dict, modes: list[str]) -> None:
