@@ -218,14 +218,29 @@ def environment() -> dict[str, Any]:
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
         info["gpu_count"] = torch.cuda.device_count()
-    try:
-        info["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-            cwd=Path(__file__).parent, check=False).stdout.strip() or None
-    except OSError:
-        info["git_commit"] = None
+    info["git_commit"], info["git_sources_modified"] = git_state(Path(__file__).parent.parent)
     info["source_digest"] = source_digest()
     return info
+
+
+def git_state(root: Path) -> tuple[str | None, bool | None]:
+    """(short HEAD, whether the package or benchmark sources differ from it) of a checkout.
+
+    A copy of the working tree whose .git is older than its files (the GPU machine's) names an
+    old commit: the flag says so, and source_digest names the code actually measured.
+    """
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], capture_output=True, text=True, cwd=root,
+                                  check=False)
+        except OSError:
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "--short", "HEAD") or None
+    status = git("status", "--porcelain", "--untracked-files=no", "--", "inferscale_engine",
+                 "benchmarks") if commit else None
+    return commit, (bool(status) if status is not None else None)
 
 
 def source_digest() -> str:
