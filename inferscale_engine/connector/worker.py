@@ -338,9 +338,7 @@ class _Staging:
         The pinned host buffer itself (zero copy) or its copy on the device. Rows keep the
         buffer's row stride (the kernels take it), so nothing is compacted.
         """
-        if not self._cuda:
-            return torch.from_numpy(self._view)[:, :num_tokens]
-        if self.zero_copy:  # the pinned buffer's memory, at the same address
+        if not self._cuda or self.zero_copy:  # on CUDA the pinned buffer, at the same address
             return torch.from_numpy(self._view)[:, :num_tokens]
         size = self._view.size
         if self._device_buffer.numel() < size:
