@@ -342,15 +342,15 @@ def paired_ratio(numerators: list[float], denominators: list[float]) -> dict[str
 
 def _print_table(summary: dict, modes: list[str]) -> None:
     print("\n| k | " + " | ".join(f"{m} ms" for m in modes)
-          + " | text/kv | kv/resident | kv/resident paired (p25-p75) |")
+          + " | text/kv | kv/resident | kv/resident paired (p25-p75) [median's 95% interval] |")
     print("|---" * (len(modes) + 4) + "|")
     for k, e in summary.items():
         cells = [f"{e[m]['median_ms']:.2f}" for m in modes]
         ratio = f"{e.get('speedup_text_over_kv', float('nan')):.2f}"
         res = f"{e.get('kv_over_resident', float('nan')):.2f}"
         paired = e.get("kv_over_resident_paired")
-        pair = (f"{paired['median']:.2f} ({paired['p25']:.2f}-{paired['p75']:.2f})"
-                if paired else "-")
+        pair = (f"{paired['median']:.2f} ({paired['p25']:.2f}-{paired['p75']:.2f}) "
+                f"[{paired['ci95_low']:.3f}-{paired['ci95_high']:.3f}]" if paired else "-")
         print(f"| {k} | " + " | ".join(cells) + f" | {ratio} | {res} | {pair} |")
 
 
