@@ -83,6 +83,8 @@ def check_user_id(user_id: object, error: type[Exception] = InvalidUserIdError) 
 
     NFC makes the composed and decomposed spellings of one name ('café') the same user.
     """
+    if type(user_id) is str and user_id.isascii() and user_id.isprintable() and user_id.strip():
+        return user_id  # printable ASCII with a non-space: the checks below pass, NFC is itself
     check_str(user_id, "user_id", error)
     assert isinstance(user_id, str)
     if any(unicodedata.category(c) == "Cc" for c in user_id):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -80,3 +82,23 @@ def test_embedding_alone_never_reports_a_duplicate(existing, new):
         assert score >= 0.95
         other = new[target[0]] if isinstance(target, tuple) else texts[target]
         assert checks.same_text(other, text), (text, other)
+
+
+def test_the_ascii_fast_path_of_user_ids_agrees_with_the_full_check():
+    # check_user_id returns printable ASCII ids at once; every ASCII id must get the answer
+    # the full check gives it.
+    def full(user_id: str) -> str | None:
+        if any(unicodedata.category(c) == "Cc" for c in user_id) or not checks.has_visible(
+                user_id):
+            return None
+        return unicodedata.normalize("NFC", user_id)
+
+    candidates = [chr(i) for i in range(128)] + [" a", "a b", "  ", "", "alice\t", "bob\x7f",
+                                                  "user-42@example.com"]
+    for user_id in candidates:
+        want = full(user_id)
+        if want is None:
+            with pytest.raises(InvalidUserIdError):
+                checks.check_user_id(user_id)
+        else:
+            assert checks.check_user_id(user_id) == want, repr(user_id)
