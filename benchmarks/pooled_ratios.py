@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import environment, median_interval, write_tagged  # noqa: E402
+from benchmarks.common import environment, write_tagged  # noqa: E402
+from benchmarks.ttft import paired_ratio  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -42,14 +42,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def round_ratios(record: dict[str, Any], numerator: str, denominator: str
-                 ) -> dict[str, list[float]]:
-    """Per k (as the record spells it), each timed round's numerator / denominator."""
+def rounds(record: dict[str, Any], numerator: str, denominator: str
+           ) -> dict[str, tuple[list[float], list[float]]]:
+    """Per k (as the record spells it), the timed rounds' numerator and denominator times."""
     raw = record["raw_ms"]
     for mode in (numerator, denominator):
         if mode not in raw:
             raise SystemExit(f"a record has no {mode!r} samples (modes: {sorted(raw)})")
-    return {k: [a / b for a, b in zip(raw[numerator][k], raw[denominator][k], strict=True)]
+    return {k: (raw[numerator][k], raw[denominator][k])
             for k in raw[numerator] if raw[numerator][k] and k in raw[denominator]}
 
 
@@ -60,10 +60,12 @@ def verdict(low: float, high: float, target: float, at_least: bool = False) -> s
     return "met" if high <= target else "not met" if low > target else "undecided"
 
 
-def summary(ratios: list[float], target: float, at_least: bool) -> dict[str, Any]:
-    low, high = median_interval(ratios)
-    return {"median": statistics.median(ratios), "ci95_low": low, "ci95_high": high,
-            "n": len(ratios), "verdict": verdict(low, high, target, at_least)}
+def summary(numerators: list[float], denominators: list[float], target: float,
+            at_least: bool) -> dict[str, Any]:
+    """ttft.py's paired ratio (median, quartiles, 95% interval) and its verdict."""
+    paired = paired_ratio(numerators, denominators)
+    return {**paired, "verdict": verdict(paired["ci95_low"], paired["ci95_high"], target,
+                                         at_least)}
 
 
 def pool(paths: list[Path], numerator: str, denominator: str, target: float,
@@ -78,13 +80,14 @@ def pool(paths: list[Path], numerator: str, denominator: str, target: float,
         name = f"{config['model']} --predecessor {config.get('predecessor', 'mixed')}"
         group = groups.setdefault(name, {"records": [], "k": {}})
         group["records"].append(path.name)
-        for k, ratios in round_ratios(record, numerator, denominator).items():
-            entry = group["k"].setdefault(k, {"per_record": [], "all": []})
-            entry["per_record"].append(summary(ratios, target, at_least))
-            entry["all"].extend(ratios)
+        for k, (nums, dens) in rounds(record, numerator, denominator).items():
+            entry = group["k"].setdefault(k, {"per_record": [], "nums": [], "dens": []})
+            entry["per_record"].append(summary(nums, dens, target, at_least))
+            entry["nums"].extend(nums)
+            entry["dens"].extend(dens)
     for group in groups.values():
         for entry in group["k"].values():
-            entry["pooled"] = summary(entry.pop("all"), target, at_least)
+            entry["pooled"] = summary(entry.pop("nums"), entry.pop("dens"), target, at_least)
         group["k"] = dict(sorted(group["k"].items(), key=lambda item: int(item[0])))
     return groups
 

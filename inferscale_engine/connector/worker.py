@@ -97,7 +97,7 @@ class InferScaleWorker:
         here rather than in the first request.
         """
         assert self.slab is not None and self.paged is not None and self._rope is not None
-        if not self._staging.zero_copy or not isinstance(self.paged, StridedPagedKV):
+        if not self._staging.zero_copy:  # CPU: nothing to check
             return
         self._staging.host(1)[:] = -1
         try:
