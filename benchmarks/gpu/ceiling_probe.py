@@ -45,9 +45,8 @@ PHASES = (
     "core.scheduler.kv_cache_manager.free", "core.scheduler._make_cached_request_data",
     "core.scheduler._update_request_with_output",
     "core.model_executor.execute_model", "core.model_executor.sample_tokens",
-    "worker_connector.handle_preemptions", "worker_connector.start_load_kv",
-    "worker_connector.wait_for_save", "worker_connector.get_finished", "engine._planner.prepare",
-    "engine._runner.run",
+    "worker_connector.start_load_kv", "worker_connector.wait_for_save",
+    "worker_connector.get_finished", "engine._planner.prepare", "engine._runner.run",
     # inside the phases above (issue 13: where start_load_kv, the check and prepare spend it)
     "core.scheduler.connector.scheduler._verify",
     "core.scheduler.connector.scheduler.build_connector_meta",
@@ -63,8 +62,7 @@ PHASES = (
 TIMELINE = {"core.scheduler.schedule", "core.model_executor.execute_model",
             "core.model_executor.sample_tokens", "core.scheduler.update_from_output",
             "engine._planner.prepare_many", "engine._runner.llm.llm_engine.add_request",
-            "core.preprocess_add_request", "worker_connector.handle_preemptions",
-            "worker_connector.start_load_kv"}
+            "core.preprocess_add_request", "worker_connector.start_load_kv"}
 """Phases (of PHASES: only those are wrapped) whose every call --timeline records (start,
 duration) within its round."""
 

@@ -14,9 +14,6 @@ max_tokens=1 request at a time, each round runs these variants:
   kv-noload    the worker's start_load returns at once (no index math, upload or copy)
   kv-copyindex the worker copies the load indices to the device before the launch (the path
                where the kernel cannot read pinned host memory; the default reads them there)
-  kv-late      the worker launches its loads from start_load_kv, right before the forward, as
-               it did before 2026-12-04 (the default launches them from the step's first hook,
-               handle_preemptions, so the copy overlaps vLLM's input preparation)
   kv-floor     trusted + noload: what is left is vLLM's own handling of external tokens (block
                allocation, prefix-cache insertion), the plan's parse and connector metadata, and
                the client's prompt + signed plan
@@ -57,11 +54,11 @@ from benchmarks.gpu.ceiling_probe import add_engine_args, roots  # noqa: E402
 from benchmarks.ttft import build_engine, paired_ratio  # noqa: E402
 
 VARIANTS = ("kv", "kv-trusted", "kv-nocopy", "kv-noload", "kv-floor", "kv-copyindex",
-            "kv-late", "kv-aftertext", "resident", "resident-afterkv")
+            "kv-aftertext", "resident", "resident-afterkv")
 RESIDENTS = ("resident", "resident-afterkv")
 SWITCHES = {"kv": set(), "kv-trusted": {"trusted"}, "kv-nocopy": {"nocopy"},
             "kv-noload": {"noload"}, "kv-floor": {"trusted", "noload"},
-            "kv-copyindex": {"copyindex"}, "kv-late": {"late"}, "kv-aftertext": set(),
+            "kv-copyindex": {"copyindex"}, "kv-aftertext": set(),
             "resident": set(), "resident-afterkv": set()}
 
 
@@ -78,7 +75,6 @@ class Ablation:
         scheduler = objects["core"].scheduler.connector.scheduler
         worker = objects["worker_connector"].worker
         verify, start_load, inject = scheduler._verify, worker.start_load, worker.paged.inject_
-        start_early = worker.start_load_early
 
         def trusting_verify(request: Any) -> Any:
             if "trusted" in self.on:
@@ -104,12 +100,6 @@ class Ablation:
             finally:
                 staging.zero_copy = zero_copy
 
-        def maybe_early(meta: Any) -> None:
-            if "late" in self.on:
-                self.counts["late"] += len(meta.loads)
-                return  # start_load_kv launches them (start_load_once)
-            start_early(meta)
-
         def maybe_inject(*args: Any) -> None:
             if "nocopy" in self.on:
                 self.counts["nocopy"] += 1
@@ -118,7 +108,6 @@ class Ablation:
 
         scheduler._verify = trusting_verify
         worker.start_load = maybe_load
-        worker.start_load_early = maybe_early
         worker.paged.inject_ = maybe_inject
         self.worker = worker
 

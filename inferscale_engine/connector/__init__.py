@@ -10,10 +10,7 @@ Scheduler side (EngineCore process)
   request_finished            drop per-request state; report the plan's outcome
 Worker side (every worker process)
   register_kv_caches          detect the paged layout, allocate the slab
-  handle_preemptions          first hook of a step (vLLM 0.26/0.32 call it before they prepare
-                              the step's inputs): inject this step's loads, all layers, so the
-                              copy runs on the device while vLLM's host prepares the forward
-  start_load_kv               inject this step's loads if handle_preemptions did not
+  start_load_kv               inject this step's loads, all layers, before the forward
   wait_for_layer_load / save_kv_layer   nothing (per-layer hooks are skipped by CUDA graphs)
   wait_for_save               capture fact spans computed in this step into the slab
   get_block_ids_with_load_errors        blocks vLLM must recompute (entry missing or foreign)
@@ -71,17 +68,9 @@ class InferScaleConnector(KVConnectorBase_V1):
         assert self.worker is not None
         self.worker.register_kv_caches(kv_caches)
 
-    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
-        # Called with the step's metadata at the start of execute_model, before vLLM builds
-        # the step's inputs (no preempted block is ever loaded into: a load's blocks are newly
-        # allocated to its request in this very step).
-        assert self.worker is not None
-        if isinstance(kv_connector_metadata, InferScaleMetadata):
-            self.worker.start_load_early(kv_connector_metadata)
-
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         assert self.worker is not None
-        self.worker.start_load_once(self._metadata())
+        self.worker.start_load_safely(self._metadata())
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return

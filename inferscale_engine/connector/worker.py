@@ -1,11 +1,9 @@
 """Worker-side half of the connector: owns the KV slab, injects and captures KV.
 
-Runs in every vLLM worker (the process that owns the paged cache). Loads are launched for all
-layers at once at the start of the step (`handle_preemptions`, the first hook that carries the
-step's metadata; `start_load_kv` where a runner does not call it), so the copy runs on the
-device while vLLM's host prepares the step's inputs; FULL CUDA-graph replay skips per-layer
-hooks, so nothing is done per layer. Captures happen in `wait_for_save`, after the forward has
-written this step's K/V into the paged blocks.
+Runs in every vLLM worker (the process that owns the paged cache). Loads are synchronous and
+happen in `start_load_kv`, before the forward, for all layers at once (FULL CUDA-graph replay
+skips per-layer hooks, so nothing is done per layer). Captures happen in `wait_for_save`, after
+the forward has written this step's K/V into the paged blocks.
 """
 
 from __future__ import annotations
@@ -69,11 +67,6 @@ class InferScaleWorker:
         self.counters: Counter[str] = Counter()
         self._recent: deque[tuple[str, np.ndarray, int, int]] = deque(maxlen=8)
         """(request id, block table, first and end position) of the last loads."""
-        self.early = True
-        """Launch loads from the step's first hook (False: from start_load_kv, right before
-        the forward; the A/B switch of benchmarks/gpu/floor_probe.py)."""
-        self._started: InferScaleMetadata | None = None
-        """The step whose loads start_load_early launched (start_load_once skips it)."""
 
     # ---- set-up ------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -156,21 +149,6 @@ class InferScaleWorker:
         except Exception:  # never take the engine down: the app sees the entries missing
             self.counters["capture_errors"] += len(meta.captures)
             logger.exception("InferScale: capture of %d facts failed", len(meta.captures))
-
-    def start_load_early(self, meta: InferScaleMetadata) -> None:
-        """Launch this step's loads from the step's first hook (see the module docstring)."""
-        if self.early and meta.loads:
-            self._started = meta
-            self.counters["early_load_steps"] += 1
-            self.start_load_safely(meta)
-
-    def start_load_once(self, meta: InferScaleMetadata) -> None:
-        """Launch this step's loads unless start_load_early already has (start_load_kv)."""
-        if meta is self._started:
-            self._started = None
-            return
-        self.counters["late_load_steps"] += bool(meta.loads)
-        self.start_load_safely(meta)
 
     def start_load_safely(self, meta: InferScaleMetadata) -> None:
         """start_load, failing the loads (not the engine step) on an unexpected error.

@@ -31,14 +31,6 @@ def _layout(worker) -> str:
             f"zero_copy={worker._staging.zero_copy})")
 
 
-def _load_steps(worker) -> tuple[int, int]:
-    """Steps whose loads launched from the step's first hook, and from start_load_kv."""
-    from vllm.distributed.kv_transfer import get_kv_transfer_group
-
-    counters = get_kv_transfer_group().worker.counters
-    return counters["early_load_steps"], counters["late_load_steps"]
-
-
 def bf16_ulps(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
     """|actual - expected| in units of the bf16 spacing at `expected`."""
     expected = expected.float()
@@ -133,14 +125,12 @@ def test_bf16_same_position_and_moved_keys(tiny_models, name):
         diff = check_same_position(engine, 1e-2)
         relative, within_one = check_moved_layer0_keys(engine)
         run_keys, run_diff = check_run(engine)
-        early, late = engine.llm.collective_rpc(_load_steps)[0]
         print(f"\n[gpu {name} bf16 {layout}] same-position max |dlogprob| {diff:.2e}; moved "
               f"keys (layer 0) vs fresh prefill: {100 * within_one:.2f}% within 1 bf16 ulp, "
               f"max |diff| / max |K| {relative:.2e}; run of 3 facts vs alone max |dK| / "
               f"max |K| {run_keys:.2e}, run at its position vs text {run_diff:.2e}")
         assert run_keys <= 1e-2 and run_diff <= 1e-2
         assert "triton=True" in layout and "zero_copy=True" in layout  # index read in place
-        assert early > 0 and late == 0  # vLLM 0.26's GPU runner calls handle_preemptions
         assert diff == 0.0  # same-position injection is bit-exact in bf16
         # vLLM rotates fresh keys with bf16-rounded cos/sin tables, Chunked RoPE in fp32:
         # 95.2-95.7% of elements within 1 ulp on the H200 (2026-11-30).

@@ -46,30 +46,3 @@ def test_context_window_encoding_is_exact_when_the_context_is_the_preceding_fact
           f"{diff:.3e}")
     assert kv.plan_status == "inject" and kv.token_ids == text.token_ids
     assert diff <= TOLERANCE
-
-
-
-def test_loads_launch_from_the_steps_first_hook_and_a_late_launch_injects_the_same(engine):
-    # vLLM calls handle_preemptions with the step's metadata before it prepares the step's
-    # inputs: the worker launches its loads there (the copy overlaps that preparation) and
-    # start_load_kv does not load them again; where a runner skips that hook, start_load_kv
-    # loads them. Both paths must inject exactly what a plain prefill computes.
-    from vllm.distributed.kv_transfer import get_kv_transfer_group
-
-    worker = get_kv_transfer_group().worker
-    for user, fact, early in (("u3", FACTS[3], True), ("u4", FACTS[4], False)):
-        (fact_id,) = engine.add_facts(user, [fact])  # a fact set of its own: nothing cached
-        handle = MemoryHandle(user, (fact_id,))
-        before = dict(worker.counters)
-        worker.early = early
-        try:
-            kv = engine.generate(handle, QUESTIONS[2], greedy(8), mode="kv")
-        finally:
-            worker.early = True
-        grew = {name: worker.counters[name] - before.get(name, 0)
-                for name in ("early_load_steps", "late_load_steps", "injected_requests")}
-        assert grew == {"early_load_steps": int(early), "late_load_steps": int(not early),
-                        "injected_requests": 1}
-        text = engine.generate(handle, QUESTIONS[2], greedy(8), mode="text")
-        assert kv.plan_status == "inject" and kv.token_ids == text.token_ids
-        assert max_abs_diff(kv.logprobs, text.logprobs) <= TOLERANCE
