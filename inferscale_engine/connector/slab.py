@@ -24,14 +24,15 @@ class SlabEntry:
     num_tokens: int
     origin: int
     """Position whose rotation token 0's stored key carries (token i: origin + i)."""
-    rows_canonical: np.ndarray = field(init=False, repr=False, compare=False)
-    """[2, num_tokens] int64, made once: the slab row of each token and the position its key
-    is rotated for (origin + i). A load copies these two rows of its entries in one call."""
+    rows_bytes: bytes = field(init=False, repr=False, compare=False)
+    """rows as int64 bytes, made once: a load joins its entries' bytes in one call."""
+    canonical_bytes: bytes = field(init=False, repr=False, compare=False)
+    """The position each token's stored key is rotated for (origin + i), as int64 bytes."""
 
     def __post_init__(self) -> None:
-        rows = self.rows.numpy()
-        self.rows_canonical = np.stack((rows, np.arange(self.origin,
-                                                        self.origin + len(rows))))
+        self.rows_bytes = self.rows.numpy().astype(np.int64, copy=False).tobytes()
+        self.canonical_bytes = np.arange(self.origin, self.origin + len(self.rows),
+                                         dtype=np.int64).tobytes()
 
 
 class KVSlab:
