@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks and measurements on the lent H200 with the vLLM 0.26 bundle.
 # After staging the bundle (../shared/device/build-vllm-gpu-bundle.sh; benchmarks/gpu/stage_bundle.sh
-# carries it in four device calls):
+# --split N carries it in N device calls):
 #   bash benchmarks/gpu/run_h200.sh STEP [STEP ...]
 # Steps: kernels (Triton tests compiled), overlap (benchmarks/gpu/overlap_probe.py), tests (GPU engine tests; BLOCK_SIZE=64 runs them with
 # vLLM blocks of 64 tokens), bandwidth, ttft (Llama-3.1-8B,
