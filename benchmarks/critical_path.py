@@ -6,16 +6,19 @@ connector really build (no vLLM engine, no GPU kernel): a prompt of a preamble, 
 
   app        prompt        PromptBuilder.build + token_ids (text and resident modes pay it too)
              plan          RequestPlanner.plan: preamble key, segments, cache_salt, sign
+             plan_local    the same unsigned (the in-process handoff's plan, handoff.py)
              to_params     InjectionPlan.to_params (the kv_transfer_params)
              prepare       RequestPlanner.prepare end to end (prompt + plan + params)
   vLLM       params_copy   SamplingParams.clone of the request's params (vLLM deep-copies them)
              pickle_params pickle round trip of the kv_transfer_params (MP=1 sends them)
   scheduler  from_params / verify_mac / matches, and check (InferScaleScheduler._verify)
+             check_local   the plan put by reference and _verify taking it (handoff.py)
              meta          update_state_after_alloc + build_connector_meta (the LoadSpec)
              pickle_meta   pickle round trip of the step metadata (MP=1, every step)
   worker     load          InferScaleWorker.start_load with a no-op kernel: the index math
              stepN         the same for one step of --batch loads (a prefill of N requests)
   sum        kv_only       plan + to_params + params_copy + check + meta + load
+             kv_only_local plan_local + params_copy + check_local + meta + load (MP=0 default)
 
 Median microseconds over --repeats calls per step, steps interleaved in rounds so that load
 from other processes spreads evenly. Writes one JSON record. Asserts nothing about speed.
@@ -51,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import environment, synthetic_texts, write_tagged  # noqa: E402
 
 SUMMED = ("plan", "to_params", "params_copy", "check", "meta", "load")
+SUMMED_LOCAL = ("plan_local", "params_copy", "check_local", "meta", "load")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -165,6 +169,7 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
     from inferscale_engine.connector.metadata import InferScaleMetadata
     from inferscale_engine.connector.slab import SlabEntry
     from inferscale_engine.facts import MemoryHandle
+    from inferscale_engine.handoff import PlanHandoff
     from inferscale_engine.layout import Layout
     from inferscale_engine.plan import SYSTEM_OWNER, InjectionPlan, from_params
 
@@ -222,6 +227,22 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
         env.preambles.end_batch()
         return out
 
+    def plan_local_step() -> object:
+        out = planner.plan(handle, prompt, records, pinned, signed=False)
+        env.preambles.end_batch()
+        return out
+
+    courier = PlanHandoff(secret)
+    unsigned = plan_local_step()
+
+    def check_local() -> object:
+        local = SimpleNamespace(request_id=rid, kv_transfer_params=courier.put(unsigned)[1],
+                                prompt_token_ids=request.prompt_token_ids,
+                                cache_salt=plan.cache_salt)
+        checked = scheduler._verify(local)
+        assert checked.status == "inject"
+        return checked
+
     def prepare_step() -> object:
         out = planner.prepare(handle, records, messages, env.sampling, "kv", pinned, Layout())
         env.preambles.end_batch()
@@ -232,6 +253,7 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
     steps: dict[str, Callable[[], object]] = {
         "prompt": lambda: planner.build(messages, records, [], Layout()).token_ids(),
         "plan": plan_step,
+        "plan_local": plan_local_step,
         "to_params": plan.to_params,
         "prepare": prepare_step,
         "params_copy": prepared.params.clone,
@@ -240,6 +262,7 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
         "verify_mac": lambda: parsed.verify(secret),
         "matches": lambda: parsed.matches(request.prompt_token_ids),
         "check": lambda: scheduler._verify(request),
+        "check_local": check_local,
         "meta": meta,
         "pickle_meta": lambda: pickle.loads(pickle.dumps(step_meta)),
         "load": lambda: worker.start_load(step_meta),
@@ -286,7 +309,9 @@ def time_steps(steps: dict[str, Callable[[], object]], repeats: int, rounds: int
         result[name] = {"median_us": statistics.median(values) / 1e3,
                         "p10_us": values[n // 10] / 1e3, "p90_us": values[(9 * n) // 10] / 1e3,
                         "n": n}
-    result["kv_only"] = {"median_us": sum(result[s]["median_us"] for s in SUMMED)}
+    for total, parts in (("kv_only", SUMMED), ("kv_only_local", SUMMED_LOCAL)):
+        if all(p in result for p in parts):
+            result[total] = {"median_us": sum(result[p]["median_us"] for p in parts)}
     return result
 
 

@@ -2,7 +2,10 @@
 
 Modes, on the same engine and the same prompts:
   text      facts pasted as text, vLLM prefix caching on (as users run it)
-  kv        facts' stored KV injected by InferScale (plan building included in the time)
+  kv        facts' stored KV injected by InferScale (plan building included in the time;
+            with the embedded default, MP=0, the plan goes to the scheduler by reference)
+  kv-signed the same with the plan signed and sent in full, as it crosses processes (MP=1,
+            the server): the in-process handoff's A/B (inferscale_engine.handoff)
   resident  the same preamble + facts already in vLLM's prefix cache (warmed by a request
             with another question; timed with a third question, so that nothing of its
             question is cached): the ceiling KV injection can approach
@@ -159,8 +162,9 @@ def mode_layout(mode: str, k: int) -> tuple[str, Any]:
     from benchmarks.locomo_arms import layout_of
     from inferscale_engine.layout import Layout
 
-    if mode in ("text", "kv", "resident"):  # every fact in the memory block, whatever the
-        return ("kv" if mode == "kv" else "text"), Layout()  # engine's default layout is
+    if mode in ("text", "kv", "resident", "kv-signed"):  # every fact in the memory block,
+        # whatever the engine's default layout is
+        return ("text" if mode in ("text", "resident") else "kv"), Layout()
     base, _, suffix = mode.partition("-")
     where = suffix.rstrip("0123456789")
     if base not in ("text", "kv") or where not in ("end", "user", "also") or where == suffix:
@@ -213,6 +217,7 @@ def main(argv: list[str] | None = None) -> dict:
     question_iter = itertools.cycle(questions[:-1])
     neutral_question = questions[-1]  # --predecessor's: asked before timed requests
     profilers = {"kv": cProfile.Profile(), "resident": cProfile.Profile()}
+    handoffs = [shard.planner.handoff for shard in engine._shards]
     for k in ks:
         for mode in modes:
             raw[mode][k] = []
@@ -231,6 +236,8 @@ def main(argv: list[str] | None = None) -> dict:
             profiling = args.profile and timed and k == max(ks)
             for mode in modes:
                 base, layout = mode_layout(mode, k)
+                for shard, courier in zip(engine._shards, handoffs, strict=True):
+                    shard.planner.handoff = None if mode == "kv-signed" else courier
                 if mode == "resident":  # fill the prefix cache with this very layout (the
                     # engine's default layout repairs facts elsewhere: a different prefix)
                     engine.generate(handle, other, one_token, mode="text", layout=layout)
@@ -250,8 +257,12 @@ def main(argv: list[str] | None = None) -> dict:
                 profiler = profilers.get(mode) if profiling else None
                 if profiler is not None:
                     profiler.enable()
+                # kv-signed on a fact set of its own: kv's request left this round's in the
+                # prefix cache under the same salt, where kv-signed would find it resident
+                timed_handle = (MemoryHandle("bench", tuple(rng.sample(fact_ids, k)))
+                                if mode == "kv-signed" else handle)
                 t0 = time.perf_counter()
-                out = engine.generate(handle, fresh if mode == "resident" else question,
+                out = engine.generate(timed_handle, fresh if mode == "resident" else question,
                                       one_token, mode=base, layout=layout)
                 elapsed = (time.perf_counter() - t0) * 1e3
                 if profiler is not None:
@@ -281,6 +292,8 @@ def main(argv: list[str] | None = None) -> dict:
         if "resident" in entry and "kv" in entry:
             entry["kv_over_resident"] = entry["kv"]["median_ms"] / entry["resident"]["median_ms"]
             entry["kv_over_resident_paired"] = paired_ratio(raw["kv"][k], raw["resident"][k])
+        if "kv-signed" in entry and "kv" in entry:  # the in-process handoff's A/B
+            entry["kv_over_kv_signed_paired"] = paired_ratio(raw["kv"][k], raw["kv-signed"][k])
         entry["cached_tokens_median"] = {m: statistics.median(cached[m][k]) for m in modes
                                          if cached[m][k]}
         entry["num_prompt_tokens"] = prompt_tokens.get(k)

@@ -73,6 +73,9 @@ class EngineConfig:
     """Disable torch.compile / CUDA graphs; None = eager on CPU, compiled on GPU."""
     multiprocessing: bool = False
     """Run vLLM's EngineCore in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1)."""
+    plan_handoff: bool = True
+    """With EngineCore in this process, hand plans to the connector by reference instead of
+    signing and encoding them (inferscale_engine.handoff; the prompt is still checked)."""
     enable_prefix_caching: bool = True
     """vLLM prefix caching (text mode uses it; injected prompts carry a cache_salt)."""
     tensor_parallel_size: int = 1

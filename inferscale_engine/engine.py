@@ -30,6 +30,7 @@ from inferscale_engine.errors import (
 )
 from inferscale_engine.facts import Fact, FactId, MemoryHandle
 from inferscale_engine.generation import EngineStats, Generation, text_pieces
+from inferscale_engine.handoff import PlanHandoff
 from inferscale_engine.layout import Layout
 from inferscale_engine.model_check import check_model, connector_config, load_tokenizer
 from inferscale_engine.plan import InjectionPlan
@@ -283,8 +284,12 @@ class Engine:
                 for shard in self._shards:
                     shard.preambles.end_batch()
             start = time.perf_counter()
-            outputs = self._runner.run([p.prompt for p in prepared], [p.params for p in prepared],
-                                       ranks=[s.rank for s in shards])
+            try:
+                outputs = self._runner.run([p.prompt for p in prepared],
+                                           [p.params for p in prepared],
+                                           ranks=[s.rank for s in shards])
+            finally:  # references the scheduler did not take (a refused or aborted request)
+                PlanHandoff.discard(p.ref for p in prepared if p.ref)
             latency_ms = (time.perf_counter() - start) * 1e3
             return collect(prepared, outputs, latency_ms, self.counters)
 

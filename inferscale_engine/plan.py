@@ -15,7 +15,8 @@ import struct
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import accumulate
+from itertools import accumulate, repeat
+from operator import rshift
 from typing import Any
 
 from inferscale_engine.errors import PlanError
@@ -95,7 +96,7 @@ class InjectionPlan:
         Raises:
             PlanError: no runs, an empty or ragged run, or not one slab key per run.
         """
-        lengths = tuple(len(run) >> 2 for run in runs)
+        lengths = tuple(map(rshift, map(len, runs), repeat(2, len(runs))))  # ids: bytes / 4
         tokens = b"".join(runs)
         # A run of 1-3 bytes counts 0 ids; a ragged one makes the lengths sum short.
         if (len(slab_keys) != len(runs) or not runs or not min(lengths)
@@ -344,6 +345,9 @@ def from_params(params: Mapping[str, Any] | None, tokens: bool = True) -> Plan |
         raise PlanError(f"plan version {raw.get('v')!r} is not supported (this build speaks "
                         f"{PLAN_VERSION}); app and engine must run the same InferScale release")
     kind = raw.get("kind")
+    if kind == "local":  # inferscale_engine.handoff: only its engine's scheduler resolves it
+        raise PlanError("an in-process plan reference ('local') cannot be parsed; only the "
+                        "scheduler of the engine process that made it resolves it")
     user = str_field(raw, "user")
     mac = str_field(raw, "mac")
     if kind == "inject":

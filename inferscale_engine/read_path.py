@@ -2,7 +2,8 @@
 
 prepare() resolves the handle to fact records (refusing another user's facts), makes evicted
 facts resident again (or decides on text mode), assembles [preamble][fact_1]..[fact_k][rest]
-from token ids, signs the InjectionPlan and salts the prompt. The engine then runs the batch
+from token ids, signs the InjectionPlan (or, with an in-process scheduler, hands it over by
+reference: handoff.py) and salts the prompt. The engine then runs the batch
 and collect() turns vLLM's outputs into Generations, counting fallbacks.
 """
 
@@ -24,6 +25,7 @@ from inferscale_engine.errors import (
 )
 from inferscale_engine.facts import FactId, MemoryHandle
 from inferscale_engine.generation import Generation, from_output
+from inferscale_engine.handoff import PlanHandoff
 from inferscale_engine.layout import Layout, arrange
 from inferscale_engine.plan import InjectionPlan, pack_token_ids
 from inferscale_engine.preambles import PreambleCache
@@ -50,6 +52,8 @@ class PreparedRequest:
     fallback: str = ""
     num_repaired_facts: int = 0
     num_repaired_tokens: int = 0
+    ref: str = ""
+    """The plan's in-process reference (handoff.py), if it was handed over by one."""
 
 
 class RequestPlanner:
@@ -57,7 +61,8 @@ class RequestPlanner:
 
     def __init__(self, config: EngineConfig, prompts: PromptBuilder,
                  facts: dict[FactId, FactRecord], residency: Residency, writer: FactWriter,
-                 preambles: PreambleCache, secret: bytes, counters: Counter[str]) -> None:
+                 preambles: PreambleCache, secret: bytes, counters: Counter[str],
+                 handoff: PlanHandoff | None = None) -> None:
         self._config = config
         self._prompts = prompts
         self._facts = facts
@@ -66,6 +71,8 @@ class RequestPlanner:
         self._preambles = preambles
         self._secret = secret
         self._counters = counters
+        self.handoff = handoff
+        """Hands prepare()'s plans to an in-process scheduler by reference (None: signed)."""
 
     def resolve(self, handle: MemoryHandle | None) -> list[FactRecord]:
         """Records of a handle, in handle order.
@@ -125,13 +132,15 @@ class RequestPlanner:
             if asked == "kv":
                 try:
                     if self.ready_for_kv(injected, pinned):
-                        plan = self.plan(handle, prompt, injected, pinned)  # type: ignore[arg-type]
+                        plan = self.plan(handle, prompt, injected, pinned,  # type: ignore[arg-type]
+                                         signed=self.handoff is None)
                     else:
                         fallback = "evicted"
                 except SlabFullError:  # not even the preamble fits: this one goes as text
                     fallback = "evicted"
             self._residency.touch(injected)
-            prepared.append(_request(ids, plan, params, asked, fallback, num_repaired))
+            prepared.append(_request(ids, plan, params, asked, fallback, num_repaired,
+                                     self.handoff))
         return prepared
 
     def _build_request(self, handle: MemoryHandle | None, records: list[FactRecord],
@@ -191,8 +200,8 @@ class RequestPlanner:
         return True
 
     def plan(self, handle: MemoryHandle, prompt: MemoryPrompt, records: list[FactRecord],
-             pinned: set[FactId] | None = None) -> InjectionPlan:
-        """The signed plan of a prompt whose facts are resident."""
+             pinned: set[FactId] | None = None, signed: bool = True) -> InjectionPlan:
+        """The plan of a prompt whose facts are resident; signed unless handed over by reference."""
         pinned = pinned if pinned is not None else {r.fact.fact_id for r in records}
         if len(records) != len(prompt.facts):
             raise ValueError(f"{len(records)} records for a prompt of {len(prompt.facts)} facts")
@@ -204,8 +213,8 @@ class RequestPlanner:
         keys = [self._preambles.key(prompt.preamble, pinned), *slab_keys]
         runs = [pack_token_ids(prompt.preamble), *map(_PACKED_IDS, records)]
         user_id = check_user_id(handle.user_id)
-        return InjectionPlan.from_runs(user_id, keys, runs, secret=self._secret).signed(
-            self._secret)
+        plan = InjectionPlan.from_runs(user_id, keys, runs, secret=self._secret)
+        return plan.signed(self._secret) if signed else plan
 
 
 def prepare_batch(planners: Sequence[RequestPlanner],
@@ -226,16 +235,21 @@ def prepare_batch(planners: Sequence[RequestPlanner],
 
 
 def _request(ids: list[int], plan: InjectionPlan | None, params: Any, asked: str,
-             fallback: str, num_repaired: tuple[int, int]) -> PreparedRequest:
-    """The vLLM request: the prompt (salted and with the plan in its params when there is one)."""
+             fallback: str, num_repaired: tuple[int, int], handoff: PlanHandoff | None = None
+             ) -> PreparedRequest:
+    """The vLLM request: the prompt (salted and with the plan in its params when there is one).
+
+    The plan rides signed in the params, or by reference when `handoff` is given.
+    """
     from vllm import TokensPrompt
 
     if plan is None:
         return PreparedRequest(TokensPrompt(prompt_token_ids=ids), params, asked, "text",
                                len(ids), fallback, *num_repaired)
-    params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": plan.to_params()}
+    ref, sent = handoff.put(plan) if handoff is not None else ("", plan.to_params())
+    params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": sent}
     return PreparedRequest(TokensPrompt(prompt_token_ids=ids, cache_salt=plan.cache_salt),
-                           params, asked, "kv", len(ids), "", *num_repaired)
+                           params, asked, "kv", len(ids), "", *num_repaired, ref)
 
 
 def collect(prepared: list[PreparedRequest], outputs: list[Any], latency_ms: float,

@@ -63,6 +63,8 @@ class Runner(Protocol):
     llm: Any
     workers: WorkerClient
     """Control calls on every worker of every engine."""
+    in_process: bool
+    """vLLM's scheduler runs in this process (plans may be handed over by reference)."""
 
     def run(self, prompts: list[Any], params: list[Any], use_tqdm: bool = False,
             ranks: Sequence[int] | None = None) -> list[Any]:
@@ -94,6 +96,7 @@ class VllmRunner:
         from vllm import LLM
 
         self.llm = LLM(**engine_kwargs(config, connector))
+        self.in_process = not config.multiprocessing
         self.workers = WorkerClient(lambda method, args: self.llm.collective_rpc(method,
                                                                                  args=args))
 
@@ -205,6 +208,7 @@ class AsyncRunner:
     """
 
     def __init__(self, engine_client: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.in_process = False  # AsyncLLM's EngineCore runs in a process of its own
         self.llm = engine_client
         self._loop = loop
         core = getattr(engine_client, "engine_core", None)

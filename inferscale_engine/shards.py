@@ -21,6 +21,7 @@ from typing import Any
 
 from inferscale_engine.config import ConnectorConfig, EngineConfig
 from inferscale_engine.facts import FactId
+from inferscale_engine.handoff import PlanHandoff
 from inferscale_engine.preambles import PreambleCache
 from inferscale_engine.prompt import PromptBuilder
 from inferscale_engine.read_path import RequestPlanner
@@ -44,6 +45,7 @@ class RankRunner:
         self._runner = runner
         self.rank = rank
         self.llm = runner.llm
+        self.in_process = False  # each data-parallel engine has a process of its own
         self.workers = runner.workers_for(rank)
         """Control calls on this engine's workers only."""
 
@@ -84,6 +86,9 @@ def build_shards(config: EngineConfig, connector: ConnectorConfig, runner: Runne
     """
     keys = itertools.count(1)
     shards = []
+    # Plans go to an in-process scheduler by reference (handoff.py), otherwise signed.
+    local = config.plan_handoff and config.data_parallel_size == 1 and bool(
+        getattr(runner, "in_process", False))
     for rank in range(config.data_parallel_size):
         view: Runner = RankRunner(runner, rank) if config.data_parallel_size > 1 else runner
         residency = Residency(SlabAllocator(connector.slab_pages, config.slab_page_tokens),
@@ -91,7 +96,7 @@ def build_shards(config: EngineConfig, connector: ConnectorConfig, runner: Runne
         writer = FactWriter(config, view, residency, secret, counters)
         preambles = PreambleCache(writer, residency, view.workers, counters, prompts.preamble())
         planner = RequestPlanner(config, prompts, facts, residency, writer, preambles, secret,
-                                 counters)
+                                 counters, PlanHandoff(secret) if local else None)
         shards.append(Shard(rank, residency, writer, preambles, planner, view.workers))
     for shard in shards:  # fail now, not on the first request
         shard.preambles.key(prompts.preamble())

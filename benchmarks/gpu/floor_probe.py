@@ -8,8 +8,9 @@ max_tokens=1 request at a time, each round runs these variants:
   resident     the same kind of prompt with its preamble + facts already in vLLM's prefix cache
                (warmed with another question; timed with a fresh one), as in ttft.py
   kv           the product path
-  kv-trusted   the scheduler takes the parsed plan without checking its MAC against the prompt
-               (no InjectionPlan.bound_to: no packing of the prompt's ids, no HMAC)
+  kv-trusted   the scheduler takes the plan without checking it against the prompt (a plan
+               handed over by reference, the MP=0 default: no InjectionPlan.matches; a signed
+               one: no bound_to, so no packing of the prompt's ids and no HMAC)
   kv-nocopy    the worker builds and uploads the load indices but launches no injection copy
   kv-noload    the worker's start_load returns at once (no index math, upload or copy)
   kv-copyindex the worker copies the load indices to the device before the launch (the path
@@ -67,7 +68,8 @@ class Ablation:
 
     def __init__(self, engine: Any) -> None:
         from inferscale_engine.connector.scheduler import _Checked
-        from inferscale_engine.plan import InjectionPlan, from_params
+        from inferscale_engine.handoff import LOCAL_KIND, take
+        from inferscale_engine.plan import PARAMS_KEY, InjectionPlan, from_params
 
         objects = roots(engine)
         self.on: set[str] = set()
@@ -77,7 +79,13 @@ class Ablation:
         verify, start_load, inject = scheduler._verify, worker.start_load, worker.paged.inject_
 
         def trusting_verify(request: Any) -> Any:
-            if "trusted" in self.on:
+            entry = (request.kv_transfer_params or {}).get(PARAMS_KEY)
+            if "trusted" in self.on and isinstance(entry, dict) and entry.get("kind") == LOCAL_KIND:
+                local = take(scheduler._tag, entry)
+                if local is not None:
+                    self.counts["trusted"] += 1
+                    return _Checked(local, "inject")
+            elif "trusted" in self.on:
                 plan = from_params(request.kv_transfer_params, tokens=False)
                 if isinstance(plan, InjectionPlan):  # parsed without its tokens: only their
                     self.counts["trusted"] += 1  # count is used from here on

@@ -18,6 +18,7 @@ import numpy as np
 from inferscale_engine.config import ConnectorConfig
 from inferscale_engine.connector.metadata import CaptureSpec, InferScaleMetadata, LoadSpec
 from inferscale_engine.errors import PlanError
+from inferscale_engine.handoff import LOCAL_KIND, engine_tag, take
 from inferscale_engine.plan import (
     PARAMS_KEY,
     InjectionPlan,
@@ -60,6 +61,7 @@ class InferScaleScheduler:
 
     def __init__(self, vllm_config: VllmConfig, config: ConnectorConfig) -> None:
         self._secret = config.secret
+        self._tag = engine_tag(config.secret)
         self._checked: dict[str, _Checked] = {}
         self._pending_loads: dict[str, tuple[InjectionPlan, int]] = {}
         self._saves: dict[str, _SaveState] = {}
@@ -178,6 +180,14 @@ class InferScaleScheduler:
 
     def _verify(self, request: Request) -> _Checked:
         prompt = request.prompt_token_ids or []
+        params = request.kv_transfer_params
+        entry = params.get(PARAMS_KEY) if type(params) is dict else None
+        if type(entry) is dict and entry.get("kind") == LOCAL_KIND:  # handed over in-process
+            local = take(self._tag, entry)
+            if local is None:
+                return _Checked(None, "rejected", "unknown in-process plan reference (it "
+                                "reaches only the engine process that made it, once)")
+            return self._checked_inject(request, local, prompt)
         try:  # the usual case in one pass: MAC over the prompt's tokens, none decoded
             light = from_params(request.kv_transfer_params, tokens=False)
         except PlanError:
@@ -203,6 +213,11 @@ class InferScaleScheduler:
             return _Checked(plan, "save")
         if not plan.verify(self._secret):
             return _Checked(None, "rejected", "inject plan MAC does not verify (forged or stale)")
+        return self._checked_inject(request, plan, prompt)
+
+    @staticmethod
+    def _checked_inject(request: Request, plan: InjectionPlan, prompt: list[int]) -> _Checked:
+        """An authentic inject plan, checked against the request's salt and token ids."""
         if not plan.cache_salt or request.cache_salt != plan.cache_salt:
             return _Checked(None, "mismatch", "prompt is not salted with the plan's cache_salt")
         if plan.num_tokens > len(prompt) - 1:

@@ -13,6 +13,7 @@ pytestmark = pytest.mark.vllm
 @pytest.mark.parametrize("arch", ["llama"])
 def test_capture_and_injection_across_processes(tiny_models, arch):
     with running_engine(tiny_models[arch], multiprocessing=True) as engine:
+        assert engine._planner.handoff is None  # plans cross the process boundary signed
         (fact_id,) = engine.add_facts("u1", [FACTS[0]])
         handle = MemoryHandle("u1", (fact_id,))
         kv = engine.generate(handle, QUESTIONS[0], greedy(8), mode="kv")

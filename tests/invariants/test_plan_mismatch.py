@@ -32,13 +32,17 @@ def send(engine, ids: list[int], params: dict | None, salt: str | None):
     return _generation(out, "kv" if params else "text", len(ids), 0.0)
 
 
-@pytest.fixture()
-def prepared(engine, request):
-    user = f"user-{request.node.name}"
+def prepare(engine, user: str):
+    """(prompt ids, signed plan) of three facts of `user` and a question."""
     ids = engine.add_facts(user, FACTS[:3])
     prompt, plan = engine.prepare_request(MemoryHandle(user, tuple(ids)),
-                                   [{"role": "user", "content": QUESTIONS[0]}])
+                                          [{"role": "user", "content": QUESTIONS[0]}])
     return prompt.token_ids(), plan
+
+
+@pytest.fixture()
+def prepared(engine, request):
+    return prepare(engine, f"user-{request.node.name}")
 
 
 def _injected_tokens(engine) -> int:

@@ -1,0 +1,128 @@
+"""The in-process plan handoff (inferscale_engine.handoff) keeps every check a signed plan gets.
+
+With the embedded default (MP=0) the engine hands its plans to the scheduler by reference.
+What a reference cannot vouch for is still checked against the prompt (invariant 6), a
+reference works once and only in the engine that made it, and none outlives its batch.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from inferscale_engine import handoff
+from inferscale_engine.errors import PlanError
+from inferscale_engine.facts import MemoryHandle
+from inferscale_engine.plan import from_params
+from tests.conftest import ARCHS, FACTS, QUESTIONS, greedy, running_engine
+from tests.invariants.test_plan_mismatch import prepare, send
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def engine(request, tiny_models):
+    with running_engine(tiny_models[request.param]) as eng:
+        yield eng
+
+
+@pytest.fixture()
+def local(engine, request):
+    """(prompt ids, plan, the handoff's params) for three facts of a user of this test."""
+    ids, plan = prepare(engine, f"user-{request.node.name}")
+    ref, params = engine._planner.handoff.put(plan)
+    yield ids, plan, params
+    handoff.PlanHandoff.discard([ref])  # when a test did not send it
+
+
+def test_generate_hands_plans_over_by_reference_and_injects_as_signed_plans_do(engine):
+    planner = engine._planner
+    assert planner.handoff is not None  # MP=0, one engine: the embedded default
+    ids = engine.add_facts("alice", FACTS[:3])
+    handle = MemoryHandle("alice", tuple(ids))
+    by_reference = engine.generate_many([(handle, q) for q in QUESTIONS], greedy(6))
+    assert handoff.num_pending() == 0
+    planner.handoff, saved = None, planner.handoff
+    try:
+        signed = engine.generate_many([(handle, q) for q in QUESTIONS], greedy(6))
+    finally:
+        planner.handoff = saved
+    for ref, sig in zip(by_reference, signed, strict=True):
+        assert ref.plan_status == sig.plan_status == "inject"
+        assert ref.num_injected_tokens == sig.num_injected_tokens > 0
+        assert ref.token_ids == sig.token_ids and ref.logprobs == sig.logprobs
+
+
+def test_a_reference_works_once(engine, local):
+    ids, plan, params = local
+    assert send(engine, ids, params, plan.cache_salt).plan_status == "inject"
+    replay = send(engine, ids, params, plan.cache_salt)
+    text = send(engine, ids, None, None)
+    assert replay.plan_status == "rejected" and replay.num_injected_tokens == 0
+    assert replay.token_ids == text.token_ids and replay.logprobs == text.logprobs
+
+
+@pytest.mark.parametrize("ref", ["0" * 32, "", 7, None])
+def test_an_unknown_reference_is_rejected_and_the_engine_keeps_serving(engine, local, ref):
+    ids, plan, params = local
+    forged = {"inferscale": {**params["inferscale"], "ref": ref}}
+    out = send(engine, ids, forged, plan.cache_salt)
+    assert out.plan_status == "rejected" and out.num_injected_tokens == 0
+    assert send(engine, ids, params, plan.cache_salt).plan_status == "inject"
+
+
+def test_another_engines_reference_is_rejected(engine, local):
+    ids, plan, _ = local
+    _, params = handoff.PlanHandoff(b"another engine's secret").put(plan)
+    out = send(engine, ids, params, plan.cache_salt)
+    assert out.plan_status == "rejected" and out.num_injected_tokens == 0
+    assert handoff.take(handoff.engine_tag(b"another engine's secret"),
+                        params["inferscale"]) is plan  # still held for the engine it names
+
+
+def test_prompt_ids_differing_from_the_referenced_plan_claim_nothing(engine, local):
+    ids, plan, params = local
+    altered = list(ids)
+    position = plan.segments[2].start + 2  # inside the second fact
+    altered[position] = (altered[position] + 1) % len(engine.tokenizer)
+    out = send(engine, altered, params, plan.cache_salt)
+    text = send(engine, altered, None, None)
+    assert out.plan_status == "mismatch" and out.num_injected_tokens == 0
+    assert out.token_ids == text.token_ids and out.logprobs == text.logprobs
+
+
+def test_an_unsalted_prompt_is_not_injected_by_reference(engine, local):
+    ids, _, params = local
+    out = send(engine, ids, params, None)
+    assert out.plan_status == "mismatch" and out.num_injected_tokens == 0
+
+
+def test_references_of_a_request_vllm_refuses_are_dropped(engine):
+    from vllm import SamplingParams
+
+    ids = engine.add_facts("bob", FACTS[3:5])
+    handle = MemoryHandle("bob", tuple(ids))
+    with pytest.raises(Exception, match="logprobs"):  # more than the engine allows: refused
+        engine.generate(handle, QUESTIONS[1], SamplingParams(max_tokens=1, logprobs=100_000))
+    assert handoff.num_pending() == 0
+    assert engine.generate(handle, QUESTIONS[1], greedy(2)).plan_status == "inject"
+
+
+def test_a_reference_cannot_be_parsed_as_a_plan():
+    params = {"inferscale": {"v": 5, "kind": handoff.LOCAL_KIND, "ref": "0" * 32}}
+    with pytest.raises(PlanError, match="in-process plan reference"):
+        from_params(params)
+
+
+def test_the_pending_references_are_bounded(monkeypatch):
+    from inferscale_engine.plan import InjectionPlan, pack_token_ids
+
+    monkeypatch.setattr(handoff, "MAX_PENDING", 3)
+    courier = handoff.PlanHandoff(b"secret")
+    plan = InjectionPlan.from_runs("u", [1], [pack_token_ids([5, 6])], secret=b"secret")
+    refs = [courier.put(plan)[0] for _ in range(5)]
+    assert handoff.num_pending() == 3
+    tag = handoff.engine_tag(b"secret")
+    entry = {"v": 5, "kind": handoff.LOCAL_KIND}
+    assert [handoff.take(tag, {**entry, "ref": r}) is plan for r in refs] == [
+        False, False, True, True, True]
+    assert handoff.num_pending() == 0
