@@ -124,24 +124,34 @@ class RequestPlanner:
         """
         built = [self._build_request(handle, records, messages, sampling, layout, tools)
                  for handle, records, messages in requests]
-        prepared = []
-        for (handle, _, _), (prompt, ids, injected, num_repaired, params) in zip(
-                requests, built, strict=True):
-            asked = mode if handle is not None else "text"
-            plan, fallback = None, ""
-            if asked == "kv":
-                try:
-                    if self.ready_for_kv(injected, pinned):
-                        plan = self.plan(handle, prompt, injected, pinned,  # type: ignore[arg-type]
-                                         signed=self.handoff is None)
-                    else:
-                        fallback = "evicted"
-                except SlabFullError:  # not even the preamble fits: this one goes as text
-                    fallback = "evicted"
-            self._residency.touch(injected)
-            prepared.append(_request(ids, plan, params, asked, fallback, num_repaired,
-                                     self.handoff))
+        prepared: list[PreparedRequest] = []
+        try:
+            for (handle, _, _), (prompt, ids, injected, num_repaired, params) in zip(
+                    requests, built, strict=True):
+                prepared.append(self._kv_or_text(handle, prompt, ids, injected, num_repaired,
+                                                 params, mode, pinned))
+        except BaseException:  # the batch is not sent: the references handed out go with it
+            PlanHandoff.discard(p.ref for p in prepared if p.ref)
+            raise
         return prepared
+
+    def _kv_or_text(self, handle: MemoryHandle | None, prompt: MemoryPrompt, ids: list[int],
+                    injected: list[FactRecord], num_repaired: tuple[int, int], params: Any,
+                    mode: str, pinned: set[FactId]) -> PreparedRequest:
+        """One built request with its plan (kv mode, facts resident) or as text."""
+        asked = mode if handle is not None else "text"
+        plan, fallback = None, ""
+        if asked == "kv":
+            try:
+                if self.ready_for_kv(injected, pinned):
+                    plan = self.plan(handle, prompt, injected, pinned,  # type: ignore[arg-type]
+                                     signed=self.handoff is None)
+                else:
+                    fallback = "evicted"
+            except SlabFullError:  # not even the preamble fits: this one goes as text
+                fallback = "evicted"
+        self._residency.touch(injected)
+        return _request(ids, plan, params, asked, fallback, num_repaired, self.handoff)
 
     def _build_request(self, handle: MemoryHandle | None, records: list[FactRecord],
                        messages: Messages, sampling: Any, layout: Layout,

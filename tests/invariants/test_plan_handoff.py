@@ -107,6 +107,28 @@ def test_references_of_a_request_vllm_refuses_are_dropped(engine):
     assert engine.generate(handle, QUESTIONS[1], greedy(2)).plan_status == "inject"
 
 
+def test_references_of_a_batch_that_fails_while_prepared_are_dropped(engine, monkeypatch):
+    planner = engine._planner
+    ids = engine.add_facts("carol", FACTS[:4])
+    handles = [MemoryHandle("carol", tuple(ids[:2])), MemoryHandle("carol", tuple(ids[2:]))]
+    plan = planner.plan
+    calls = []
+
+    def second_fails(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("the second request's plan fails")
+        return plan(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "plan", second_fails)
+    with pytest.raises(RuntimeError, match="second request"):
+        engine.generate_many([(h, QUESTIONS[0]) for h in handles], greedy(2))
+    assert len(calls) == 2 and handoff.num_pending() == 0
+    monkeypatch.undo()
+    assert all(g.plan_status == "inject" for g in engine.generate_many(
+        [(h, QUESTIONS[0]) for h in handles], greedy(2)))
+
+
 def test_a_reference_cannot_be_parsed_as_a_plan():
     params = {"inferscale": {"v": 5, "kind": handoff.LOCAL_KIND, "ref": "0" * 32}}
     with pytest.raises(PlanError, match="in-process plan reference"):
