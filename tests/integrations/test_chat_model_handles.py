@@ -11,6 +11,7 @@ from langchain_core.tools import tool
 from llama_index.core.base.llms.types import ChatMessage
 
 from inferscale_engine.errors import HandleError, InvalidRequestError, SlabFullError
+from inferscale_engine.handoff import PlanHandoff
 from inferscale_integrations import ChatInferScale, InferScaleLLM
 from inferscale_integrations.handles import make_handle_message
 from inferscale_integrations.tools import format_tool_call
@@ -70,6 +71,8 @@ def test_injection_failure_falls_back_to_text_and_is_counted(handle, engine, mon
 
 def test_a_refused_plan_is_served_as_text_and_counted(handle, engine, monkeypatch, probe):
     monkeypatch.setattr(engine._planner, "_secret", b"not the connector's key")  # the MAC fails
+    monkeypatch.setattr(engine._planner, "handoff",  # in one process: another engine's reference
+                        PlanHandoff(b"not the connector's key"))
     llm = InferScaleLLM(max_tokens=MAX_TOKENS)
     response = llm.chat([ChatMessage(role="user", content=QUESTIONS[0])], kv_handles=[handle])
     assert response.raw["plan_status"] == "rejected" and probe.injected_tokens == 0
