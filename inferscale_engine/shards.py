@@ -86,9 +86,9 @@ def build_shards(config: EngineConfig, connector: ConnectorConfig, runner: Runne
     """
     keys = itertools.count(1)
     shards = []
-    # Plans go to an in-process scheduler by reference (handoff.py), otherwise signed.
-    local = config.plan_handoff and config.data_parallel_size == 1 and bool(
-        getattr(runner, "in_process", False))
+    # Plans go to an in-process scheduler by reference (handoff.py), otherwise signed (data
+    # parallelism runs on AsyncLLM, whose engines are never in this process).
+    local = config.plan_handoff and bool(getattr(runner, "in_process", False))
     for rank in range(config.data_parallel_size):
         view: Runner = RankRunner(runner, rank) if config.data_parallel_size > 1 else runner
         residency = Residency(SlabAllocator(connector.slab_pages, config.slab_page_tokens),
