@@ -273,6 +273,24 @@ def block_size_of(engine: Any) -> int:
     return int(config.cache_config.block_size)
 
 
+def fact_set(engine: Any, rng: random.Random, fact_ids: list[Any], k: int, question: str,
+             block_size: int | None) -> Any:
+    """A handle of k facts drawn at random; with block_size, redrawn until preamble + facts
+    (what kv injects) end on a multiple of block_size."""
+    from inferscale_engine import MemoryHandle
+    from inferscale_engine.layout import Layout
+
+    if block_size is None:
+        return MemoryHandle("bench", tuple(rng.sample(fact_ids, k)))
+    for _ in range(10_000):
+        handle = MemoryHandle("bench", tuple(rng.sample(fact_ids, k)))
+        prompt = engine.render_prompt(handle, question, layout=Layout())
+        if (len(prompt.preamble) + sum(map(len, prompt.facts))) % block_size == 0:
+            return handle
+    raise SystemExit(f"--align-blocks: no set of {k} facts ends on a multiple of {block_size} "
+                     "tokens in 10,000 draws (facts of one length?); vary --fact-tokens")
+
+
 def write_record(name: str, record: dict[str, Any], out_dir: Path | None = None) -> Path:
     """Write one JSON record; returns its path."""
     out_dir = Path(out_dir or os.environ.get("INFERSCALE_RESULTS", RESULTS_DIR))

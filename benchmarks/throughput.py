@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import (  # noqa: E402
     block_size_of,
     environment,
+    fact_set,
     open_async_engine,
     resolve_model,
     synthetic_texts,
@@ -132,24 +133,6 @@ def profile_top(profiler: cProfile.Profile, limit: int = 25) -> dict[str, list[s
         pstats.Stats(profiler, stream=buffer).sort_stats(key).print_stats(limit)
         out[key] = [line for line in buffer.getvalue().splitlines() if line.strip()]
     return out
-
-
-def fact_set(engine: Any, rng: random.Random, fact_ids: list[Any], k: int, question: str,
-             block_size: int | None) -> Any:
-    """A handle of k facts drawn at random; with block_size, redrawn until preamble + facts
-    (what kv injects) end on a multiple of block_size."""
-    from inferscale_engine import MemoryHandle
-    from inferscale_engine.layout import Layout
-
-    if block_size is None:
-        return MemoryHandle("bench", tuple(rng.sample(fact_ids, k)))
-    for _ in range(10_000):
-        handle = MemoryHandle("bench", tuple(rng.sample(fact_ids, k)))
-        prompt = engine.render_prompt(handle, question, layout=Layout())
-        if (len(prompt.preamble) + sum(map(len, prompt.facts))) % block_size == 0:
-            return handle
-    raise SystemExit(f"--align-blocks: no set of {k} facts ends on a multiple of {block_size} "
-                     "tokens in 10,000 draws (facts of one length?); vary --fact-tokens")
 
 
 def percentile(values: list[float], q: float) -> float:

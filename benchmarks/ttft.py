@@ -41,6 +41,7 @@ from benchmarks.common import (  # noqa: E402
     block_size_of,
     compilation_overrides,
     environment,
+    fact_set,
     fit_max_model_len,
     locomo_facts,
     median_interval,
@@ -66,6 +67,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pool", type=int, default=300, help="facts to draw fact sets from")
     parser.add_argument("--max-model-len", type=int, default=8192)
     parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--align-blocks", action="store_true",
+                        help="draw each round's facts (k > 0) so that preamble + facts end on a "
+                             "vLLM block boundary: resident's prefix cache then holds exactly "
+                             "the tokens kv injects, and both compute the same tokens (unaligned, "
+                             "resident prefills the facts' last partial block again, up to "
+                             "block_size - 1 tokens, which kv injects)")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--cudagraph-sizes", default=None,
                         help="capture CUDA graphs for these batch sizes only, e.g. 1,2,4,8,"
@@ -208,6 +215,7 @@ def main(argv: list[str] | None = None) -> dict:
     retrieve = make_retriever(args, facts)
     one_token = SamplingParams(max_tokens=1, temperature=0.0, detokenize=args.detokenize)
     rng = random.Random(0)
+    align = block_size_of(engine) if args.align_blocks else None
     raw: dict[str, dict[int, list[float]]] = {m: {} for m in modes + ["retrieval"]}
     engine_ttft: dict[str, dict[int, list[float]]] = {m: {} for m in modes}
     cached: dict[str, dict[int, list[int]]] = {m: {} for m in modes}
@@ -225,13 +233,12 @@ def main(argv: list[str] | None = None) -> dict:
             cached[mode][k] = []
         raw["retrieval"][k] = []
         for i in range(args.warmup + args.repeats):
-            chosen = tuple(rng.sample(fact_ids, k))
-            handle = MemoryHandle("bench", chosen)
             # resident's timed request asks a question no request of this round asked: text's
             # request (same facts, same question) leaves the whole prompt in the prefix cache,
             # and a ceiling that also finds its question's blocks there computes fewer tokens
             # than kv does (~45 fewer at k=50 before 2026-12-03).
             question, other, fresh = (next(question_iter) for _ in range(3))
+            handle = fact_set(engine, rng, fact_ids, k, question, align if k else None)
             timed = i >= args.warmup
             profiling = args.profile and timed and k == max(ks)
             for mode in modes:
@@ -306,7 +313,7 @@ def main(argv: list[str] | None = None) -> dict:
                                             "block_size", "enforce_eager", "key_origin")},
         "environment": environment(), "ingest_seconds": ingest_s, "num_facts": len(facts),
         "fact_tokens_median": fact_lengths[len(facts) // 2],
-        "summary": summary, "raw_ms": raw, "raw_engine_ttft_ms": engine_ttft,
+        "aligned_to": align, "summary": summary, "raw_ms": raw, "raw_engine_ttft_ms": engine_ttft,
         "engine_stats": engine.stats().workers,
     }
     engine.close()
