@@ -291,6 +291,16 @@ def fact_set(engine: Any, rng: random.Random, fact_ids: list[Any], k: int, quest
                      "tokens in 10,000 draws (facts of one length?); vary --fact-tokens")
 
 
+def scheduler_counters(engine: Any) -> dict[str, int] | None:
+    """The scheduler-side connector's counters (plans by status, prompts recognized by
+    identity), where vLLM's scheduler runs in this process (MP=0); None elsewhere."""
+    try:
+        scheduler = engine.llm.llm_engine.engine_core.engine_core.scheduler
+        return dict(scheduler.connector.scheduler.counters)
+    except AttributeError:
+        return None
+
+
 def write_record(name: str, record: dict[str, Any], out_dir: Path | None = None) -> Path:
     """Write one JSON record; returns its path."""
     out_dir = Path(out_dir or os.environ.get("INFERSCALE_RESULTS", RESULTS_DIR))

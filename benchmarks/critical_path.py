@@ -12,13 +12,17 @@ connector really build (no vLLM engine, no GPU kernel): a prompt of a preamble, 
   vLLM       params_copy   SamplingParams.clone of the request's params (vLLM deep-copies them)
              pickle_params pickle round trip of the kv_transfer_params (MP=1 sends them)
   scheduler  from_params / verify_mac / matches, and check (InferScaleScheduler._verify)
-             check_local   the plan put by reference and _verify taking it (handoff.py)
+             check_local   the plan put by reference and _verify taking it (handoff.py),
+                           the prompt's ids compared with the plan's
+             check_vouched the same with the prompt list the engine vouched for (its default:
+                           the prompt recognized by identity)
              meta          update_state_after_alloc + build_connector_meta (the LoadSpec)
              pickle_meta   pickle round trip of the step metadata (MP=1, every step)
   worker     load          InferScaleWorker.start_load with a no-op kernel: the index math
              stepN         the same for one step of --batch loads (a prefill of N requests)
   sum        kv_only       plan + to_params + params_copy + check + meta + load
-             kv_only_local plan_local + params_copy + check_local + meta + load (MP=0 default)
+             kv_only_local plan_local + params_copy + check_local + meta + load
+             kv_only_vouched  the same with check_vouched (MP=0 default)
 
 Median microseconds over --repeats calls per step, steps interleaved in rounds so that load
 from other processes spreads evenly. Writes one JSON record. Asserts nothing about speed.
@@ -55,6 +59,7 @@ from benchmarks.common import environment, synthetic_texts, write_tagged  # noqa
 
 SUMMED = ("plan", "to_params", "params_copy", "check", "meta", "load")
 SUMMED_LOCAL = ("plan_local", "params_copy", "check_local", "meta", "load")
+SUMMED_VOUCHED = ("plan_local", "params_copy", "check_vouched", "meta", "load")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -243,6 +248,15 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
         assert checked.status == "inject"
         return checked
 
+    def check_vouched() -> object:
+        local = SimpleNamespace(request_id=rid, prompt_token_ids=request.prompt_token_ids,
+                                kv_transfer_params=courier.put(
+                                    unsigned, request.prompt_token_ids)[1],
+                                cache_salt=plan.cache_salt)
+        checked = scheduler._verify(local)
+        assert checked.status == "inject"
+        return checked
+
     def prepare_step() -> object:
         out = planner.prepare(handle, records, messages, env.sampling, "kv", pinned, Layout())
         env.preambles.end_batch()
@@ -263,6 +277,7 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
         "matches": lambda: parsed.matches(request.prompt_token_ids),
         "check": lambda: scheduler._verify(request),
         "check_local": check_local,
+        "check_vouched": check_vouched,
         "meta": meta,
         "pickle_meta": lambda: pickle.loads(pickle.dumps(step_meta)),
         "load": lambda: worker.start_load(step_meta),
@@ -309,7 +324,8 @@ def time_steps(steps: dict[str, Callable[[], object]], repeats: int, rounds: int
         result[name] = {"median_us": statistics.median(values) / 1e3,
                         "p10_us": values[n // 10] / 1e3, "p90_us": values[(9 * n) // 10] / 1e3,
                         "n": n}
-    for total, parts in (("kv_only", SUMMED), ("kv_only_local", SUMMED_LOCAL)):
+    for total, parts in (("kv_only", SUMMED), ("kv_only_local", SUMMED_LOCAL),
+                         ("kv_only_vouched", SUMMED_VOUCHED)):
         if all(p in result for p in parts):
             result[total] = {"median_us": sum(result[p]["median_us"] for p in parts)}
     return result

@@ -70,14 +70,20 @@ def summary(numerators: list[float], denominators: list[float], target: float,
 
 def pool(paths: list[Path], numerator: str, denominator: str, target: float,
          at_least: bool = False) -> dict[str, dict[str, Any]]:
-    """Groups of records (one model and round order each): per k, each record and the pool."""
+    """Groups of records (one model, round order and workload each): per k, each record, pool."""
     groups: dict[str, dict[str, Any]] = {}
     for path in paths:
         record = json.loads(path.read_text())
         if record.get("benchmark", "ttft") != "ttft" or "raw_ms" not in record:
             raise SystemExit(f"{path} is not a ttft.py record")
         config = record["config"]
-        name = f"{config['model']} --predecessor {config.get('predecessor', 'mixed')}"
+        # records pool only with records of the same workload: facts, block size, alignment
+        block = record.get("engine_config", {}).get("block_size")
+        name = (f"{config['model']} --predecessor {config.get('predecessor', 'mixed')}"
+                + (f" --facts {config['facts']}" if config.get("facts", "synthetic")
+                   != "synthetic" else "")
+                + (f" --block-size {block}" if block else "")
+                + (" --align-blocks" if config.get("align_blocks") else ""))
         group = groups.setdefault(name, {"records": [], "k": {}})
         group["records"].append(path.name)
         for k, (nums, dens) in rounds(record, numerator, denominator).items():

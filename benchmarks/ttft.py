@@ -46,6 +46,7 @@ from benchmarks.common import (  # noqa: E402
     locomo_facts,
     median_interval,
     resolve_model,
+    scheduler_counters,
     summarize,
     synthetic_texts,
     vllm_args,
@@ -314,7 +315,7 @@ def main(argv: list[str] | None = None) -> dict:
         "environment": environment(), "ingest_seconds": ingest_s, "num_facts": len(facts),
         "fact_tokens_median": fact_lengths[len(facts) // 2],
         "aligned_to": align, "summary": summary, "raw_ms": raw, "raw_engine_ttft_ms": engine_ttft,
-        "engine_stats": engine.stats().workers,
+        "engine_stats": engine.stats().workers, "scheduler_counters": scheduler_counters(engine),
     }
     engine.close()
     if args.profile:

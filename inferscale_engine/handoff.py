@@ -32,8 +32,9 @@ LOCAL_KIND = "local"
 MAX_PENDING = 1 << 16
 """Plans held at most (the oldest go first): a bound, should an engine never end its batch."""
 
-_PENDING: dict[str, tuple[bytes, InjectionPlan]] = {}
-"""reference -> (engine tag, plan), for every engine of this process (insertion ordered)."""
+_PENDING: dict[str, tuple[bytes, InjectionPlan, list[int] | None, int]] = {}
+"""reference -> (engine tag, plan, the prompt's id list and its length, or None and 0), for every
+engine of this process (insertion ordered)."""
 
 
 def engine_tag(secret: bytes) -> bytes:
@@ -47,12 +48,19 @@ class PlanHandoff:
     def __init__(self, secret: bytes) -> None:
         self._tag = engine_tag(secret)
 
-    def put(self, plan: InjectionPlan) -> tuple[str, dict[str, Any]]:
-        """Hold `plan` (unsigned is fine) under a new reference; (reference, the params)."""
+    def put(self, plan: InjectionPlan, prompt_ids: list[int] | None = None
+            ) -> tuple[str, dict[str, Any]]:
+        """Hold `plan` (unsigned is fine) under a new reference; (reference, the params).
+
+        prompt_ids: the very list the engine hands vLLM as the prompt, when the engine vouches
+        that it starts with exactly the plan's tokens (RequestPlanner builds both from the same
+        tuples). The scheduler then checks the prompt by identity (see `take`).
+        """
         ref = os.urandom(16).hex()
         if len(_PENDING) >= MAX_PENDING:
             _PENDING.pop(next(iter(_PENDING), ""), None)
-        _PENDING[ref] = (self._tag, plan)
+        _PENDING[ref] = (self._tag, plan, prompt_ids,
+                         len(prompt_ids) if prompt_ids is not None else 0)
         return ref, {PARAMS_KEY: {"v": PLAN_VERSION, "kind": LOCAL_KIND, "ref": ref}}
 
     @staticmethod
@@ -62,10 +70,17 @@ class PlanHandoff:
             _PENDING.pop(ref, None)
 
 
-def take(tag: bytes, params: Any) -> InjectionPlan | None:
-    """The plan a local reference names, removed; None if unknown here or another engine's.
+def take(tag: bytes, params: Any, prompt: list[int] | None = None
+         ) -> tuple[InjectionPlan, bool] | None:
+    """The plan a local reference names, removed, and whether `prompt` is the vouched list.
 
-    `params` is the InferScale entry of kv_transfer_params (kind LOCAL_KIND).
+    None if the reference is unknown here or another engine's. `params` is the InferScale
+    entry of kv_transfer_params (kind LOCAL_KIND). The bool is True when `prompt` is the very
+    list object the engine put with the plan, at the length it had then: vLLM carried the
+    engine's prompt through, so its ids are the plan's without comparing ~2,500 of them one by
+    one (invariant 6 by identity). vLLM builds a new list for a prompt it rewrites; in place it
+    only appends or pops at the end (streaming input), which the length check sees. Anything
+    else is compared id by id, as a signed plan is.
     """
     ref = params.get("ref")
     held = _PENDING.pop(ref, None) if type(ref) is str else None  # one atomic step: taken once
@@ -74,7 +89,8 @@ def take(tag: bytes, params: Any) -> InjectionPlan | None:
     if held[0] != tag or params.get("v") != PLAN_VERSION:
         _PENDING[ref] = held  # another engine's: it stays for that one
         return None
-    return held[1]
+    _, plan, vouched, length = held
+    return plan, vouched is not None and prompt is vouched and len(prompt) == length
 
 
 def num_pending() -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from operator import attrgetter
+from operator import attrgetter, is_
 from typing import Any, cast
 
 from inferscale_engine.checks import check_text, check_user_id
@@ -35,6 +35,7 @@ from inferscale_engine.write_path import FactWriter
 
 Messages = Sequence[Mapping[str, str]]
 _SLAB_KEY, _PACKED_IDS = attrgetter("slab_key"), attrgetter("packed_ids")
+_PACKED_FROM = attrgetter("packed_from")
 
 
 @dataclass(slots=True)
@@ -151,7 +152,12 @@ class RequestPlanner:
             except SlabFullError:  # not even the preamble fits: this one goes as text
                 fallback = "evicted"
         self._residency.touch(injected)
-        return _request(ids, plan, params, asked, fallback, num_repaired, self.handoff)
+        # Handed over by reference, the prompt list itself vouches for its ids when the prompt
+        # holds the very tuples the plan's runs were packed from (k identity tests, no ids).
+        vouched = (plan is not None and self.handoff is not None
+                   and all(map(is_, prompt.facts, map(_PACKED_FROM, injected))))
+        return _request(ids, plan, params, asked, fallback, num_repaired, self.handoff,
+                        vouched)
 
     def _build_request(self, handle: MemoryHandle | None, records: list[FactRecord],
                        messages: Messages, sampling: Any, layout: Layout,
@@ -245,18 +251,21 @@ def prepare_batch(planners: Sequence[RequestPlanner],
 
 
 def _request(ids: list[int], plan: InjectionPlan | None, params: Any, asked: str,
-             fallback: str, num_repaired: tuple[int, int], handoff: PlanHandoff | None = None
-             ) -> PreparedRequest:
+             fallback: str, num_repaired: tuple[int, int], handoff: PlanHandoff | None = None,
+             vouched: bool = False) -> PreparedRequest:
     """The vLLM request: the prompt (salted and with the plan in its params when there is one).
 
-    The plan rides signed in the params, or by reference when `handoff` is given.
+    The plan rides signed in the params, or by reference when `handoff` is given (with `ids`
+    as the prompt the scheduler may recognize by identity when `vouched`: ids starts with
+    exactly the plan's tokens).
     """
     from vllm import TokensPrompt
 
     if plan is None:
         return PreparedRequest(TokensPrompt(prompt_token_ids=ids), params, asked, "text",
                                len(ids), fallback, *num_repaired)
-    ref, sent = handoff.put(plan) if handoff is not None else ("", plan.to_params())
+    ref, sent = (handoff.put(plan, ids if vouched else None) if handoff is not None
+                 else ("", plan.to_params()))
     params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": sent}
     return PreparedRequest(TokensPrompt(prompt_token_ids=ids, cache_salt=plan.cache_salt),
                            params, asked, "kv", len(ids), "", *num_repaired, ref)

@@ -31,9 +31,12 @@ class FactRecord:
     """Key temperature the KV is encoded with (() = 1): kept so a re-encode matches."""
     packed_ids: bytes = field(init=False, repr=False)
     """fact.token_ids packed once (plan.pack_token_ids): a plan joins these, no per-token work."""
+    packed_from: tuple[int, ...] = field(init=False, repr=False)
+    """The very tuple packed_ids was packed from (a prompt built from it spells the plan)."""
 
     def __post_init__(self) -> None:
-        self.packed_ids = pack_token_ids(self.fact.token_ids)
+        self.packed_from = self.fact.token_ids
+        self.packed_ids = pack_token_ids(self.packed_from)
 
     @property
     def resident(self) -> bool:

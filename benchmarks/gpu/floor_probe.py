@@ -84,7 +84,7 @@ class Ablation:
                 local = take(scheduler._tag, entry)
                 if local is not None:
                     self.counts["trusted"] += 1
-                    return _Checked(local, "inject")
+                    return _Checked(local[0], "inject")
             elif "trusted" in self.on:
                 plan = from_params(request.kv_transfer_params, tokens=False)
                 if isinstance(plan, InjectionPlan):  # parsed without its tokens: only their

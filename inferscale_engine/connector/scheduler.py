@@ -183,11 +183,12 @@ class InferScaleScheduler:
         params = request.kv_transfer_params
         entry = params.get(PARAMS_KEY) if type(params) is dict else None
         if type(entry) is dict and entry.get("kind") == LOCAL_KIND:  # handed over in-process
-            local = take(self._tag, entry)
+            local = take(self._tag, entry, prompt)
             if local is None:
                 return _Checked(None, "rejected", "unknown in-process plan reference (it "
                                 "reaches only the engine process that made it, once)")
-            return self._checked_inject(request, local, prompt)
+            self.counters["prompts_by_identity"] += local[1]
+            return self._checked_inject(request, *local, prompt=prompt)
         try:  # the usual case in one pass: MAC over the prompt's tokens, none decoded
             light = from_params(request.kv_transfer_params, tokens=False)
         except PlanError:
@@ -213,16 +214,21 @@ class InferScaleScheduler:
             return _Checked(plan, "save")
         if not plan.verify(self._secret):
             return _Checked(None, "rejected", "inject plan MAC does not verify (forged or stale)")
-        return self._checked_inject(request, plan, prompt)
+        return self._checked_inject(request, plan, False, prompt)
 
     @staticmethod
-    def _checked_inject(request: Request, plan: InjectionPlan, prompt: list[int]) -> _Checked:
-        """An authentic inject plan, checked against the request's salt and token ids."""
+    def _checked_inject(request: Request, plan: InjectionPlan, same_prompt: bool,
+                        prompt: list[int]) -> _Checked:
+        """An authentic inject plan, checked against the request's salt and token ids.
+
+        same_prompt: the prompt is the list the engine vouched for (handoff.take), whose ids
+        are the plan's by construction; otherwise they are compared.
+        """
         if not plan.cache_salt or request.cache_salt != plan.cache_salt:
             return _Checked(None, "mismatch", "prompt is not salted with the plan's cache_salt")
         if plan.num_tokens > len(prompt) - 1:
             return _Checked(None, "mismatch", "plan covers the whole prompt; vLLM must compute "
                                               "at least one token")
-        if not plan.matches(prompt):
+        if not (same_prompt or plan.matches(prompt)):
             return _Checked(None, "mismatch", "prompt token ids differ from the plan's")
         return _Checked(plan, "inject")

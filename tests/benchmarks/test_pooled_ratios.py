@@ -19,11 +19,15 @@ from benchmarks.common import median_interval
 from benchmarks.ttft import paired_ratio
 
 
-def write_ttft(path: Path, ratios: dict[int, list[float]], predecessor: str = "uniform") -> Path:
+def write_ttft(path: Path, ratios: dict[int, list[float]], predecessor: str = "uniform",
+               **workload) -> Path:
     resident = {str(k): [10.0 + i for i in range(len(r))] for k, r in ratios.items()}
     kv = {str(k): [b * x for b, x in zip(resident[str(k)], r, strict=True)]
           for k, r in ratios.items()}
-    record = {"benchmark": "ttft", "config": {"model": "tiny", "predecessor": predecessor},
+    block_size = workload.pop("block_size", None)
+    record = {"benchmark": "ttft",
+              "config": {"model": "tiny", "predecessor": predecessor, **workload},
+              "engine_config": {"block_size": block_size},
               "raw_ms": {"kv": kv, "resident": resident, "text": kv}}
     path.write_text(json.dumps(record))
     return path
@@ -57,6 +61,20 @@ def test_records_of_another_round_order_are_not_pooled(tmp_path):
              write_ttft(tmp_path / "b.json", ratios, "same")]
     record = pooled_ratios.main([*map(str, paths), "--no-record"])
     assert sorted(record["groups"]) == ["tiny --predecessor same", "tiny --predecessor uniform"]
+
+
+def test_records_of_another_workload_are_not_pooled(tmp_path):
+    ratios = {10: [1.0, 1.1, 1.2]}
+    paths = [write_ttft(tmp_path / "a.json", ratios, facts="synthetic"),
+             write_ttft(tmp_path / "b.json", ratios, facts="locomo"),
+             write_ttft(tmp_path / "c.json", ratios, facts="synthetic", block_size=64,
+                        align_blocks=True),
+             write_ttft(tmp_path / "d.json", ratios)]
+    record = pooled_ratios.main([*map(str, paths), "--no-record"])
+    assert {name: group["records"] for name, group in record["groups"].items()} == {
+        "tiny --predecessor uniform": ["a.json", "d.json"],
+        "tiny --predecessor uniform --facts locomo": ["b.json"],
+        "tiny --predecessor uniform --block-size 64 --align-blocks": ["c.json"]}
 
 
 def test_a_record_without_the_modes_is_refused(tmp_path):

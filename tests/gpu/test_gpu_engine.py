@@ -10,6 +10,7 @@ import torch
 
 from inferscale_engine.facts import MemoryHandle
 from tests.conftest import ARCHS, FACTS, QUESTIONS, greedy, max_abs_diff, running_engine
+from tests.invariants.test_chunked_prefill_and_preemption import scheduler_half
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -125,11 +126,15 @@ def test_bf16_same_position_and_moved_keys(tiny_models, name):
         diff = check_same_position(engine, 1e-2)
         relative, within_one = check_moved_layer0_keys(engine)
         run_keys, run_diff = check_run(engine)
-        print(f"\n[gpu {name} bf16 {layout}] same-position max |dlogprob| {diff:.2e}; moved "
+        # this vLLM carries the engine's prompt list through: its ids are checked by identity
+        by_identity = scheduler_half(engine).counters["prompts_by_identity"]
+        print(f"\n[gpu {name} bf16 {layout}] {by_identity} prompts recognized by identity; "
+              f"same-position max |dlogprob| {diff:.2e}; moved "
               f"keys (layer 0) vs fresh prefill: {100 * within_one:.2f}% within 1 bf16 ulp, "
               f"max |diff| / max |K| {relative:.2e}; run of 3 facts vs alone max |dK| / "
               f"max |K| {run_keys:.2e}, run at its position vs text {run_diff:.2e}")
         assert run_keys <= 1e-2 and run_diff <= 1e-2
+        assert by_identity == 3  # one per kv request above
         assert "triton=True" in layout and "zero_copy=True" in layout  # index read in place
         assert diff == 0.0  # same-position injection is bit-exact in bf16
         # vLLM rotates fresh keys with bf16-rounded cos/sin tables, Chunked RoPE in fp32:

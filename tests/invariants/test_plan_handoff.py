@@ -14,6 +14,7 @@ from inferscale_engine.errors import PlanError
 from inferscale_engine.facts import MemoryHandle
 from inferscale_engine.plan import from_params
 from tests.conftest import ARCHS, FACTS, QUESTIONS, greedy, running_engine
+from tests.invariants.test_chunked_prefill_and_preemption import scheduler_half
 from tests.invariants.test_plan_mismatch import prepare, send
 
 pytestmark = pytest.mark.vllm
@@ -76,7 +77,7 @@ def test_another_engines_reference_is_rejected(engine, local):
     out = send(engine, ids, params, plan.cache_salt)
     assert out.plan_status == "rejected" and out.num_injected_tokens == 0
     assert handoff.take(handoff.engine_tag(b"another engine's secret"),
-                        params["inferscale"]) is plan  # still held for the engine it names
+                        params["inferscale"]) == (plan, False)  # still held for the engine it names
 
 
 def test_prompt_ids_differing_from_the_referenced_plan_claim_nothing(engine, local):
@@ -145,6 +146,63 @@ def test_the_pending_references_are_bounded(monkeypatch):
     assert handoff.num_pending() == 3
     tag = handoff.engine_tag(b"secret")
     entry = {"v": 5, "kind": handoff.LOCAL_KIND}
-    assert [handoff.take(tag, {**entry, "ref": r}) is plan for r in refs] == [
-        False, False, True, True, True]
+    assert [handoff.take(tag, {**entry, "ref": r}) for r in refs] == [
+        None, None, (plan, False), (plan, False), (plan, False)]
     assert handoff.num_pending() == 0
+
+
+def _by_identity(engine) -> int:
+    return scheduler_half(engine).counters["prompts_by_identity"]
+
+
+def test_generate_vouches_for_its_prompt_and_the_scheduler_recognizes_it(engine):
+    ids = engine.add_facts("dave", FACTS[:3])
+    handle = MemoryHandle("dave", tuple(ids))
+    before = _by_identity(engine)
+    out = engine.generate_many([(handle, q) for q in QUESTIONS], greedy(4))
+    assert [g.plan_status for g in out] == ["inject"] * len(QUESTIONS)
+    assert _by_identity(engine) - before == len(QUESTIONS)  # no id compared one by one
+
+
+def test_a_vouched_prompt_is_recognized_only_as_the_very_list_at_its_length(engine, local):
+    ids, plan, _ = local
+    courier = engine._planner.handoff
+    before = _by_identity(engine)
+    _, params = courier.put(plan, ids)
+    assert send(engine, ids, params, plan.cache_salt).plan_status == "inject"
+    assert _by_identity(engine) - before == 1
+    _, params = courier.put(plan, ids)  # an equal list that is another object: compared
+    assert send(engine, list(ids), params, plan.cache_salt).plan_status == "inject"
+    altered = list(ids)
+    position = plan.segments[2].start + 2  # inside the second fact
+    altered[position] = (altered[position] + 1) % len(engine.tokenizer)
+    _, params = courier.put(plan, ids)
+    out = send(engine, altered, params, plan.cache_salt)
+    assert out.plan_status == "mismatch" and out.num_injected_tokens == 0
+    grown = list(ids)
+    _, params = courier.put(plan, grown)
+    grown.append(grown[-1])  # changed in place after it was vouched for: compared
+    assert send(engine, grown, params, plan.cache_salt).plan_status == "inject"
+    assert _by_identity(engine) - before == 1
+
+
+def test_a_prompt_not_built_from_the_packed_ids_is_not_vouched_for(engine):
+    import dataclasses
+
+    ids = engine.add_facts("erin", FACTS[:3])
+    handle = MemoryHandle("erin", tuple(ids))
+    record = engine._planner._facts[ids[1]]
+    stored = record.fact
+    # the fact's ids change after they were packed: the prompt then holds other ids than the
+    # plan (a bug this must survive), and only the id-by-id check can see it
+    swapped = (*stored.token_ids[1:], stored.token_ids[0])
+    assert swapped != stored.token_ids
+    record.fact = dataclasses.replace(stored, token_ids=swapped)
+    try:
+        before = _by_identity(engine)
+        out = engine.generate(handle, QUESTIONS[0], greedy(4))
+        assert out.plan_status == "mismatch" and out.num_injected_tokens == 0
+        assert _by_identity(engine) == before
+    finally:
+        record.fact = stored
+    assert engine.generate(handle, QUESTIONS[0], greedy(4)).plan_status == "inject"
