@@ -54,3 +54,21 @@ def test_uniform_predecessors_leave_each_mode_its_own_cache_state(tmp_path, monk
     assert cached["text"] < memory / 4  # the preamble, not the facts
     assert memory - 256 <= cached["resident"] <= memory
     assert record["config"]["predecessor"] == "uniform"
+
+
+def test_aligned_rounds_make_resident_compute_exactly_what_kv_computes(tmp_path, monkeypatch):
+    """--align-blocks: each round's facts end on a block boundary, so resident's prefix cache
+    holds exactly the tokens kv injects (unaligned it prefills the last partial block again).
+    The record also carries the scheduler's counters: every kv prompt recognized by identity."""
+    monkeypatch.setenv("INFERSCALE_RESULTS", str(tmp_path))
+    record = ttft.main(["--model", "tiny", "--ks", "0,20", "--modes", "kv,resident",
+                        "--repeats", "2", "--warmup", "1", "--pool", "60", "--embedder", "none",
+                        "--max-model-len", "4096", "--slab-mib", "64", "--facts", "synthetic",
+                        "--block-size", "32", "--align-blocks"])
+    assert record["aligned_to"] == 32
+    cached = record["summary"][20]["cached_tokens_median"]
+    assert cached["kv"] > 400 and cached["kv"] % 32 == 0
+    assert cached["resident"] == cached["kv"]
+    counters = record["scheduler_counters"]
+    assert counters["plans_inject"] > 0
+    assert counters["prompts_by_identity"] == counters["plans_inject"]
