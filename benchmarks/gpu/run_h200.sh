@@ -112,9 +112,11 @@ for step in "$@"; do
       python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,10,25,50,100 --modes text,kv,resident,kv-user2 --embedder /tmp/minilm --tag h200-ceiling2 --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -9
       python3 benchmarks/ttft.py --model qwen3-8b --ks 0,10,25,50,100 --embedder /tmp/minilm --tag h200-ceiling2 --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -9 ;;
     ttft_llama)  # the issue-13 TTFT table for Llama-3.1-8B only (no retrieval timing), MODELS overrides
-      # (KS, TAG; EXTRA: more ttft.py arguments, e.g. --predecessor mixed)
+      # (KS, TAG; EXTRA: more ttft.py arguments, e.g. --predecessor mixed or --facts locomo).
+      # Synthetic 30-token facts unless EXTRA says otherwise, also where LoCoMo data was carried
+      # (the pooled history is synthetic; 2026-12-04 two runs took LoCoMo by mistake)
       for m in ${MODELS:-llama-3.1-8b}; do
-        timeout 400 python3 benchmarks/ttft.py --model $m --ks ${KS:-0,10,25,50,100} --embedder none --tag h200-${TAG:-fair} --plot --warmup 4 ${EXTRA:-} 2>&1 | grep -vE "$quiet" | tail -9
+        timeout 400 python3 benchmarks/ttft.py --model $m --ks ${KS:-0,10,25,50,100} --embedder none --tag h200-${TAG:-fair} --plot --warmup 4 --facts synthetic ${EXTRA:-} 2>&1 | grep -vE "$quiet" | tail -9
       done ;;
     fullgraph)  # vLLM's FULL CUDA graphs for mixed batches too (FA3 supports them), every mode
       timeout 500 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50,100 --embedder none --tag h200-fullgraph --warmup 4 --vllm-arg 'compilation_config={"cudagraph_mode": "FULL"}' 2>&1 | grep -vE "$quiet" | tail -6 ;;
