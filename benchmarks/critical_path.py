@@ -240,22 +240,20 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
     courier = PlanHandoff(secret)
     unsigned = plan_local_step()
 
-    def check_local() -> object:
-        local = SimpleNamespace(request_id=rid, kv_transfer_params=courier.put(unsigned)[1],
-                                prompt_token_ids=request.prompt_token_ids,
-                                cache_salt=plan.cache_salt)
-        checked = scheduler._verify(local)
-        assert checked.status == "inject"
-        return checked
+    def local_check(vouched: bool) -> Callable[[], object]:
+        """The plan put by reference and _verify taking it; with the prompt list vouched for
+        (the engine's default) or without (its ids compared with the plan's)."""
+        ids = request.prompt_token_ids
 
-    def check_vouched() -> object:
-        local = SimpleNamespace(request_id=rid, prompt_token_ids=request.prompt_token_ids,
-                                kv_transfer_params=courier.put(
-                                    unsigned, request.prompt_token_ids)[1],
-                                cache_salt=plan.cache_salt)
-        checked = scheduler._verify(local)
-        assert checked.status == "inject"
-        return checked
+        def check() -> object:
+            ref_params = courier.put(unsigned, ids if vouched else None)[1]
+            checked = scheduler._verify(SimpleNamespace(
+                request_id=rid, prompt_token_ids=ids, kv_transfer_params=ref_params,
+                cache_salt=plan.cache_salt))
+            assert checked.status == "inject"
+            return checked
+
+        return check
 
     def prepare_step() -> object:
         out = planner.prepare(handle, records, messages, env.sampling, "kv", pinned, Layout())
@@ -276,8 +274,8 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
         "verify_mac": lambda: parsed.verify(secret),
         "matches": lambda: parsed.matches(request.prompt_token_ids),
         "check": lambda: scheduler._verify(request),
-        "check_local": check_local,
-        "check_vouched": check_vouched,
+        "check_local": local_check(vouched=False),
+        "check_vouched": local_check(vouched=True),
         "meta": meta,
         "pickle_meta": lambda: pickle.loads(pickle.dumps(step_meta)),
         "load": lambda: worker.start_load(step_meta),

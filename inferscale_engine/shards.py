@@ -88,7 +88,7 @@ def build_shards(config: EngineConfig, connector: ConnectorConfig, runner: Runne
     shards = []
     # Plans go to an in-process scheduler by reference (handoff.py), otherwise signed (data
     # parallelism runs on AsyncLLM, whose engines are never in this process).
-    local = config.plan_handoff and bool(getattr(runner, "in_process", False))
+    local = config.plan_handoff and getattr(runner, "in_process", False)
     for rank in range(config.data_parallel_size):
         view: Runner = RankRunner(runner, rank) if config.data_parallel_size > 1 else runner
         residency = Residency(SlabAllocator(connector.slab_pages, config.slab_page_tokens),
