@@ -19,7 +19,10 @@ connector really build (no vLLM engine, no GPU kernel): a prompt of a preamble, 
              meta          update_state_after_alloc + build_connector_meta (the LoadSpec)
              pickle_meta   pickle round trip of the step metadata (MP=1, every step)
   worker     load          InferScaleWorker.start_load with a no-op kernel: the index math
+                           (compiled, connector/native.py, where it could be built)
+             load_numpy    the same with the worker's numpy path
              stepN         the same for one step of --batch loads (a prefill of N requests)
+             stepN_numpy   the same with the numpy path
   sum        kv_only       plan + to_params + params_copy + check + meta + load
              kv_only_local plan_local + params_copy + check_local + meta + load
              kv_only_vouched  the same with check_vouched (MP=0 default)
@@ -279,11 +282,21 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
         "meta": meta,
         "pickle_meta": lambda: pickle.loads(pickle.dumps(step_meta)),
         "load": lambda: worker.start_load(step_meta),
+        "load_numpy": lambda: numpy_path(worker, step_meta),
     }
     for fn in steps.values():  # every step runs cleanly before it is timed
         fn()
     assert worker.counters["load_errors"] == 0
     return steps, len(ids), step_meta
+
+
+def numpy_path(worker: Any, meta: Any) -> None:
+    """start_load with the compiled index turned off for this call."""
+    fill, worker._fill = worker._fill, None
+    try:
+        worker.start_load(meta)
+    finally:
+        worker._fill = fill
 
 
 def step_of(env: SimpleNamespace, k: int, block_size: int, batch: int
@@ -294,7 +307,8 @@ def step_of(env: SimpleNamespace, k: int, block_size: int, batch: int
 
     loads = [steps_for(env, k, block_size, seed=k * 1000 + i)[2].loads[0] for i in range(batch)]
     meta = InferScaleMetadata(loads=loads)
-    return {f"step{batch}": lambda: env.worker.start_load(meta)}
+    return {f"step{batch}": lambda: env.worker.start_load(meta),
+            f"step{batch}_numpy": lambda: numpy_path(env.worker, meta)}
 
 
 def time_steps(steps: dict[str, Callable[[], object]], repeats: int, rounds: int,
@@ -369,6 +383,7 @@ def main(argv: list[str] | None = None) -> dict:
     if profiles:
         print(profiles)
     record = {"benchmark": "critical_path", "config": vars(args), "environment": environment(),
+              "compiled_load_index": env.worker._fill is not None,
               "num_prompt_tokens": prompt_tokens, "results": results, "profile_top": profiles}
     if not args.no_record:
         write_tagged("critical-path", args.tag, record)

@@ -19,6 +19,7 @@ import torch
 
 from inferscale_engine.config import ConnectorConfig
 from inferscale_engine.connector.metadata import CaptureSpec, InferScaleMetadata, LoadSpec
+from inferscale_engine.connector.native import LoadIndexFill, load_index_fill
 from inferscale_engine.connector.paged import (
     CpuPackedPagedKV,
     PagedKV,
@@ -64,6 +65,8 @@ class InferScaleWorker:
         self._rope: _Rope | None = None
         self._failed_block_ids: set[int] = set()
         self._staging = _Staging(torch.device("cpu"))
+        self._fill: LoadIndexFill | None = load_index_fill()
+        """The compiled load index (connector/native.py), or None: the numpy path."""
         self.counters: Counter[str] = Counter()
         self._recent: deque[tuple[str, np.ndarray, int, int]] = deque(maxlen=8)
         """(request id, block table, first and end position) of the last loads."""
@@ -125,10 +128,10 @@ class InferScaleWorker:
                                       for load in meta.loads))
         filled, written = 0, []
         for load in meta.loads:
-            part = self._load_indices(load, host[:, filled:])
-            if part is not None:
+            width = self._write_index(load, host, filled)
+            if width:
                 written.append(load)
-                filled += part.shape[1]
+                filled += width
         if not filled:
             return
         try:
@@ -174,9 +177,10 @@ class InferScaleWorker:
         return sum(self.slab.entries.pop(k, None) is not None for k in slab_keys)
 
     def stats(self) -> dict[str, int]:
-        """Slab occupancy and counters."""
+        """Slab occupancy, counters, and whether load indices are compiled (native.py)."""
         assert self.slab is not None
-        return {**self.slab.stats(), **self.counters}
+        return {**self.slab.stats(), **self.counters,
+                "compiled_load_index": int(self._fill is not None)}
 
     @property
     def recent_loads(self) -> list[tuple[str, np.ndarray]]:
@@ -190,6 +194,26 @@ class InferScaleWorker:
         first, last = start // bs, -(-end // bs)
         table = np.asarray(block_ids, dtype=np.int64)[first:last, None] * bs + self._block_offsets
         return table.ravel()[start - first * bs:end - first * bs]
+
+    def _write_index(self, load: LoadSpec, host: np.ndarray, column: int) -> int:
+        """Write one load's index into host[:, column:]; its width (0: nothing to load, or failed).
+
+        One call of the compiled fill where it was built; the numpy path otherwise, and for a
+        load the fill refuses (a failed check or unexpected arrays), which then says why.
+        """
+        assert self.slab is not None
+        lo, hi = load.load_start, load.load_end
+        if self._fill is not None and lo < hi <= len(load.block_ids) * self._block_size:
+            try:
+                width = self._fill(self.slab.entries, load.slab_keys, load.lengths, load.user_id,
+                                   SYSTEM_OWNER, lo, hi, load.block_ids, self._block_size, host,
+                                   column)
+            except (TypeError, ValueError):
+                width = -1
+            if width >= 0:
+                return width
+        part = self._load_indices(load, host[:, column:])
+        return 0 if part is None else part.shape[1]
 
     def _load_indices(self, load: LoadSpec, out: np.ndarray | None = None
                       ) -> np.ndarray | None:

@@ -83,14 +83,9 @@ def test_load_indices_match_a_per_token_reference(seed):
     assert not worker.take_failed_block_ids()
 
 
-@pytest.mark.parametrize("problem", ["missing", "foreign", "length"])
-def test_a_bad_segment_fails_the_whole_load(problem):
-    worker = make_worker()
+def break_entry(worker: InferScaleWorker, key: int, problem: str) -> None:
+    """Make slab entry `key` fail a load's check: missing, another user's, or shorter."""
     assert worker.slab is not None
-    load = make_load(worker, random.Random(7))
-    load = LoadSpec(load.req_id, load.user_id, load.slab_keys, load.lengths, 0,
-                    int(load.lengths.sum()), load.block_ids)
-    key = int(load.slab_keys[-1])
     entry = worker.slab.entries[key]
     if problem == "missing":
         del worker.slab.entries[key]
@@ -98,6 +93,16 @@ def test_a_bad_segment_fails_the_whole_load(problem):
         worker.slab.entries[key] = SlabEntry("mallory", entry.rows, entry.num_tokens, 0)
     else:
         worker.slab.entries[key] = SlabEntry("alice", entry.rows[:-1], entry.num_tokens - 1, 0)
+
+
+@pytest.mark.parametrize("problem", ["missing", "foreign", "length"])
+def test_a_bad_segment_fails_the_whole_load(problem):
+    worker = make_worker()
+    assert worker.slab is not None
+    load = make_load(worker, random.Random(7))
+    load = LoadSpec(load.req_id, load.user_id, load.slab_keys, load.lengths, 0,
+                    int(load.lengths.sum()), load.block_ids)
+    break_entry(worker, int(load.slab_keys[-1]), problem)
     worker.paged = SimpleNamespace(inject_=lambda *a: pytest.fail("injected"))  # type: ignore
     worker._rope = SimpleNamespace()  # type: ignore[assignment]
     worker.start_load(InferScaleMetadata(loads=[load]))
