@@ -50,7 +50,8 @@ PHASES = (
     # inside the phases above (issue 13: where start_load_kv, the check and prepare spend it)
     "core.scheduler.connector.scheduler._verify",
     "core.scheduler.connector.scheduler.build_connector_meta",
-    "worker_connector.worker._staging.host", "worker_connector.worker._load_indices",
+    "worker_connector.worker._staging.host", "worker_connector.worker._write_index",
+    "worker_connector.worker._load_indices",
     "worker_connector.worker._staging.index", "worker_connector.worker.paged.inject_",
     "engine._planner.resolve", "engine._planner.arrange", "engine._planner.build",
     "engine._planner.plan", "engine._planner.prepare_many",

@@ -15,6 +15,8 @@ max_tokens=1 request at a time, each round runs these variants:
   kv-noload    the worker's start_load returns at once (no index math, upload or copy)
   kv-copyindex the worker copies the load indices to the device before the launch (the path
                where the kernel cannot read pinned host memory; the default reads them there)
+  kv-numpy     the worker builds the load indices with its numpy path instead of the compiled
+               one (connector/native.py; the same index)
   kv-floor     trusted + noload: what is left is vLLM's own handling of external tokens (block
                allocation, prefix-cache insertion), the plan's parse and connector metadata, and
                the client's prompt + signed plan
@@ -55,11 +57,11 @@ from benchmarks.gpu.ceiling_probe import add_engine_args, roots  # noqa: E402
 from benchmarks.ttft import build_engine, paired_ratio  # noqa: E402
 
 VARIANTS = ("kv", "kv-trusted", "kv-nocopy", "kv-noload", "kv-floor", "kv-copyindex",
-            "kv-aftertext", "resident", "resident-afterkv")
+            "kv-numpy", "kv-aftertext", "resident", "resident-afterkv")
 RESIDENTS = ("resident", "resident-afterkv")
 SWITCHES = {"kv": set(), "kv-trusted": {"trusted"}, "kv-nocopy": {"nocopy"},
             "kv-noload": {"noload"}, "kv-floor": {"trusted", "noload"},
-            "kv-copyindex": {"copyindex"}, "kv-aftertext": set(),
+            "kv-copyindex": {"copyindex"}, "kv-numpy": {"numpy"}, "kv-aftertext": set(),
             "resident": set(), "resident-afterkv": set()}
 
 
@@ -99,14 +101,17 @@ class Ablation:
                 self.counts["noload"] += len(meta.loads)
                 return
             staging = worker._staging
-            zero_copy = staging.zero_copy
+            zero_copy, fill = staging.zero_copy, worker._fill
             if "copyindex" in self.on and meta.loads:
                 self.counts["copyindex"] += len(meta.loads)
                 staging.zero_copy = False
+            if "numpy" in self.on and meta.loads:
+                self.counts["numpy"] += len(meta.loads)
+                worker._fill = None
             try:
                 start_load(meta)
             finally:
-                staging.zero_copy = zero_copy
+                staging.zero_copy, worker._fill = zero_copy, fill
 
         def maybe_inject(*args: Any) -> None:
             if "nocopy" in self.on:
