@@ -158,7 +158,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "inferscale_load_index", NULL, -1,
-                                    methods};
+                                    methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit_inferscale_load_index(void) {
     s_owner = PyUnicode_InternFromString("owner");

@@ -208,7 +208,7 @@ class InferScaleWorker:
                 width = self._fill(self.slab.entries, load.slab_keys, load.lengths, load.user_id,
                                    SYSTEM_OWNER, lo, hi, load.block_ids, self._block_size, host,
                                    column)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, BufferError):
                 width = -1
             if width >= 0:
                 return width
@@ -218,6 +218,9 @@ class InferScaleWorker:
     def _load_indices(self, load: LoadSpec, out: np.ndarray | None = None
                       ) -> np.ndarray | None:
         """[4, n] int64 array of one load (None if it failed), written into `out` if given.
+
+        The numpy path of _write_index (where the compiled fill is not built, and for the loads
+        it refuses: it says why a check failed).
 
         Rows: slab rows, paged slots, the positions the stored keys are rotated for, and the
         serving positions. No per-token or per-segment Python and few numpy calls (each costs
