@@ -7,6 +7,7 @@ connector really build (no vLLM engine, no GPU kernel): a prompt of a preamble, 
   app        prompt        PromptBuilder.build + token_ids (text and resident modes pay it too)
              plan          RequestPlanner.plan: preamble key, segments, cache_salt, sign
              plan_local    the same unsigned (the in-process handoff's plan, handoff.py)
+             plan_local_py the same with from_runs' Python path (no plan_pack.c)
              to_params     InjectionPlan.to_params (the kv_transfer_params)
              prepare       RequestPlanner.prepare end to end (prompt + plan + params)
   vLLM       params_copy   SamplingParams.clone of the request's params (vLLM deep-copies them)
@@ -240,6 +241,15 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
         env.preambles.end_batch()
         return out
 
+    def plan_local_python() -> object:
+        from inferscale_engine import plan as plan_module
+
+        packer, plan_module._packer = plan_module._packer, lambda: None  # type: ignore[assignment]
+        try:
+            return plan_local_step()
+        finally:
+            plan_module._packer = packer  # type: ignore[assignment]
+
     courier = PlanHandoff(secret)
     unsigned = plan_local_step()
 
@@ -269,6 +279,7 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
         "prompt": lambda: planner.build(messages, records, [], Layout()).token_ids(),
         "plan": plan_step,
         "plan_local": plan_local_step,
+        "plan_local_py": plan_local_python,
         "to_params": plan.to_params,
         "prepare": prepare_step,
         "params_copy": prepared.params.clone,
@@ -288,6 +299,12 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
         fn()
     assert worker.counters["load_errors"] == 0
     return steps, len(ids), step_meta
+
+
+def plan_compiled() -> bool:
+    from inferscale_engine.plan import _packer
+
+    return _packer() is not None
 
 
 def numpy_path(worker: Any, meta: Any) -> None:
@@ -384,6 +401,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(profiles)
     record = {"benchmark": "critical_path", "config": vars(args), "environment": environment(),
               "compiled_load_index": env.worker._fill is not None,
+              "compiled_plan_pack": plan_compiled(),
               "num_prompt_tokens": prompt_tokens, "results": results, "profile_top": profiles}
     if not args.no_record:
         write_tagged("critical-path", args.tag, record)

@@ -161,7 +161,7 @@ class EngineConfig:
 
 
 SECRET_ENV = "INFERSCALE_PLAN_SECRET"
-"""Environment variable holding the plans' HMAC key (hex). Kept out of vLLM's config, which is
+"""Environment variable holding the plans' MAC key (hex). Kept out of vLLM's config, which is
 logged; inherited by vLLM's worker processes."""
 
 
@@ -186,7 +186,7 @@ class ConnectorConfig:
 
     @property
     def secret(self) -> bytes:
-        """HMAC key of plans, from the environment (see SECRET_ENV)."""
+        """MAC key of plans, from the environment (see SECRET_ENV)."""
         value = os.environ.get(SECRET_ENV, "")
         try:
             secret = bytes.fromhex(value)
@@ -227,7 +227,7 @@ def _positive(obj: Any, *names: str) -> None:
 
 
 def plan_secret() -> bytes:
-    """The process's plan HMAC key: taken from SECRET_ENV, or generated and put there."""
+    """The process's plan MAC key: taken from SECRET_ENV, or generated and put there."""
     if not os.environ.get(SECRET_ENV):
         os.environ[SECRET_ENV] = secrets.token_hex(32)
     return bytes.fromhex(os.environ[SECRET_ENV])

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from inferscale_engine.errors import PlanError
 from inferscale_engine.plan import (
+    PLAN_VERSION,
     InjectionPlan,
     SavePlan,
     SaveSpan,
@@ -44,6 +45,15 @@ def test_round_trip_and_mac():
     assert from_params(save.to_params()) == save and save.verify(SECRET, prompt)
     run = run_plan().signed(SECRET, prompt)
     assert from_params(run.to_params()) == run and run.verify(SECRET, prompt) and run.end == 13
+
+
+@pytest.mark.parametrize("size", [16, 32, 64, 65, 200])
+def test_macs_take_secrets_of_any_allowed_length(size):
+    """Keyed BLAKE2b takes keys of up to 64 bytes; longer secrets are hashed to 64 first."""
+    secret, other = bytes(range(size)), bytes(range(1, size + 1))
+    signed = make_plan().signed(secret)
+    assert len(signed.mac) == 32 and signed.verify(secret) and not signed.verify(other)
+    assert cache_salt(secret, "alice", [1, 2]) != cache_salt(other, "alice", [1, 2])
 
 
 def run_plan() -> SavePlan:
@@ -117,12 +127,13 @@ def test_not_ours():
 
 
 K1, L1, T1 = packed("q", 1), packed("i", 1), packed("i", 1)
-INJECT = {"v": 5, "kind": "inject", "user": "u", "salt": "s", "mac": ""}
-SAVE = {"v": 5, "kind": "save", "user": "u", "mac": ""}
+INJECT = {"v": PLAN_VERSION, "kind": "inject", "user": "u", "salt": "s", "mac": ""}
+SAVE = {"v": PLAN_VERSION, "kind": "save", "user": "u", "mac": ""}
 
 
 @pytest.mark.parametrize("raw,message", [
-    ("str", "must be a mapping"), ({"v": 1}, "version 1"), ({"v": 5, "kind": "inject"}, "'user'"),
+    ("str", "must be a mapping"), ({"v": 1}, "version 1"),
+    ({"v": PLAN_VERSION, "kind": "inject"}, "'user'"),
     ({**INJECT, "keys": K1, "lengths": packed("i", 2), "tokens": T1}, "sum to 2"),
     ({**INJECT, "keys": packed("q", 1, 2), "lengths": L1, "tokens": T1}, "as many 'keys'"),
     ({**INJECT, "keys": "", "lengths": "", "tokens": ""}, "at least one"),

@@ -12,7 +12,7 @@ import pytest
 from inferscale_engine import handoff
 from inferscale_engine.errors import PlanError
 from inferscale_engine.facts import MemoryHandle
-from inferscale_engine.plan import from_params
+from inferscale_engine.plan import PLAN_VERSION, from_params
 from tests.conftest import ARCHS, FACTS, QUESTIONS, greedy, running_engine
 from tests.invariants.test_chunked_prefill_and_preemption import scheduler_half
 from tests.invariants.test_plan_mismatch import prepare, send
@@ -131,7 +131,7 @@ def test_references_of_a_batch_that_fails_while_prepared_are_dropped(engine, mon
 
 
 def test_a_reference_cannot_be_parsed_as_a_plan():
-    params = {"inferscale": {"v": 5, "kind": handoff.LOCAL_KIND, "ref": "0" * 32}}
+    params = {"inferscale": {"v": PLAN_VERSION, "kind": handoff.LOCAL_KIND, "ref": "0" * 32}}
     with pytest.raises(PlanError, match="in-process plan reference"):
         from_params(params)
 
@@ -145,7 +145,7 @@ def test_the_pending_references_are_bounded(monkeypatch):
     refs = [courier.put(plan)[0] for _ in range(5)]
     assert handoff.num_pending() == 3
     tag = handoff.engine_tag(b"secret")
-    entry = {"v": 5, "kind": handoff.LOCAL_KIND}
+    entry = {"v": PLAN_VERSION, "kind": handoff.LOCAL_KIND}
     assert [handoff.take(tag, {**entry, "ref": r}) for r in refs] == [
         None, None, (plan, False), (plan, False), (plan, False)]
     assert handoff.num_pending() == 0

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from inferscale_engine import native as builder
 from inferscale_engine.connector import native
 from inferscale_engine.connector.metadata import InferScaleMetadata, LoadSpec
 from inferscale_engine.plan import SYSTEM_OWNER
@@ -116,37 +117,38 @@ def test_arrays_it_cannot_read_are_refused_and_the_numpy_path_serves_them():
 
 
 def test_turned_off_by_the_environment(monkeypatch):
-    monkeypatch.setenv(native.NATIVE_ENV, "0")
-    native.load_index_fill.cache_clear()
+    monkeypatch.setenv(builder.NATIVE_ENV, "0")
+    builder.compiled.cache_clear()
     try:
         assert native.load_index_fill() is None
         assert make_worker()._fill is None
     finally:
-        monkeypatch.delenv(native.NATIVE_ENV)
-        native.load_index_fill.cache_clear()
+        monkeypatch.delenv(builder.NATIVE_ENV)
+        builder.compiled.cache_clear()
     assert native.load_index_fill() is not None
 
 
 def test_a_failed_build_leaves_the_numpy_path_with_a_warning(monkeypatch, tmp_path, caplog):
     with pytest.raises(RuntimeError, match="failed"):
-        native.build(tmp_path / "a", compiler=shutil.which("false") or "false")
+        builder.build(native.SOURCE, native.MODULE_NAME, tmp_path / "a",
+                      compiler=shutil.which("false") or "false")
     monkeypatch.setenv("INFERSCALE_CACHE", str(tmp_path / "b"))
     monkeypatch.setenv("CC", shutil.which("false") or "false")
-    native.load_index_fill.cache_clear()
+    builder.compiled.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger=native.__name__):
+        with caplog.at_level(logging.WARNING, logger=builder.__name__):
             assert native.load_index_fill() is None
-        assert "numpy" in caplog.text
+        assert "Python path serves instead" in caplog.text
     finally:
         monkeypatch.undo()
-        native.load_index_fill.cache_clear()
+        builder.compiled.cache_clear()
 
 
 def test_built_once_per_source_and_reused(tmp_path):
-    first = native.build(tmp_path)
+    first = builder.build(native.SOURCE, native.MODULE_NAME, tmp_path)
     built = list(tmp_path.rglob("*.so"))
     assert len(built) == 1
     mtime = built[0].stat().st_mtime_ns
-    second = native.build(tmp_path)
+    second = builder.build(native.SOURCE, native.MODULE_NAME, tmp_path)
     assert list(tmp_path.rglob("*.so")) == built and built[0].stat().st_mtime_ns == mtime
     assert first.fill is not None and second.fill is not None
