@@ -27,18 +27,30 @@
 #endif
 
 static PyObject *pack(PyObject *self, PyObject *args) {
-    PyObject *keys_in, *runs;
-    if (!PyArg_ParseTuple(args, "OO!", &keys_in, &PyList_Type, &runs)) return NULL;
+    PyObject *keys_in, *runs_in;
+    if (!PyArg_ParseTuple(args, "OO!", &keys_in, &PyList_Type, &runs_in)) return NULL;
+    /* Snapshots (new references): no Python code can change what is read below. */
+    PyObject *runs = PyList_AsTuple(runs_in);
+    if (!runs) return NULL;
     PyObject *keys = PySequence_Tuple(keys_in);
-    if (!keys) return NULL;
     PyObject *packed_keys = NULL, *lengths = NULL, *packed_lengths = NULL, *tokens = NULL;
-    Py_ssize_t n = PyList_GET_SIZE(runs), total = 0;
+    if (!keys) goto fail;
+    Py_ssize_t n = PyTuple_GET_SIZE(runs), total = 0;
     if (n == 0 || PyTuple_GET_SIZE(keys) != n) {
         PyErr_SetString(PyExc_ValueError, "a plan needs one slab key per run, at least one");
         goto fail;
     }
+    packed_keys = PyBytes_FromStringAndSize(NULL, 8 * n);
+    if (!packed_keys) goto fail;
+    char *k = PyBytes_AS_STRING(packed_keys);
+    for (Py_ssize_t i = 0; i < n; i++) { /* every key first: __index__ may run Python code */
+        long long key = PyLong_AsLongLong(PyTuple_GET_ITEM(keys, i));
+        if (key == -1 && PyErr_Occurred()) goto fail;
+        int64_t key64 = key;
+        memcpy(k + 8 * i, &key64, 8);
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *run = PyList_GET_ITEM(runs, i);
+        PyObject *run = PyTuple_GET_ITEM(runs, i);
         if (!PyBytes_Check(run)) {
             PyErr_SetString(PyExc_TypeError, "runs must be bytes");
             goto fail;
@@ -54,19 +66,13 @@ static PyObject *pack(PyObject *self, PyObject *args) {
         }
         total += size;
     }
-    packed_keys = PyBytes_FromStringAndSize(NULL, 8 * n);
     packed_lengths = PyBytes_FromStringAndSize(NULL, 4 * n);
     tokens = PyBytes_FromStringAndSize(NULL, total);
     lengths = PyTuple_New(n);
-    if (!packed_keys || !packed_lengths || !tokens || !lengths) goto fail;
-    char *k = PyBytes_AS_STRING(packed_keys), *l = PyBytes_AS_STRING(packed_lengths);
-    char *t = PyBytes_AS_STRING(tokens);
+    if (!packed_lengths || !tokens || !lengths) goto fail;
+    char *l = PyBytes_AS_STRING(packed_lengths), *t = PyBytes_AS_STRING(tokens);
     for (Py_ssize_t i = 0; i < n; i++) {
-        long long key = PyLong_AsLongLong(PyTuple_GET_ITEM(keys, i));
-        if (key == -1 && PyErr_Occurred()) goto fail;
-        int64_t key64 = key;
-        memcpy(k + 8 * i, &key64, 8);
-        PyObject *run = PyList_GET_ITEM(runs, i);
+        PyObject *run = PyTuple_GET_ITEM(runs, i);
         Py_ssize_t size = PyBytes_GET_SIZE(run);
         int32_t count = (int32_t)(size / 4);
         memcpy(l + 4 * i, &count, 4);
@@ -76,8 +82,10 @@ static PyObject *pack(PyObject *self, PyObject *args) {
         memcpy(t, PyBytes_AS_STRING(run), size);
         t += size;
     }
+    Py_DECREF(runs);
     return Py_BuildValue("(NNNNN)", keys, packed_keys, lengths, packed_lengths, tokens);
 fail:
+    Py_DECREF(runs);
     Py_XDECREF(keys);
     Py_XDECREF(packed_keys);
     Py_XDECREF(lengths);

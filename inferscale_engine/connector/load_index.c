@@ -67,29 +67,31 @@ static long long fill_segments(PyObject *entries, const int64_t *keys, const int
                                long long lo, long long hi, int64_t *rows, int64_t *canonical) {
     long long pos = 0;
     for (Py_ssize_t i = 0; i < num_segments && pos < hi; i++) {
-        long long start = pos, end = pos + lengths[i];
-        if (lengths[i] <= 0) {
-            PyErr_SetString(PyExc_ValueError, "segment lengths must be positive");
+        if (lengths[i] <= 0 || lengths[i] > INT32_MAX) {
+            PyErr_SetString(PyExc_ValueError, "segment lengths must be in [1, 2**31)");
             return -1;
         }
+        long long start = pos, end = pos + lengths[i];
         pos = end;
         if (end <= lo) continue;
         PyObject *key = PyLong_FromLongLong(keys[i]);
         if (!key) return -1;
-        PyObject *entry = PyDict_GetItemWithError(entries, key); /* borrowed */
+        PyObject *entry = PyDict_GetItemWithError(entries, key);
         Py_DECREF(key);
         if (!entry) return PyErr_Occurred() ? -1 : i + 1;
-        long long num_tokens, origin;
-        if (attr_i64(entry, s_num_tokens, &num_tokens) || attr_i64(entry, s_origin, &origin))
-            return -1;
-        PyObject *owner = PyObject_GetAttr(entry, s_owner);
-        if (!owner) return -1;
-        int ok = readable(owner, user, system);
-        Py_DECREF(owner);
-        if (ok < 0) return -1;
-        if (!ok || num_tokens != lengths[i]) return i + 1;
-        PyObject *stored = PyObject_GetAttr(entry, s_rows_bytes);
-        if (!stored) return -1;
+        Py_INCREF(entry); /* held while its attributes are read */
+        long long num_tokens = 0, origin = 0;
+        PyObject *owner = NULL, *stored = NULL;
+        int ok = 0;
+        if (!attr_i64(entry, s_num_tokens, &num_tokens) && !attr_i64(entry, s_origin, &origin)
+            && (owner = PyObject_GetAttr(entry, s_owner)) != NULL) {
+            ok = readable(owner, user, system);
+            if (ok > 0 && num_tokens == lengths[i]) stored = PyObject_GetAttr(entry, s_rows_bytes);
+        }
+        Py_XDECREF(owner);
+        Py_DECREF(entry);
+        if (PyErr_Occurred()) return -1;
+        if (!stored) return i + 1; /* another owner, or another length */
         if (!PyBytes_Check(stored) || PyBytes_GET_SIZE(stored) != 8 * num_tokens) {
             Py_DECREF(stored);
             PyErr_SetString(PyExc_ValueError, "a slab entry's rows_bytes does not hold its rows");

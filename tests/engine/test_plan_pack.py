@@ -57,3 +57,17 @@ def test_the_packer_refuses_what_the_python_path_refuses():
         InjectionPlan.from_runs("alice", [2**63], [run], "salt")
     tupled = InjectionPlan.from_runs("alice", [1], (run,), "salt")  # not a list: Python path
     assert tupled == InjectionPlan.from_runs("alice", [1], [run], "salt")
+
+
+def test_python_code_run_while_packing_cannot_change_what_is_packed():
+    """A key's __index__ runs Python code; the packer reads snapshots taken before it."""
+    runs = [pack_token_ids([1, 2]), pack_token_ids([3])]
+
+    class Emptying:
+        def __index__(self) -> int:
+            runs.clear()  # would free the bytes a borrowed pointer still reads
+            return 7
+
+    keys, _, lengths, _, tokens = plan_module._packer()([Emptying(), 8], runs)
+    assert keys[1] == 8 and lengths == (2, 1) and tokens == pack_token_ids([1, 2, 3])
+    assert runs == []
