@@ -244,11 +244,11 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
     def plan_local_python() -> object:
         from inferscale_engine import plan as plan_module
 
-        packer, plan_module._packer = plan_module._packer, lambda: None  # type: ignore[assignment]
+        packer, plan_module.plan_packer = plan_module.plan_packer, lambda: None  # type: ignore[assignment]
         try:
             return plan_local_step()
         finally:
-            plan_module._packer = packer  # type: ignore[assignment]
+            plan_module.plan_packer = packer  # type: ignore[assignment]
 
     courier = PlanHandoff(secret)
     unsigned = plan_local_step()
@@ -302,9 +302,9 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
 
 
 def plan_compiled() -> bool:
-    from inferscale_engine.plan import _packer
+    from inferscale_engine.plan import plan_packer
 
-    return _packer() is not None
+    return plan_packer() is not None
 
 
 def numpy_path(worker: Any, meta: Any) -> None:

@@ -101,7 +101,7 @@ class InjectionPlan:
         Raises:
             PlanError: no runs, an empty or ragged run, or not one slab key per run.
         """
-        pack = _packer()
+        pack = plan_packer()
         if pack is not None and type(runs) is list:
             try:
                 keys, packed_keys, lengths, packed_lengths, tokens = pack(slab_keys, runs)
@@ -405,7 +405,7 @@ def from_params(params: Mapping[str, Any] | None, tokens: bool = True) -> Plan |
 
 
 @cache
-def _packer() -> Any:
+def plan_packer() -> Any:
     """plan_pack.c's pack (native.py), or None: from_runs' Python path."""
     module = compiled(Path(__file__).with_name("plan_pack.c"), "inferscale_plan_pack")
     return None if module is None else module.pack

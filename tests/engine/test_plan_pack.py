@@ -12,7 +12,7 @@ from inferscale_engine import plan as plan_module
 from inferscale_engine.errors import PlanError
 from inferscale_engine.plan import InjectionPlan, from_params, pack_token_ids
 
-pytestmark = pytest.mark.skipif(plan_module._packer() is None,
+pytestmark = pytest.mark.skipif(plan_module.plan_packer() is None,
                                 reason="no C compiler or Python headers here: from_runs uses "
                                        "its Python path (tested in test_plan.py)")
 SECRET = b"k" * 32
@@ -31,7 +31,7 @@ def test_the_compiled_plan_is_the_python_plan(seed, monkeypatch):
     keys, runs = random_runs(random.Random(seed))
     fast = InjectionPlan.from_runs("alice", keys, runs, secret=SECRET)
     with_salt = InjectionPlan.from_runs("alice", tuple(keys), runs, "salt")
-    monkeypatch.setattr(plan_module, "_packer", lambda: None)
+    monkeypatch.setattr(plan_module, "plan_packer", lambda: None)
     slow = InjectionPlan.from_runs("alice", keys, runs, secret=SECRET)
     assert fast == slow and fast.wire == slow.wire and fast.cache_salt == slow.cache_salt
     assert with_salt == InjectionPlan.from_runs("alice", keys, runs, "salt")
@@ -42,7 +42,7 @@ def test_the_compiled_plan_is_the_python_plan(seed, monkeypatch):
 
 
 def test_the_packer_refuses_what_the_python_path_refuses():
-    pack = plan_module._packer()
+    pack = plan_module.plan_packer()
     run = pack_token_ids([1, 2, 3])
     refused = [([1], []), ([], [run]), ([1, 2], [run]), ([1], [b""]), ([1], [run[:-1]]),
                ([1], ["abc"]), ([2**63], [run]), ([1.5], [run]), ([1], (run,))]
@@ -68,6 +68,6 @@ def test_python_code_run_while_packing_cannot_change_what_is_packed():
             runs.clear()  # would free the bytes a borrowed pointer still reads
             return 7
 
-    keys, _, lengths, _, tokens = plan_module._packer()([Emptying(), 8], runs)
+    keys, _, lengths, _, tokens = plan_module.plan_packer()([Emptying(), 8], runs)
     assert keys[1] == 8 and lengths == (2, 1) and tokens == pack_token_ids([1, 2, 3])
     assert runs == []
