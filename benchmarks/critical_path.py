@@ -301,12 +301,6 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
     return steps, len(ids), step_meta
 
 
-def plan_compiled() -> bool:
-    from inferscale_engine.plan import plan_packer
-
-    return plan_packer() is not None
-
-
 def numpy_path(worker: Any, meta: Any) -> None:
     """start_load with the compiled index turned off for this call."""
     fill, worker._fill = worker._fill, None
@@ -382,6 +376,8 @@ def print_table(results: dict[int, dict[str, dict[str, float]]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from inferscale_engine.plan import plan_packer
+
     args = parse_args(argv)
     ks = [int(k) for k in args.ks.split(",")]
     env = build(args, max(ks))
@@ -401,7 +397,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(profiles)
     record = {"benchmark": "critical_path", "config": vars(args), "environment": environment(),
               "compiled_load_index": env.worker._fill is not None,
-              "compiled_plan_pack": plan_compiled(),
+              "compiled_plan_pack": plan_packer() is not None,
               "num_prompt_tokens": prompt_tokens, "results": results, "profile_top": profiles}
     if not args.no_record:
         write_tagged("critical-path", args.tag, record)

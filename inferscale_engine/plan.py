@@ -102,7 +102,7 @@ class InjectionPlan:
             PlanError: no runs, an empty or ragged run, or not one slab key per run.
         """
         pack = plan_packer()
-        if pack is not None and type(runs) is list:
+        if pack is not None:  # it refuses runs that are not a list
             try:
                 keys, packed_keys, lengths, packed_lengths, tokens = pack(slab_keys, runs)
             except (ValueError, TypeError, OverflowError):

@@ -202,12 +202,11 @@ class InferScaleWorker:
         load the fill refuses (a failed check or unexpected arrays), which then says why.
         """
         assert self.slab is not None
-        lo, hi = load.load_start, load.load_end
-        if self._fill is not None and lo < hi <= len(load.block_ids) * self._block_size:
+        if self._fill is not None:  # it refuses a load past the block table or the plan itself
             try:
                 width = self._fill(self.slab.entries, load.slab_keys, load.lengths, load.user_id,
-                                   SYSTEM_OWNER, lo, hi, load.block_ids, self._block_size, host,
-                                   column)
+                                   SYSTEM_OWNER, load.load_start, load.load_end, load.block_ids,
+                                   self._block_size, host, column)
             except (TypeError, ValueError, BufferError):
                 width = -1
             if width >= 0:
