@@ -12,7 +12,9 @@ connector really build (no vLLM engine, no GPU kernel): a prompt of a preamble, 
              prepare       RequestPlanner.prepare end to end (prompt + plan + params)
   vLLM       params_copy   SamplingParams.clone of the request's params (vLLM deep-copies them)
              pickle_params pickle round trip of the kv_transfer_params (MP=1 sends them)
-  scheduler  from_params / verify_mac / matches, and check (InferScaleScheduler._verify)
+  scheduler  from_params / verify_mac / matches, and check (InferScaleScheduler._verify: the
+             signed plan bound to the prompt, one call of plan_pack.c's bind)
+             check_py      the same with InjectionPlan.bound's Python path
              check_local   the plan put by reference and _verify taking it (handoff.py),
                            the prompt's ids compared with the plan's
              check_vouched the same with the prompt list the engine vouched for (its default:
@@ -241,14 +243,19 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
         env.preambles.end_batch()
         return out
 
-    def plan_local_python() -> object:
+    def python_path(step: Callable[[], object], name: str) -> Callable[[], object]:
+        """`step` with plan.py's accessor `name` (plan_packer, plan_binder) answering None."""
         from inferscale_engine import plan as plan_module
 
-        packer, plan_module.plan_packer = plan_module.plan_packer, lambda: None  # type: ignore[assignment]
-        try:
-            return plan_local_step()
-        finally:
-            plan_module.plan_packer = packer  # type: ignore[assignment]
+        def without() -> object:
+            native = getattr(plan_module, name)
+            setattr(plan_module, name, lambda: None)
+            try:
+                return step()
+            finally:
+                setattr(plan_module, name, native)
+
+        return without
 
     courier = PlanHandoff(secret)
     unsigned = plan_local_step()
@@ -279,7 +286,7 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
         "prompt": lambda: planner.build(messages, records, [], Layout()).token_ids(),
         "plan": plan_step,
         "plan_local": plan_local_step,
-        "plan_local_py": plan_local_python,
+        "plan_local_py": python_path(plan_local_step, "plan_packer"),
         "to_params": plan.to_params,
         "prepare": prepare_step,
         "params_copy": prepared.params.clone,
@@ -288,6 +295,7 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
         "verify_mac": lambda: parsed.verify(secret),
         "matches": lambda: parsed.matches(request.prompt_token_ids),
         "check": lambda: scheduler._verify(request),
+        "check_py": python_path(lambda: scheduler._verify(request), "plan_binder"),
         "check_local": local_check(vouched=False),
         "check_vouched": local_check(vouched=True),
         "meta": meta,

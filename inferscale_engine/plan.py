@@ -1,5 +1,6 @@
-"""InjectionPlan and SavePlan: the kv_transfer_params format, spelled in this module only.
+"""InjectionPlan, and from_params for both kinds of plan (SavePlan: save_plan.py).
 
+The kv_transfer_params format is spelled here, in save_plan.py and in wire.py (its primitives).
 A plan crosses process boundaries (app -> vLLM EngineCore -> workers) and may arrive from an
 untrusted client through vLLM's OpenAI server, so it is versioned, parsed strictly and
 authenticated with a MAC (keyed BLAKE2b) under a per-engine secret that only the engine and its
@@ -8,13 +9,12 @@ connector know. The scheduler-side connector re-checks the prompt's token ids ag
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import struct
 from array import array
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cache
 from itertools import accumulate, repeat
 from operator import rshift
@@ -23,16 +23,24 @@ from typing import Any
 
 from inferscale_engine.errors import PlanError
 from inferscale_engine.native import compiled
-from inferscale_engine.wire import int_field, ints_field, key_scales, packed_field, str_field
+from inferscale_engine.save_plan import SavePlan, SaveSpan, parse_save
+from inferscale_engine.wire import (
+    PARAMS_KEY,
+    PLAN_VERSION,
+    b64,
+    mac_of,
+    pack_token_ids,
+    packed_field,
+    str_field,
+    utf8,
+)
 
-PLAN_VERSION = 6
-"""6: MACs and salts are keyed BLAKE2b; 5: save plans hold spans (runs of facts); 4: keys and
-lengths packed (3: int lists)."""
-PARAMS_KEY = "inferscale"
+__all__ = ["PARAMS_KEY", "PLAN_VERSION", "SYSTEM_OWNER", "InjectionPlan", "Plan", "SavePlan",
+           "SaveSpan", "Segment", "cache_salt", "from_params", "pack_token_ids", "plan_native",
+           "plan_binder", "plan_packer", "token_digest"]
+
 SYSTEM_OWNER = ""
 """Owner of shared entries (the preamble): readable by every user, writable by the engine only."""
-
-_MAX_SAVE_SPANS = 4096  # most facts one save prompt may capture
 
 
 def token_digest(token_ids: Sequence[int]) -> str:
@@ -50,8 +58,8 @@ def cache_salt(secret: bytes, user_id: str, slab_keys: Sequence[int]) -> str:
 
 
 def _salt(secret: bytes, user_id: str, packed_keys: bytes) -> str:  # keys packed once
-    user = _utf8(user_id)
-    return _mac(secret, b"salt|%d|%d:%b|%b" % (PLAN_VERSION, len(user), user, packed_keys))
+    user = utf8(user_id)
+    return mac_of(secret, b"salt|%d|%d:%b|%b" % (PLAN_VERSION, len(user), user, packed_keys))
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +174,7 @@ class InjectionPlan:
 
     def _payload(self, tokens: bytes | None = None) -> bytes:
         # Strings are length-prefixed so that no two (user, salt) pairs share a payload.
-        user, salt = _utf8(self.user_id), _utf8(self.cache_salt)
+        user, salt = utf8(self.user_id), utf8(self.cache_salt)
         header = b"inject|%d|%d:%b|%d:%b|%d|" % (PLAN_VERSION, len(user), user, len(salt), salt,
                                                  len(self.lengths))
         keys, lengths = self.packed_keys_lengths()
@@ -176,31 +184,46 @@ class InjectionPlan:
         """Slab keys (int64) and run lengths (int32), little-endian: `wire`, or packed now."""
         return self.wire or (_pack_keys(self.slab_keys), _pack_lengths(self.lengths))
 
-    def bound_to(self, secret: bytes, prompt_token_ids: Sequence[int]) -> InjectionPlan | None:
-        """The plan with the prompt's first tokens as its own, if the MAC verifies for them.
+    @classmethod
+    def bound(cls, params: Mapping[str, Any] | None, prompt_token_ids: Sequence[int],
+              secret: bytes) -> InjectionPlan | None:
+        """The signed inject plan in `params`, bound to the prompt if its MAC verifies for it.
 
         Authenticity and prompt match in one pass: the MAC over the prompt's leading
-        sum(lengths) ids in place of the plan's, so a plan parsed without its tokens
-        (from_params(..., tokens=False)) needs no decoding. None if it does not verify
-        (forged, or another prompt): `verify` and `matches` tell which.
+        sum(lengths) ids in place of the plan's, which are never decoded; where plan_pack.c is
+        built, one call of its `bind` parses and packs. None: no inject plan, malformed, forged
+        or another prompt (`verify` and `matches` tell which); the plan's ids are the prompt's.
         """
-        n = sum(self.lengths)
-        if len(prompt_token_ids) < n:
+        entry = params.get(PARAMS_KEY) if type(params) is dict else None
+        if type(entry) is not dict or entry.get("kind") != "inject":
+            return None  # the caller's full parse classifies it
+        bind = plan_binder()
+        got = bind(entry, prompt_token_ids, PLAN_VERSION) if bind is not None else None
+        if got is None:  # not built, or not a case it takes: the Python path decides
+            try:
+                light = from_params(params, tokens=False)
+            except PlanError:
+                return None
+            if not isinstance(light, InjectionPlan):  # kind "inject" parses to one
+                return None
+            n = sum(light.lengths)
+            try:
+                tokens = pack_token_ids(prompt_token_ids[:n])
+            except (struct.error, TypeError):  # an id that is no int32: not the plan's
+                return None
+            if len(tokens) != 4 * n:  # a prompt shorter than the plan
+                return None
+            got = (light.user_id, light.cache_salt, light.mac, light.slab_keys, light.lengths,
+                   *light.packed_keys_lengths(), tokens, light._payload(tokens))
+        user, salt, mac, keys, lengths, packed_keys, packed_lengths, tokens, payload = got
+        if not hmac.compare_digest(utf8(mac), utf8(mac_of(secret, payload))):
             return None
-        try:
-            tokens = pack_token_ids(prompt_token_ids[:n])
-            payload = self._payload(tokens)
-        except (struct.error, TypeError):
-            return None
-        if not hmac.compare_digest(_utf8(self.mac), _utf8(_mac(secret, payload))):
-            return None
-        return InjectionPlan(self.user_id, self.slab_keys, self.lengths, tokens, self.cache_salt,
-                             self.mac, self.wire)  # not dataclasses.replace: a hot path
+        return cls(user, keys, lengths, tokens, salt, mac, (packed_keys, packed_lengths))
 
     def signed(self, secret: bytes) -> InjectionPlan:
         """Copy with the MAC set."""
         return InjectionPlan(self.user_id, self.slab_keys, self.lengths, self.tokens,
-                             self.cache_salt, _mac(secret, self._payload()), self.wire)
+                             self.cache_salt, mac_of(secret, self._payload()), self.wire)
 
     def verify(self, secret: bytes) -> bool:
         """True if the MAC is valid for this content."""
@@ -208,130 +231,15 @@ class InjectionPlan:
             payload = self._payload()
         except struct.error:  # a key out of int64 (only a forged plan has one)
             return False
-        return hmac.compare_digest(_utf8(self.mac), _utf8(_mac(secret, payload)))
+        return hmac.compare_digest(utf8(self.mac), utf8(mac_of(secret, payload)))
 
     def to_params(self) -> dict[str, Any]:
         """kv_transfer_params for SamplingParams(extra_args=...) or the OpenAI server."""
         keys, lengths = self.packed_keys_lengths()
         return {PARAMS_KEY: {
             "v": PLAN_VERSION, "kind": "inject", "user": self.user_id, "salt": self.cache_salt,
-            "keys": _b64(keys), "lengths": _b64(lengths), "tokens": _b64(self.tokens),
+            "keys": b64(keys), "lengths": b64(lengths), "tokens": b64(self.tokens),
             "mac": self.mac,
-        }}
-
-
-def pack_token_ids(token_ids: Sequence[int]) -> bytes:
-    """Token ids as little-endian int32 bytes (one C-level pass; struct beats array here).
-
-    Raises:
-        struct.error: an id is out of int32 or not an int.
-    """
-    return struct.pack(f"<{len(token_ids)}i", *token_ids)
-
-
-@dataclass(frozen=True, slots=True)
-class SaveSpan:
-    """One fact of a save prompt: capture prompt[start:start + num_tokens] into `pages`."""
-
-    slab_key: int
-    start: int
-    num_tokens: int
-    pages: tuple[int, ...]
-
-    @property
-    def end(self) -> int:
-        """One past the fact's last token."""
-        return self.start + self.num_tokens
-
-
-@dataclass(frozen=True, slots=True)
-class SavePlan:
-    """Write path: capture each span's prompt tokens (a fact) into slab pages under its key.
-
-    A save prompt is [preamble][context][fact] or, for a run of facts that each follow the one
-    before (Context-Window Encoding of a batch), [preamble][context][fact 1]...[fact n]: one
-    forward pass, one span per fact; the last span ends the prompt. Bound to the one save
-    prompt and the slab allocations it was issued for: the MAC covers the WHOLE prompt (a
-    replay under another prefix does not verify), and a worker captures a span only if its
-    `slab_key` is newer than the last capture into every one of its pages (slab keys are never
-    reused, so a plan is single use and a stale plan cannot overwrite a page that was freed and
-    handed to another fact).
-    """
-
-    user_id: str
-    spans: tuple[SaveSpan, ...]
-    mac: str = ""
-    key_scale: tuple[float, ...] = ()
-    """Factor the stored keys are scaled by (key temperature): () = 1, one value for every
-    layer, or one per layer. One value for the whole run."""
-
-    @classmethod
-    def one(cls, user_id: str, slab_key: int, start: int, num_tokens: int,
-            pages: Sequence[int], key_scale: tuple[float, ...] = ()) -> SavePlan:
-        """A plan of one span (unsigned)."""
-        return cls(user_id, (SaveSpan(slab_key, start, num_tokens, tuple(pages)),),
-                   key_scale=key_scale)
-
-    @property
-    def end(self) -> int:
-        """One past the last span's last token: the save prompt's length."""
-        return self.spans[-1].end
-
-    def problem(self) -> str:
-        """Why the spans cannot describe one save prompt ('' if they can)."""
-        if not self.spans:
-            return "a save plan needs at least one span"
-        position = 0
-        for span in self.spans:
-            if span.start < position or span.num_tokens <= 0 or not span.pages:
-                return (f"save spans must be non-empty, hold pages, and follow each other "
-                        f"without overlap; span at {span.start} of {span.num_tokens} tokens "
-                        f"after position {position}")
-            position = span.end
-        if len({s.slab_key for s in self.spans}) != len(self.spans):
-            return "save spans need distinct slab keys"
-        return ""
-
-    def _payload(self, prompt_token_ids: Sequence[int]) -> bytes:
-        user = _utf8(self.user_id)
-        header = b"save|%d|%d:%b|%d|%b|" % (
-            PLAN_VERSION, len(user), user, len(self.spans),
-            _utf8(",".join(map(repr, self.key_scale))))
-        spans = b"".join(b"%d,%d,%d,%d:%b|" % (s.slab_key, s.start, s.num_tokens, len(s.pages),
-                                               _utf8(",".join(map(str, s.pages))))
-                         for s in self.spans)
-        return header + spans + pack_token_ids(prompt_token_ids)
-
-    def signed(self, secret: bytes, prompt_token_ids: Sequence[int]) -> SavePlan:
-        """Copy with the MAC set for this save prompt.
-
-        Raises:
-            PlanError: the spans are malformed, or the prompt does not end at `end`.
-        """
-        if problem := self.problem():
-            raise PlanError(problem)
-        if len(prompt_token_ids) != self.end:
-            raise PlanError(f"save prompt has {len(prompt_token_ids)} tokens; the plan needs "
-                            f"{self.end} (last fact at [{self.spans[-1].start}, {self.end}))")
-        return replace(self, mac=_mac(secret, self._payload(prompt_token_ids)))
-
-    def verify(self, secret: bytes, prompt_token_ids: Sequence[int]) -> bool:
-        """True if the MAC is valid for this content and exactly this prompt."""
-        if self.problem() or len(prompt_token_ids) != self.end:
-            return False
-        try:
-            payload = self._payload(prompt_token_ids)
-        except (TypeError, struct.error):
-            return False
-        return hmac.compare_digest(_utf8(self.mac), _utf8(_mac(secret, payload)))
-
-    def to_params(self) -> dict[str, Any]:
-        """kv_transfer_params of the save request."""
-        return {PARAMS_KEY: {
-            "v": PLAN_VERSION, "kind": "save", "user": self.user_id,
-            "spans": [{"key": s.slab_key, "start": s.start, "num_tokens": s.num_tokens,
-                       "pages": list(s.pages)} for s in self.spans],
-            "key_scale": list(self.key_scale), "mac": self.mac,
         }}
 
 
@@ -343,7 +251,7 @@ def from_params(params: Mapping[str, Any] | None, tokens: bool = True) -> Plan |
 
     Args:
         tokens: decode an inject plan's token ids; with False they are left empty (b"") after
-            checking the field's size, for `InjectionPlan.bound_to`.
+            checking the field's size, for `InjectionPlan.bound`.
 
     Raises:
         PlanError: the InferScale entry is malformed or of another version. The MAC is not
@@ -386,29 +294,24 @@ def from_params(params: Mapping[str, Any] | None, tokens: bool = True) -> Plan |
         return InjectionPlan(user, keys, lengths, packed, str_field(raw, "salt"), mac,
                              (keys_bytes, lengths_bytes))
     if kind == "save":
-        spans = raw.get("spans")
-        if not isinstance(spans, list | tuple) or not spans or len(spans) > _MAX_SAVE_SPANS:
-            raise PlanError(f"save plan field 'spans' must be a list of 1..{_MAX_SAVE_SPANS} "
-                            f"spans, got {type(spans).__name__}")
-        parsed = []
-        for span in spans:
-            if not isinstance(span, Mapping):
-                raise PlanError("each save span must be a mapping with key, start, num_tokens "
-                                "and pages")
-            parsed.append(SaveSpan(int_field(span, "key"), int_field(span, "start"),
-                                   int_field(span, "num_tokens"), tuple(ints_field(span, "pages"))))
-        save = SavePlan(user, tuple(parsed), mac, key_scales(raw.get("key_scale")))
-        if problem := save.problem():
-            raise PlanError(problem)
-        return save
+        return parse_save(raw, user, mac)
     raise PlanError(f"plan kind {kind!r} is unknown; expected 'inject' or 'save'")
 
 
 @cache
+def plan_native() -> Any:
+    """plan_pack.c built and loaded (native.py), or None: the Python paths serve."""
+    return compiled(Path(__file__).with_name("plan_pack.c"), "inferscale_plan_pack")
+
+
 def plan_packer() -> Any:
-    """plan_pack.c's pack (native.py), or None: from_runs' Python path."""
-    module = compiled(Path(__file__).with_name("plan_pack.c"), "inferscale_plan_pack")
-    return None if module is None else module.pack
+    """plan_pack.c's pack, or None: from_runs' Python path."""
+    return getattr(plan_native(), "pack", None)
+
+
+def plan_binder() -> Any:
+    """plan_pack.c's bind, or None: InjectionPlan.bound's Python path."""
+    return getattr(plan_native(), "bind", None)
 
 
 def _pack_keys(slab_keys: Sequence[int]) -> bytes:
@@ -417,23 +320,6 @@ def _pack_keys(slab_keys: Sequence[int]) -> bytes:
 
 def _pack_lengths(lengths: Sequence[int]) -> bytes:
     return struct.pack(f"<{len(lengths)}i", *lengths)
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def _utf8(text: str) -> bytes:  # surrogatepass: a forged plan's lone surrogates fail the MAC
-    return text.encode("utf-8", "surrogatepass")
-
-
-def _mac(secret: bytes, payload: bytes) -> str:
-    # Keyed BLAKE2b (RFC 7693's MAC mode), 128-bit tags: one C call. HMAC-SHA256 cost 57-77 us
-    # per call with cold caches on 2 EPYC cores, keyed BLAKE2b 16-40 (plans of 1-12 KB); a
-    # request pays one (MP=0: the salt) or three (signed: salt, MAC, the scheduler's check).
-    if len(secret) > 64:  # BLAKE2b takes keys of up to 64 bytes
-        secret = hashlib.blake2b(secret).digest()
-    return hashlib.blake2b(payload, key=secret, digest_size=16).hexdigest()
 
 
 def _check_tiling(segments: tuple[Segment, ...]) -> None:

@@ -27,7 +27,7 @@ from inferscale_engine.facts import FactId, MemoryHandle
 from inferscale_engine.generation import Generation, from_output
 from inferscale_engine.handoff import PlanHandoff
 from inferscale_engine.layout import Layout, arrange
-from inferscale_engine.plan import InjectionPlan, pack_token_ids, plan_packer
+from inferscale_engine.plan import InjectionPlan, plan_packer
 from inferscale_engine.preambles import PreambleCache
 from inferscale_engine.prompt import MemoryPrompt, PromptBuilder
 from inferscale_engine.residency import FactRecord, Residency
@@ -228,7 +228,7 @@ class RequestPlanner:
         if None in slab_keys:
             raise ValueError("plan() needs resident records (ready_for_kv first)")
         keys = [self._preambles.key(prompt.preamble, pinned), *slab_keys]
-        runs = [pack_token_ids(prompt.preamble), *map(_PACKED_IDS, records)]
+        runs = [self._preambles.run(prompt.preamble), *map(_PACKED_IDS, records)]
         user_id = check_user_id(handle.user_id)
         plan = InjectionPlan.from_runs(user_id, keys, runs, secret=self._secret)
         return plan.signed(self._secret) if signed else plan

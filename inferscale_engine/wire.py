@@ -1,18 +1,54 @@
-"""Parsing the fields of kv_transfer_params: one clear PlanError per malformed field.
+"""The kv_transfer_params format's primitives: version, key, packed ids, MAC, field parsers.
 
-Plans arrive from untrusted clients; each helper checks one field's type and range.
+Plans (plan.py, save_plan.py) arrive from untrusted clients; each parser checks one field's
+type and range (one clear PlanError per malformed field).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping
+import hashlib
+import struct
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from inferscale_engine.errors import PlanError
 
+PLAN_VERSION = 6
+"""6: MACs and salts are keyed BLAKE2b; 5: save plans hold spans (runs of facts); 4: keys and
+lengths packed (3: int lists)."""
+PARAMS_KEY = "inferscale"
 MAX_TOKEN_ID = 2**31 - 1
+
+
+def pack_token_ids(token_ids: Sequence[int]) -> bytes:
+    """Token ids as little-endian int32 bytes (one C-level pass; struct beats array here).
+
+    Raises:
+        struct.error: an id is out of int32 or not an int.
+    """
+    return struct.pack(f"<{len(token_ids)}i", *token_ids)
+
+
+def b64(data: bytes) -> str:
+    """Bytes as a base64 str (the params' packed fields)."""
+    return base64.b64encode(data).decode("ascii")
+
+
+def utf8(text: str) -> bytes:
+    """UTF-8 with surrogatepass: a forged plan's lone surrogates fail the MAC, never raise."""
+    return text.encode("utf-8", "surrogatepass")
+
+
+def mac_of(secret: bytes, payload: bytes) -> str:
+    """The MAC of `payload` under the engine's secret (32 hex digits)."""
+    # Keyed BLAKE2b (RFC 7693's MAC mode), 128-bit tags: one C call. HMAC-SHA256 cost 57-77 us
+    # per call with cold caches on 2 EPYC cores, keyed BLAKE2b 16-40 (plans of 1-12 KB); a
+    # request pays one (MP=0: the salt) or three (signed: salt, MAC, the scheduler's check).
+    if len(secret) > 64:  # BLAKE2b takes keys of up to 64 bytes
+        secret = hashlib.blake2b(secret).digest()
+    return hashlib.blake2b(payload, key=secret, digest_size=16).hexdigest()
 
 
 def key_scales(value: Any) -> tuple[float, ...]:

@@ -18,9 +18,9 @@ from collections.abc import Iterable, Sequence
 from inferscale_engine.config import EngineConfig
 from inferscale_engine.facts import FactId
 from inferscale_engine.generation import RESULT_KEY
-from inferscale_engine.plan import SavePlan, SaveSpan
 from inferscale_engine.residency import FactRecord, Residency
 from inferscale_engine.runner import Runner
+from inferscale_engine.save_plan import SavePlan, SaveSpan
 
 
 class FactWriter:

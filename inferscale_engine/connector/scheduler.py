@@ -9,11 +9,10 @@ requests until the fact span is computed, then asks the workers to capture it.
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from inferscale_engine.config import ConnectorConfig
 from inferscale_engine.connector.metadata import CaptureSpec, InferScaleMetadata, LoadSpec
@@ -103,7 +102,7 @@ class InferScaleScheduler:
             return meta
         scheduled = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
-            self._on_scheduled(meta, new.req_id, list(new.block_ids[0]), True,
+            self._on_scheduled(meta, new.req_id, new.block_ids[0], True,
                                new.num_computed_tokens, scheduled.get(new.req_id, 0))
         cached = scheduler_output.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
@@ -112,7 +111,7 @@ class InferScaleScheduler:
             new_ids = cached.new_block_ids[i]
             resumed = rid in cached.resumed_req_ids
             self.counters["resumed"] += resumed
-            self._on_scheduled(meta, rid, list(new_ids[0]) if new_ids else [], resumed,
+            self._on_scheduled(meta, rid, new_ids[0] if new_ids else [], resumed,
                                cached.num_computed_tokens[i], scheduled.get(rid, 0))
         if self._pending_loads:  # admitted but not scheduled: cannot happen in vLLM 0.26/0.32
             self.counters["orphan_loads"] += len(self._pending_loads)
@@ -140,19 +139,18 @@ class InferScaleScheduler:
         pending = self._pending_loads.pop(rid, None)
         if pending is not None:
             plan, num_external = pending
-            keys, lengths = plan.packed_keys_lengths()  # as sent: one C pass each
+            # array('q') over the plan's tuples and vLLM's list: a third of numpy's cost each.
             meta.loads.append(LoadSpec(
-                req_id=rid, user_id=plan.user_id, slab_keys=np.frombuffer(keys, dtype="<i8"),
-                lengths=np.frombuffer(lengths, dtype="<i4").astype(np.int64),
-                load_start=num_computed - num_external, load_end=num_computed,
-                block_ids=np.array(block_ids, dtype=np.int64),
+                req_id=rid, user_id=plan.user_id, slab_keys=array("q", plan.slab_keys),
+                lengths=array("q", plan.lengths), load_start=num_computed - num_external,
+                load_end=num_computed, block_ids=array("q", block_ids),
             ))
             self.counters["loads"] += 1
             self.counters["loaded_tokens"] += num_external
         save = self._saves.get(rid)
         if save is None:
             return
-        save.block_ids = block_ids if replaces_blocks else save.block_ids + block_ids
+        save.block_ids = list(block_ids) if replaces_blocks else save.block_ids + block_ids
         if not save.captured and num_computed + num_scheduled >= save.plan.end:
             # Every span is captured in the step that computes the prompt's last token: the
             # whole prompt's blocks are allocated then (chunked prefill included).
@@ -189,20 +187,15 @@ class InferScaleScheduler:
                                 "reaches only the engine process that made it, once)")
             self.counters["prompts_by_identity"] += local[1]
             return self._checked_inject(request, *local, prompt=prompt)
-        try:  # the usual case in one pass: MAC over the prompt's tokens, none decoded
-            light = from_params(request.kv_transfer_params, tokens=False)
-        except PlanError:
-            light = None  # the full parse below says what is wrong
-        if isinstance(light, InjectionPlan):
-            bound = light.bound_to(self._secret, prompt)
-            if (bound is not None and bound.cache_salt and request.cache_salt == bound.cache_salt
-                    and bound.num_tokens <= len(prompt) - 1):
-                return _Checked(bound, "inject")
-        # Everything else (saves, and inject plans that fail) is classified one check at a time;
-        # a save plan parses alike either way, so it is not parsed again.
+        # The usual case in one pass (one C call where plan_pack.c is built): the MAC over the
+        # prompt's tokens, the plan's own never decoded.
+        bound = InjectionPlan.bound(request.kv_transfer_params, prompt, self._secret)
+        if (bound is not None and bound.cache_salt and request.cache_salt == bound.cache_salt
+                and bound.num_tokens <= len(prompt) - 1):
+            return _Checked(bound, "inject")
+        # Everything else (saves, and inject plans that fail) is classified one check at a time.
         try:
-            plan = (light if isinstance(light, SavePlan)
-                    else from_params(request.kv_transfer_params))
+            plan = from_params(request.kv_transfer_params)
         except PlanError as exc:
             return _Checked(None, "rejected", str(exc))
         if plan is None:

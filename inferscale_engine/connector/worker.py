@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from inferscale_engine.config import ConnectorConfig
-from inferscale_engine.connector.metadata import CaptureSpec, InferScaleMetadata, LoadSpec
+from inferscale_engine.connector.metadata import CaptureSpec, InferScaleMetadata, Int64s, LoadSpec
 from inferscale_engine.connector.native import LoadIndexFill, load_index_fill
 from inferscale_engine.connector.paged import (
     CpuPackedPagedKV,
@@ -68,7 +68,7 @@ class InferScaleWorker:
         self._fill: LoadIndexFill | None = load_index_fill()
         """The compiled load index (connector/native.py), or None: the numpy path."""
         self.counters: Counter[str] = Counter()
-        self._recent: deque[tuple[str, np.ndarray, int, int]] = deque(maxlen=8)
+        self._recent: deque[tuple[str, Int64s, int, int]] = deque(maxlen=8)
         """(request id, block table, first and end position) of the last loads."""
 
     # ---- set-up ------------------------------------------------------------------------
@@ -188,7 +188,7 @@ class InferScaleWorker:
         return [(rid, self._slots(block_ids, lo, hi)) for rid, block_ids, lo, hi in self._recent]
 
     # ---- helpers -----------------------------------------------------------------------
-    def _slots(self, block_ids: np.ndarray | list[int], start: int, end: int) -> np.ndarray:
+    def _slots(self, block_ids: Int64s | list[int], start: int, end: int) -> np.ndarray:
         """[end - start] int64 paged slots of positions [start, end) under this block table."""
         bs = self._block_size
         first, last = start // bs, -(-end // bs)

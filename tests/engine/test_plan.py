@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from inferscale_engine import plan as plan_module
 from inferscale_engine.errors import PlanError
 from inferscale_engine.plan import (
     PLAN_VERSION,
@@ -234,29 +235,37 @@ def test_parser_raises_only_plan_error(raw):
         assert not plan.verify(SECRET)
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["plan_pack.c", "python"])
 @pytest.mark.parametrize("num_ids", [1, 2, 3, 6, 100])
-def test_bound_to_checks_mac_and_prompt_in_one_pass(num_ids):
+def test_bound_checks_mac_and_prompt_in_one_pass(num_ids, compiled, monkeypatch):
     """The scheduler's usual path: tokens not decoded, the MAC computed over the prompt's ids.
     It accepts exactly what verify + matches accept, and yields the same plan."""
+    if not compiled:
+        monkeypatch.setattr(plan_module, "plan_binder", lambda: None)
+    elif plan_module.plan_binder() is None:
+        pytest.skip("no C compiler or Python headers here")
     ids = tuple(range(7, 7 + num_ids))
     plan = InjectionPlan.from_segments("alice", (Segment(3, 0, ids),), "salt").signed(SECRET)
-    light = from_params(plan.to_params(), tokens=False)
-    assert isinstance(light, InjectionPlan) and light.tokens == b""
+    params = plan.to_params()
     prompt = [*ids, 42]
-    assert light.bound_to(SECRET, prompt) == plan == from_params(plan.to_params())
-    assert light.bound_to(SECRET, list(ids)) == plan  # the length rule is the caller's
+    bound = InjectionPlan.bound(params, prompt, SECRET)
+    assert bound == plan == from_params(params) and bound.wire == plan.wire
+    assert InjectionPlan.bound(params, list(ids), SECRET) == plan  # the length rule is the caller's
     other = [*ids[:-1], ids[-1] + 1, 42]
-    assert light.bound_to(SECRET, other) is None and not plan.matches(other)
-    assert light.bound_to(SECRET, list(ids[:-1])) is None
-    assert light.bound_to(b"x" * 32, prompt) is None
-    forged = from_params({**plan.to_params()}, tokens=False)
-    assert isinstance(forged, InjectionPlan)
-    for bad in (InjectionPlan(forged.user_id, forged.slab_keys, forged.lengths, b"", "salt2",
-                              forged.mac),
-                InjectionPlan("mallory", forged.slab_keys, forged.lengths, b"", forged.cache_salt,
-                              forged.mac)):
-        assert bad.bound_to(SECRET, prompt) is None
-    assert light.bound_to(SECRET, [*ids[:-1], 2**40]) is None  # not an int32: no match, no error
+    assert InjectionPlan.bound(params, other, SECRET) is None and not plan.matches(other)
+    assert InjectionPlan.bound(params, list(ids[:-1]), SECRET) is None
+    assert InjectionPlan.bound(params, prompt, b"x" * 32) is None
+    for field, value in (("salt", "salt2"), ("user", "mallory"), ("mac", "0" * 32),
+                         ("keys", packed("q", 4)), ("lengths", packed("i", num_ids + 1)),
+                         ("v", PLAN_VERSION - 1), ("kind", "save")):
+        forged = {"inferscale": {**params["inferscale"], field: value}}
+        assert InjectionPlan.bound(forged, prompt, SECRET) is None, field
+    for not_an_id in (2**40, -(2**31) - 1, 7.0, "7", None):  # no match, no error
+        assert InjectionPlan.bound(params, [*ids[:-1], not_an_id, 42], SECRET) is None
+    assert InjectionPlan.bound(None, prompt, SECRET) is None
+    assert InjectionPlan.bound({"inferscale": "x"}, prompt, SECRET) is None
+    assert InjectionPlan.bound(SavePlan.one("alice", 1, 0, 2, [0]).to_params(), prompt,
+                               SECRET) is None
 
 
 def test_light_parse_still_checks_the_tokens_size():

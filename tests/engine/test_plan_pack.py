@@ -1,8 +1,10 @@
-"""The compiled plan packing (plan_pack.c): InjectionPlan.from_runs makes the same plan with it
-as without it, and hands what it refuses to the Python path, whose PlanError says why."""
+"""The compiled plan wire format (plan_pack.c). pack: InjectionPlan.from_runs makes the same plan
+with it as without it, and hands what it refuses to the Python path, whose PlanError says why.
+bind: InjectionPlan.bound decides as its Python path does, and leaves it what it does not take."""
 
 from __future__ import annotations
 
+import base64
 import random
 import struct
 
@@ -71,3 +73,131 @@ def test_python_code_run_while_packing_cannot_change_what_is_packed():
     keys, _, lengths, _, tokens = plan_module.plan_packer()([Emptying(), 8], runs)
     assert keys[1] == 8 and lengths == (2, 1) and tokens == pack_token_ids([1, 2, 3])
     assert runs == []
+
+
+# ---- bind: the scheduler's check of a signed plan (InjectionPlan.bound) ----------------------
+
+def _python_bound(params, prompt, monkeypatch):
+    with monkeypatch.context() as patch:
+        patch.setattr(plan_module, "plan_binder", lambda: None)
+        return InjectionPlan.bound(params, prompt, SECRET)
+
+
+def _mutations(rng: random.Random, entry: dict, prompt: list) -> tuple[dict, list]:
+    """One random change to a signed plan's entry or its prompt (or none)."""
+    entry, prompt = dict(entry), list(prompt)
+    field = rng.choice(["v", "kind", "user", "salt", "mac", "keys", "lengths", "tokens", None])
+    if field == "v":
+        entry["v"] = rng.choice([plan_module.PLAN_VERSION - 1, float(plan_module.PLAN_VERSION),
+                                 True, str(plan_module.PLAN_VERSION), 2**70])
+    elif field in ("kind", "user", "salt", "mac"):
+        entry[field] = rng.choice(["", "inject", "alice", "caf\u00e9", "\ud800", 7, None,
+                                   entry[field] + "x"])
+    elif field in ("keys", "lengths", "tokens"):
+        text = entry[field]
+        entry[field] = rng.choice([
+            text[:-4], text + "AAAA", text + "====", text[:-1], text.rstrip("=") + "=",
+            text.replace("A", "-", 1), " " + text, text + "\n", "", text + "AA==",
+            base64.b64encode(b"\xff" * 8).decode(), base64.b64encode(b"\0" * 12).decode(),
+            text[:4] + "=" + text[5:], 17, None])
+    case = rng.randrange(8)
+    if case == 1 and prompt:
+        prompt[rng.randrange(len(prompt))] = rng.choice([True, 2**31, -(2**31) - 1, 1.0, "1",
+                                                         -5, 2**31 - 1, -(2**31)])
+    elif case == 2:
+        prompt = prompt[:rng.randrange(len(prompt) + 1)]
+    elif case == 3 and prompt:
+        prompt[rng.randrange(len(prompt))] += 1
+    return entry, prompt
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_bind_decides_as_the_python_path(seed, monkeypatch):
+    """Random signed plans, each with one random change to a field or to its prompt: the C
+    path returns the Python path's plan (wire bytes included) or None alike."""
+    rng = random.Random(seed)
+    keys, runs = random_runs(rng)
+    user = rng.choice(["alice", "caf\u00e9", "\U0001f600 bob", "u" * 300])
+    plan = InjectionPlan.from_runs(user, keys, runs, secret=SECRET).signed(SECRET)
+    params = plan.to_params()
+    ids = list(struct.unpack(f"<{plan.num_tokens}i", plan.tokens))
+    prompt = ids + [rng.randrange(100) for _ in range(rng.randint(0, 5))]
+    assert InjectionPlan.bound(params, prompt, SECRET) == plan  # unchanged: it verifies
+    for _ in range(25):
+        entry, asked = _mutations(rng, params["inferscale"], prompt)
+        mutated = {"inferscale": entry}
+        fast = InjectionPlan.bound(mutated, asked, SECRET)
+        slow = _python_bound(mutated, asked, monkeypatch)
+        assert fast == slow, (entry, asked[:8])
+        assert fast is None or (fast.wire == slow.wire and fast.tokens == slow.tokens)
+
+
+def test_bind_leaves_to_the_python_path_what_it_does_not_take(monkeypatch):
+    """None from bind is 'not decided here': a plan the Python path verifies still binds."""
+    bind = plan_module.plan_binder()
+    ids = [5, 6, 7, 8]
+    plan = InjectionPlan.from_runs("alice", [3], [pack_token_ids(ids)], secret=SECRET)
+    params = plan.signed(SECRET).to_params()
+    entry = params["inferscale"]
+    assert bind(entry, ids, plan_module.PLAN_VERSION) is not None
+
+    class Id(int):
+        pass
+
+    taken_by_python = [
+        ({**entry, "v": float(plan_module.PLAN_VERSION)}, ids),  # 6.0 == 6
+        ({**entry, "keys": entry["keys"] + "=="}, ids),  # excess padding, which b64decode skips
+        (entry, [Id(5), 6, 7, 8]),  # an int subclass
+        (entry, (5, 6, 7, 8)),  # a tuple prompt
+        (entry, [True, 6, 7, 8]),  # a bool packs as 1 (not this plan's 5: no match either way)
+    ]
+    for given, prompt in taken_by_python:
+        assert bind(given, prompt, plan_module.PLAN_VERSION) is None
+        assert (InjectionPlan.bound({"inferscale": given}, prompt, SECRET)
+                == _python_bound({"inferscale": given}, prompt, monkeypatch))
+    assert InjectionPlan.bound({"inferscale": taken_by_python[0][0]}, ids, SECRET) is not None
+    assert bind(entry, ids, plan_module.PLAN_VERSION + 1) is None
+    with pytest.raises(TypeError):
+        bind(entry, ids)
+
+
+def test_python_code_run_while_binding_cannot_change_what_is_read():
+    """A dict key whose __eq__ runs Python code (possible in-process only: JSON has str keys)
+    cannot free a field bind is reading; the lookup's error leaves bind undecided."""
+    ids = [5, 6, 7, 8]
+    plan = InjectionPlan.from_runs("alice", [3], [pack_token_ids(ids)], secret=SECRET)
+    fields = plan.signed(SECRET).to_params()["inferscale"]
+    calls = []
+
+    class Colliding:
+        """Hashes as "mac" and sits first on its probe path: the lookup of "mac" calls __eq__."""
+
+        armed = False
+
+        def __hash__(self) -> int:
+            return hash("mac")
+
+        def __eq__(self, other: object) -> bool:
+            if self.armed:
+                calls.append(other)
+                self.action()
+            return False
+
+        def action(self) -> None:
+            entry.clear()  # would free the fields read before "mac" (v, kind, user, salt)
+
+    key = Colliding()
+    entry = {key: 1, **fields}
+    key.armed = True
+    assert plan_module.plan_binder()(entry, ids, plan_module.PLAN_VERSION) is None
+    assert calls and entry == {}
+
+    def boom() -> None:
+        raise RuntimeError("boom")
+
+    calls.clear()
+    key.armed, key.action = False, boom  # type: ignore[method-assign]
+    entry = {key: 1, **fields}
+    key.armed = True
+    assert plan_module.plan_binder()(entry, ids, plan_module.PLAN_VERSION) is None
+    assert calls and len(entry) == len(fields) + 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import random
+from array import array
 from types import SimpleNamespace
 
 import numpy as np
@@ -58,6 +59,13 @@ def make_load(worker: InferScaleWorker, rng: random.Random, user: str = "alice"
                     np.array(lengths, dtype=np.int64), lo, hi, np.array(blocks, dtype=np.int64))
 
 
+def as_arrays(load: LoadSpec) -> LoadSpec:
+    """The same load with array('q') fields, as the scheduler builds it (numpy: unpickled)."""
+    return LoadSpec(load.req_id, load.user_id, array("q", load.slab_keys),
+                    array("q", load.lengths), load.load_start, load.load_end,
+                    array("q", load.block_ids))
+
+
 def reference_indices(worker: InferScaleWorker, load: LoadSpec) -> np.ndarray:
     """The same four rows, one token at a time."""
     assert worker.slab is not None
@@ -78,6 +86,7 @@ def reference_indices(worker: InferScaleWorker, load: LoadSpec) -> np.ndarray:
 def test_load_indices_match_a_per_token_reference(seed):
     worker = make_worker()
     load = make_load(worker, random.Random(seed))
+    load = as_arrays(load) if seed % 2 else load
     got = worker._load_indices(load)
     assert got is not None and np.array_equal(got, reference_indices(worker, load))
     assert not worker.take_failed_block_ids()
@@ -101,7 +110,7 @@ def test_a_bad_segment_fails_the_whole_load(problem):
     assert worker.slab is not None
     load = make_load(worker, random.Random(7))
     load = LoadSpec(load.req_id, load.user_id, load.slab_keys, load.lengths, 0,
-                    int(load.lengths.sum()), load.block_ids)
+                    sum(load.lengths), load.block_ids)
     break_entry(worker, int(load.slab_keys[-1]), problem)
     worker.paged = SimpleNamespace(inject_=lambda *a: pytest.fail("injected"))  # type: ignore
     worker._rope = SimpleNamespace()  # type: ignore[assignment]
@@ -111,8 +120,10 @@ def test_a_bad_segment_fails_the_whole_load(problem):
     assert worker.counters["load_errors"] == 1 and worker.counters["injected_tokens"] == 0
 
 
-def test_load_spec_pickles_its_arrays_as_bytes():
+@pytest.mark.parametrize("arrays", [False, True], ids=["numpy", "array"])
+def test_load_spec_pickles_its_arrays_as_bytes(arrays):
     load = make_load(make_worker(), random.Random(3))
+    load = as_arrays(load) if arrays else load
     data = pickle.dumps(InferScaleMetadata(loads=[load]))
     back = pickle.loads(data).loads[0]
     assert (back.req_id, back.user_id, back.load_start, back.load_end) == (
@@ -126,7 +137,7 @@ def test_load_spec_pickles_its_arrays_as_bytes():
 def whole(load: LoadSpec) -> LoadSpec:
     """The same load over every plan token (the usual case: load_start 0, load_end = all)."""
     return LoadSpec(load.req_id, load.user_id, load.slab_keys, load.lengths, 0,
-                    int(load.lengths.sum()), load.block_ids)
+                    sum(load.lengths), load.block_ids)
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -144,7 +155,7 @@ def test_a_step_of_several_loads_uploads_the_good_ones_back_to_back():
     rng = random.Random(5)
     loads = [whole(make_load(worker, rng, user)) for user in ("alice", "bob", "carol")]
     bad = LoadSpec("bad", "bob", loads[1].slab_keys, loads[1].lengths, 0,
-                   int(loads[1].lengths.sum()), loads[1].block_ids)
+                   sum(loads[1].lengths), loads[1].block_ids)
     del worker.slab.entries[int(bad.slab_keys[-1])]  # not resident any more: this load fails
     seen: list[torch.Tensor] = []
     worker.paged = SimpleNamespace(  # type: ignore[assignment]
