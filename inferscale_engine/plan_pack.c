@@ -230,11 +230,16 @@ static PyObject *bind(PyObject *self, PyObject *args) {
         int32_t id32 = (int32_t)value;
         memcpy(t + 4 * i, &id32, 4);
     }
-    char header[96];
+    /* b"inject|%d|%d:" user b"|%d:" salt b"|%d|", as InjectionPlan._payload writes it (three
+     * numbers of at most 20 digits each fit in 128 bytes; the checks guard the arithmetic). */
+    char header[128];
     int head = snprintf(header, sizeof header, "inject|%ld|%zd:", version, user_len);
+    if (head < 0 || head >= 48) goto done;
     int middle = snprintf(header + head, sizeof header - head, "|%zd:", salt_len);
+    if (middle < 0 || middle >= 40) goto done;
     int tail_at = head + middle;
     int tail = snprintf(header + tail_at, sizeof header - tail_at, "|%zd|", count);
+    if (tail < 0 || tail >= 40) goto done;
     payload = PyBytes_FromStringAndSize(NULL, tail_at + tail + user_len + salt_len + 12 * count
                                                   + 4 * total);
     if (!payload) goto done;

@@ -260,7 +260,9 @@ def test_bound_checks_mac_and_prompt_in_one_pass(num_ids, compiled, monkeypatch)
                          ("v", PLAN_VERSION - 1), ("kind", "save")):
         forged = {"inferscale": {**params["inferscale"], field: value}}
         assert InjectionPlan.bound(forged, prompt, SECRET) is None, field
-    for not_an_id in (2**40, -(2**31) - 1, 7.0, "7", None):  # no match, no error
+    last = ids[-1]  # ids outside int32, among them two that truncate to the plan's own
+    for not_an_id in (last + 2**32, last - 2**32, 2**40, -(2**31) - 1, float(last), str(last),
+                      None):  # no match, no error
         assert InjectionPlan.bound(params, [*ids[:-1], not_an_id, 42], SECRET) is None
     assert InjectionPlan.bound(None, prompt, SECRET) is None
     assert InjectionPlan.bound({"inferscale": "x"}, prompt, SECRET) is None

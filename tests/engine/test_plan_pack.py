@@ -9,6 +9,8 @@ import random
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from inferscale_engine import plan as plan_module
 from inferscale_engine.errors import PlanError
@@ -77,10 +79,14 @@ def test_python_code_run_while_packing_cannot_change_what_is_packed():
 
 # ---- bind: the scheduler's check of a signed plan (InjectionPlan.bound) ----------------------
 
-def _python_bound(params, prompt, monkeypatch):
-    with monkeypatch.context() as patch:
-        patch.setattr(plan_module, "plan_binder", lambda: None)
+def _python_bound(params, prompt):
+    """InjectionPlan.bound by its Python path (no monkeypatch fixture: hypothesis uses it too)."""
+    binder = plan_module.plan_binder
+    plan_module.plan_binder = lambda: None  # type: ignore[assignment]
+    try:
         return InjectionPlan.bound(params, prompt, SECRET)
+    finally:
+        plan_module.plan_binder = binder  # type: ignore[assignment]
 
 
 def _mutations(rng: random.Random, entry: dict, prompt: list) -> tuple[dict, list]:
@@ -112,7 +118,7 @@ def _mutations(rng: random.Random, entry: dict, prompt: list) -> tuple[dict, lis
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_bind_decides_as_the_python_path(seed, monkeypatch):
+def test_bind_decides_as_the_python_path(seed):
     """Random signed plans, each with one random change to a field or to its prompt: the C
     path returns the Python path's plan (wire bytes included) or None alike."""
     rng = random.Random(seed)
@@ -127,12 +133,12 @@ def test_bind_decides_as_the_python_path(seed, monkeypatch):
         entry, asked = _mutations(rng, params["inferscale"], prompt)
         mutated = {"inferscale": entry}
         fast = InjectionPlan.bound(mutated, asked, SECRET)
-        slow = _python_bound(mutated, asked, monkeypatch)
+        slow = _python_bound(mutated, asked)
         assert fast == slow, (entry, asked[:8])
         assert fast is None or (fast.wire == slow.wire and fast.tokens == slow.tokens)
 
 
-def test_bind_leaves_to_the_python_path_what_it_does_not_take(monkeypatch):
+def test_bind_leaves_to_the_python_path_what_it_does_not_take():
     """None from bind is 'not decided here': a plan the Python path verifies still binds."""
     bind = plan_module.plan_binder()
     ids = [5, 6, 7, 8]
@@ -151,10 +157,10 @@ def test_bind_leaves_to_the_python_path_what_it_does_not_take(monkeypatch):
         (entry, (5, 6, 7, 8)),  # a tuple prompt
         (entry, [True, 6, 7, 8]),  # a bool packs as 1 (not this plan's 5: no match either way)
     ]
-    for given, prompt in taken_by_python:
-        assert bind(given, prompt, plan_module.PLAN_VERSION) is None
-        assert (InjectionPlan.bound({"inferscale": given}, prompt, SECRET)
-                == _python_bound({"inferscale": given}, prompt, monkeypatch))
+    for sent, prompt in taken_by_python:
+        assert bind(sent, prompt, plan_module.PLAN_VERSION) is None
+        assert (InjectionPlan.bound({"inferscale": sent}, prompt, SECRET)
+                == _python_bound({"inferscale": sent}, prompt))
     assert InjectionPlan.bound({"inferscale": taken_by_python[0][0]}, ids, SECRET) is not None
     assert bind(entry, ids, plan_module.PLAN_VERSION + 1) is None
     with pytest.raises(TypeError):
@@ -201,3 +207,24 @@ def test_python_code_run_while_binding_cannot_change_what_is_read():
     key.armed = True
     assert plan_module.plan_binder()(entry, ids, plan_module.PLAN_VERSION) is None
     assert calls and len(entry) == len(fields) + 1
+
+
+_B64ISH = st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefgh0123456789+/= -\n\u00e9", max_size=40)
+_FIELD = st.one_of(_B64ISH, st.text(max_size=8), st.integers(), st.none(), st.floats())
+
+
+@settings(max_examples=400, deadline=None)
+@given(entry=st.fixed_dictionaries({}, optional={
+           "v": st.one_of(st.just(plan_module.PLAN_VERSION), _FIELD),
+           "kind": st.one_of(st.just("inject"), _FIELD),
+           **{name: _FIELD for name in ("user", "salt", "mac", "keys", "lengths", "tokens")}}),
+       prompt=st.lists(st.one_of(st.integers(-(2**40), 2**40), st.booleans(), st.none()),
+                       max_size=40))
+def test_bind_on_arbitrary_fields_agrees_with_the_python_path(entry, prompt):
+    """Untrusted params (the OpenAI server's) of any shape: bind returns the Python path's
+    answer or leaves it undecided, and never raises."""
+    python = _python_bound({"inferscale": entry}, prompt)
+    got = plan_module.plan_binder()(entry, prompt, plan_module.PLAN_VERSION)
+    if got is not None:  # it decided: a tuple of the fields the Python path reads
+        assert InjectionPlan.bound({"inferscale": entry}, prompt, SECRET) == python
+    assert python is None  # nothing arbitrary carries a valid MAC
