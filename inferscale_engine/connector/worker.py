@@ -367,15 +367,20 @@ class _Staging:
         The pinned host buffer itself (zero copy) or its copy on the device. Rows keep the
         buffer's row stride (the kernels take it), so nothing is compacted.
         """
+        # Sliced only when a load failed: every step fills all it asked for otherwise, and the
+        # slice costs as much as the tensor itself (~20 us each with cold caches).
+        whole = num_tokens == self._view.shape[1]
         if not self._cuda or self.zero_copy:  # on CUDA the pinned buffer, at the same address
-            return torch.from_numpy(self._view)[:, :num_tokens]
+            index = torch.from_numpy(self._view)
+            return index if whole else index[:, :num_tokens]
         size = self._view.size
         if self._device_buffer.numel() < size:
             self._device_buffer = torch.empty(max(size, 2 * self._device_buffer.numel()),
                                               dtype=torch.int64, device=self._device)
         flat = self._device_buffer[:size]
         flat.copy_(self._hosts[self._turn][:size], non_blocking=True)
-        return flat.view(self._view.shape)[:, :num_tokens]
+        index = flat.view(self._view.shape)
+        return index if whole else index[:, :num_tokens]
 
     def launched(self) -> None:
         """Mark this step's buffer in use until the work queued so far has run."""
