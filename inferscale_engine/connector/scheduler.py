@@ -24,6 +24,7 @@ from inferscale_engine.plan import (
     Plan,
     SavePlan,
     from_params,
+    plan_binder,
 )
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ class InferScaleScheduler:
         self._pending_loads: dict[str, tuple[InjectionPlan, int]] = {}
         self._saves: dict[str, _SaveState] = {}
         self.counters: Counter[str] = Counter()
+        plan_binder()  # plan_pack.c built (or loaded) now, not inside the first request's check
 
     # ---- hooks -------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int
