@@ -21,7 +21,8 @@ connector really build (no vLLM engine, no GPU kernel): a prompt of a preamble, 
                            the prompt recognized by identity)
              meta          update_state_after_alloc + build_connector_meta (the LoadSpec)
              pickle_meta   pickle round trip of the step metadata (MP=1, every step)
-  worker     load          InferScaleWorker.start_load with a no-op kernel: the index math
+  worker     fill          the load's index alone (_write_index: load_index.c's fill)
+             load          InferScaleWorker.start_load with a no-op kernel: the index math
                            (compiled, connector/native.py, where it could be built)
              load_numpy    the same with the worker's numpy path
              stepN         the same for one step of --batch loads (a prefill of N requests)
@@ -177,6 +178,8 @@ def build(args: argparse.Namespace, k_max: int) -> SimpleNamespace:
 def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
               ) -> tuple[dict[str, Callable[[], object]], int, Any]:
     """One closure per step for a request with k facts; its prompt length and step metadata."""
+    import numpy as np
+
     from inferscale_engine.connector.metadata import InferScaleMetadata
     from inferscale_engine.connector.slab import SlabEntry
     from inferscale_engine.facts import MemoryHandle
@@ -231,6 +234,8 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
 
     step_meta = meta()
     assert len(step_meta.loads) == 1
+    first = step_meta.loads[0]
+    host = np.empty((4, first.load_end - first.load_start), np.int64)
     scheduler._checked[rid] = checked  # update_state_after_alloc caches it; keep it there
 
     def plan_step() -> object:
@@ -300,6 +305,7 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
         "check_vouched": local_check(vouched=True),
         "meta": meta,
         "pickle_meta": lambda: pickle.loads(pickle.dumps(step_meta)),
+        "fill": lambda: worker._write_index(step_meta.loads[0], host, 0),
         "load": lambda: worker.start_load(step_meta),
         "load_numpy": lambda: numpy_path(worker, step_meta),
     }

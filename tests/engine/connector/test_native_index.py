@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import random
 import shutil
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -117,6 +118,81 @@ def test_arrays_it_cannot_read_are_refused_and_the_numpy_path_serves_them():
     host = np.empty((4, n), dtype=np.int64)
     assert worker._write_index(odd, host, 0) == n
     assert np.array_equal(host, reference_indices(worker, load))
+
+
+@dataclass(slots=True, eq=False)
+class _Entry:
+    """A slots type of SlabEntry's fields (fill reads such entries' slots directly)."""
+
+    owner: str
+    num_tokens: int
+    origin: int
+    rows_bytes: bytes
+
+
+def _entries_as(entries: dict, kind: str) -> dict:
+    """The same entries as another kind of object (every other one, for "mixed")."""
+    out = {}
+    for i, (key, e) in enumerate(entries.items()):
+        fields = (e.owner, e.num_tokens, e.origin, e.rows_bytes)
+        if kind == "namespace" or (kind == "mixed" and i % 2):
+            out[key] = SimpleNamespace(**dict(zip(_Entry.__slots__, fields, strict=True)))
+        elif kind == "slots":
+            out[key] = _Entry(*fields)
+        else:
+            out[key] = e
+    return out
+
+
+@pytest.mark.parametrize("kind", ["slots", "namespace", "mixed"])
+def test_entries_of_any_type_give_the_same_index(kind):
+    """Slots read directly (SlabEntry, another slots type) or by getattr, alternating."""
+    worker = make_worker()
+    load = whole(make_load(worker, random.Random(13)))
+    want = np.empty((4, load.load_end), dtype=np.int64)
+    assert fill(worker, load, want) == load.load_end
+    got = np.empty_like(want)
+    entries = _entries_as(worker.slab.entries, kind)
+    for _ in range(3):  # the layout learned, forgotten and learned again in turn
+        assert fill(worker, load, got, entries=entries) == load.load_end
+        assert np.array_equal(got, want)
+        assert fill(worker, load, got) == load.load_end and np.array_equal(got, want)
+
+
+def test_a_changed_type_is_read_as_changed():
+    """A property put on the entry type after its slots were learned is what fill reads."""
+    @dataclass(slots=True, eq=False)
+    class Entry:
+        owner: str
+        num_tokens: int
+        origin: int
+        rows_bytes: bytes
+
+    worker = make_worker()
+    load = whole(make_load(worker, random.Random(15), user="alice"))
+    entries = {k: Entry(e.owner, e.num_tokens, e.origin, e.rows_bytes)
+               for k, e in worker.slab.entries.items()}
+    out = np.empty((4, load.load_end), dtype=np.int64)
+    assert fill(worker, load, out, entries=entries) == load.load_end
+    Entry.owner = property(lambda self: "mallory")  # type: ignore[assignment,method-assign]
+    assert fill(worker, load, out, entries=entries) == -1  # the preamble: not the system's now
+
+
+def test_an_unset_slot_raises_as_getattr_does():
+    worker = make_worker()
+    load = whole(make_load(worker, random.Random(17)))
+    entries = _entries_as(worker.slab.entries, "slots")
+    key = int(load.slab_keys[1])
+    half = object.__new__(_Entry)
+    half.owner, half.num_tokens, half.origin = (entries[key].owner, entries[key].num_tokens,
+                                                entries[key].origin)
+    entries[key] = half
+    out = np.empty((4, load.load_end), dtype=np.int64)
+    with pytest.raises(AttributeError, match="rows_bytes"):
+        fill(worker, load, out, entries=entries)
+    del entries[key].owner
+    with pytest.raises(AttributeError, match="owner"):
+        fill(worker, load, out, entries=entries)
 
 
 def test_turned_off_by_the_environment(monkeypatch):
