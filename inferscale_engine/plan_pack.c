@@ -30,7 +30,7 @@
  *              plan's own, which are never decoded: the MAC binds the prompt's ids)
  *   payload    the bytes InjectionPlan._payload(tokens) would hash
  *
- * What from_params(entry, tokens=False) and bound_to compute, in one call, for a well-formed
+ * What InjectionPlan.bound's Python path computes, in one call, for a well-formed
  * inject plan of the current version whose prompt holds its tokens. Anything else returns None
  * (fields of other types, base64 that is not canonical, a prompt too short or with ids outside
  * int32, strings that are not valid UTF-8): the Python path then decides, so this never accepts

@@ -10,7 +10,7 @@ max_tokens=1 request at a time, each round runs these variants:
   kv           the product path
   kv-trusted   the scheduler takes the plan without checking it against the prompt (a plan
                handed over by reference, the MP=0 default: no InjectionPlan.matches; a signed
-               one: no bound_to, so no packing of the prompt's ids and no HMAC)
+               one: no InjectionPlan.bound, so no packing of the prompt's ids and no MAC)
   kv-nocopy    the worker builds and uploads the load indices but launches no injection copy
   kv-noload    the worker's start_load returns at once (no index math, upload or copy)
   kv-copyindex the worker copies the load indices to the device before the launch (the path

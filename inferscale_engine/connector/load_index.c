@@ -1,8 +1,9 @@
 /* One load's injection index in one C call: the worker's per-request index math.
  *
  * Built by inferscale_engine/native.py, loaded by connector/native.py (the worker falls back to
- * its numpy path where no C compiler is found). It does exactly what InferScaleWorker._load_indices does with numpy, minus
- * the ~20 Python-level calls that cost ~100-200 us per request on a busy serving host:
+ * its numpy path where no C compiler is found). It does exactly what
+ * InferScaleWorker._load_indices does with numpy, minus the ~20 Python-level calls that cost
+ * ~100-200 us per request on a busy serving host:
  *
  *   fill(entries, slab_keys, lengths, user_id, system_owner, lo, hi, block_ids, block_size,
  *        out, column) -> int

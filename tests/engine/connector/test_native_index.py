@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import random
 import shutil
-from dataclasses import dataclass
+from dataclasses import make_dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -120,14 +120,13 @@ def test_arrays_it_cannot_read_are_refused_and_the_numpy_path_serves_them():
     assert np.array_equal(host, reference_indices(worker, load))
 
 
-@dataclass(slots=True, eq=False)
-class _Entry:
-    """A slots type of SlabEntry's fields (fill reads such entries' slots directly)."""
+def _entry_type() -> type:
+    """A new slots type of SlabEntry's fields (fill reads such entries' slots directly)."""
+    return make_dataclass("Entry", [("owner", str), ("num_tokens", int), ("origin", int),
+                                    ("rows_bytes", bytes)], slots=True, eq=False)
 
-    owner: str
-    num_tokens: int
-    origin: int
-    rows_bytes: bytes
+
+_Entry = _entry_type()
 
 
 def _entries_as(entries: dict, kind: str) -> dict:
@@ -161,20 +160,14 @@ def test_entries_of_any_type_give_the_same_index(kind):
 
 def test_a_changed_type_is_read_as_changed():
     """A property put on the entry type after its slots were learned is what fill reads."""
-    @dataclass(slots=True, eq=False)
-    class Entry:
-        owner: str
-        num_tokens: int
-        origin: int
-        rows_bytes: bytes
-
+    Entry = _entry_type()  # its own type: the change stays in this test
     worker = make_worker()
     load = whole(make_load(worker, random.Random(15), user="alice"))
     entries = {k: Entry(e.owner, e.num_tokens, e.origin, e.rows_bytes)
                for k, e in worker.slab.entries.items()}
     out = np.empty((4, load.load_end), dtype=np.int64)
     assert fill(worker, load, out, entries=entries) == load.load_end
-    Entry.owner = property(lambda self: "mallory")  # type: ignore[assignment,method-assign]
+    Entry.owner = property(lambda self: "mallory")  # type: ignore[attr-defined]
     assert fill(worker, load, out, entries=entries) == -1  # the preamble: not the system's now
 
 
