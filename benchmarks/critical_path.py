@@ -7,26 +7,21 @@ connector really build (no vLLM engine, no GPU kernel): a prompt of a preamble, 
   app        prompt        PromptBuilder.build + token_ids (text and resident modes pay it too)
              plan          RequestPlanner.plan: preamble key, segments, cache_salt, sign
              plan_local    the same unsigned (the in-process handoff's plan, handoff.py)
-             plan_local_py the same with from_runs' Python path (no plan_pack.c)
              to_params     InjectionPlan.to_params (the kv_transfer_params)
              prepare       RequestPlanner.prepare end to end (prompt + plan + params)
   vLLM       params_copy   SamplingParams.clone of the request's params (vLLM deep-copies them)
              pickle_params pickle round trip of the kv_transfer_params (MP=1 sends them)
-  scheduler  from_params / verify_mac / matches, and check (InferScaleScheduler._verify: the
-             signed plan bound to the prompt, one call of plan_pack.c's bind)
-             check_py      the same with InjectionPlan.bound's Python path
+  scheduler  from_params / bind_mac (InjectionPlan.bound: the MAC over the prompt's ids), and
+             check (InferScaleScheduler._verify: the signed plan bound to the prompt)
              check_local   the plan put by reference and _verify taking it (handoff.py),
                            the prompt's ids compared with the plan's
              check_vouched the same with the prompt list the engine vouched for (its default:
                            the prompt recognized by identity)
              meta          update_state_after_alloc + build_connector_meta (the LoadSpec)
              pickle_meta   pickle round trip of the step metadata (MP=1, every step)
-  worker     fill          the load's index alone (_write_index: load_index.c's fill)
+  worker     fill          the load's index alone (_write_index)
              load          InferScaleWorker.start_load with a no-op kernel: the index math
-                           (compiled, connector/native.py, where it could be built)
-             load_numpy    the same with the worker's numpy path
              stepN         the same for one step of --batch loads (a prefill of N requests)
-             stepN_numpy   the same with the numpy path
   sum        kv_only       plan + to_params + params_copy + check + meta + load
              kv_only_local plan_local + params_copy + check_local + meta + load
              kv_only_vouched  the same with check_vouched (MP=0 default)
@@ -248,20 +243,6 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
         env.preambles.end_batch()
         return out
 
-    def python_path(step: Callable[[], object], name: str) -> Callable[[], object]:
-        """`step` with plan.py's accessor `name` (plan_packer, plan_binder) answering None."""
-        from inferscale_engine import plan as plan_module
-
-        def without() -> object:
-            native = getattr(plan_module, name)
-            setattr(plan_module, name, lambda: None)
-            try:
-                return step()
-            finally:
-                setattr(plan_module, name, native)
-
-        return without
-
     courier = PlanHandoff(secret)
     unsigned = plan_local_step()
 
@@ -291,37 +272,24 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
         "prompt": lambda: planner.build(messages, records, [], Layout()).token_ids(),
         "plan": plan_step,
         "plan_local": plan_local_step,
-        "plan_local_py": python_path(plan_local_step, "plan_packer"),
         "to_params": plan.to_params,
         "prepare": prepare_step,
         "params_copy": prepared.params.clone,
         "pickle_params": lambda: pickle.loads(pickle.dumps(params)),
         "from_params": lambda: from_params(params),
-        "verify_mac": lambda: parsed.verify(secret),
-        "matches": lambda: parsed.matches(request.prompt_token_ids),
+        "bind_mac": lambda: InjectionPlan.bound(params, request.prompt_token_ids, secret),
         "check": lambda: scheduler._verify(request),
-        "check_py": python_path(lambda: scheduler._verify(request), "plan_binder"),
         "check_local": local_check(vouched=False),
         "check_vouched": local_check(vouched=True),
         "meta": meta,
         "pickle_meta": lambda: pickle.loads(pickle.dumps(step_meta)),
         "fill": lambda: worker._write_index(step_meta.loads[0], host, 0),
         "load": lambda: worker.start_load(step_meta),
-        "load_numpy": lambda: numpy_path(worker, step_meta),
     }
     for fn in steps.values():  # every step runs cleanly before it is timed
         fn()
     assert worker.counters["load_errors"] == 0
     return steps, len(ids), step_meta
-
-
-def numpy_path(worker: Any, meta: Any) -> None:
-    """start_load with the compiled index turned off for this call."""
-    fill, worker._fill = worker._fill, None
-    try:
-        worker.start_load(meta)
-    finally:
-        worker._fill = fill
 
 
 def step_of(env: SimpleNamespace, k: int, block_size: int, batch: int
@@ -332,8 +300,7 @@ def step_of(env: SimpleNamespace, k: int, block_size: int, batch: int
 
     loads = [steps_for(env, k, block_size, seed=k * 1000 + i)[2].loads[0] for i in range(batch)]
     meta = InferScaleMetadata(loads=loads)
-    return {f"step{batch}": lambda: env.worker.start_load(meta),
-            f"step{batch}_numpy": lambda: numpy_path(env.worker, meta)}
+    return {f"step{batch}": lambda: env.worker.start_load(meta)}
 
 
 def time_steps(steps: dict[str, Callable[[], object]], repeats: int, rounds: int,
@@ -390,8 +357,6 @@ def print_table(results: dict[int, dict[str, dict[str, float]]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from inferscale_engine.plan import plan_packer
-
     args = parse_args(argv)
     ks = [int(k) for k in args.ks.split(",")]
     env = build(args, max(ks))
@@ -410,8 +375,6 @@ def main(argv: list[str] | None = None) -> dict:
     if profiles:
         print(profiles)
     record = {"benchmark": "critical_path", "config": vars(args), "environment": environment(),
-              "compiled_load_index": env.worker._fill is not None,
-              "compiled_plan_pack": plan_packer() is not None,
               "num_prompt_tokens": prompt_tokens, "results": results, "profile_top": profiles}
     if not args.no_record:
         write_tagged("critical-path", args.tag, record)

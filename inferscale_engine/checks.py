@@ -27,8 +27,14 @@ ROLES = ("system", "user", "assistant", "tool")
 FACT_ROLES = ("user", "assistant")
 """Turns whose content becomes a fact."""
 RESERVED_PREFIX = "inferscale."
-_MAX_FACT_ID = 2**63 - 1  # SQLite INTEGER
 """Metadata keys starting with this are InferScale's own."""
+MAX_USER_ID_CHARS = 256
+"""Longest user id or session id (they key every lookup and travel in headers)."""
+MAX_METADATA_BYTES = 64 * 2**10
+"""Largest metadata of one call, as compact JSON."""
+MAX_METADATA_DEPTH = 16
+"""Deepest nesting of lists and dicts in metadata (a dict of dicts is depth 2)."""
+_MAX_FACT_ID = 2**63 - 1  # SQLite INTEGER
 
 _INVISIBLE_CATEGORIES = frozenset({"Zs", "Zl", "Zp", "Cc", "Cf", "Cs", "Cn", "Co"})
 # Characters of visible categories that render as nothing: Hangul fillers, the braille blank,
@@ -81,12 +87,17 @@ def check_text(value: object, what: str, error: type[Exception] = InvalidFactErr
 def check_user_id(user_id: object, error: type[Exception] = InvalidUserIdError) -> str:
     """A user id in NFC form: a str with a visible character and no control characters.
 
-    NFC makes the composed and decomposed spellings of one name ('café') the same user.
+    NFC makes the composed and decomposed spellings of one name ('café') the same user. At most
+    MAX_USER_ID_CHARS characters.
     """
-    if type(user_id) is str and user_id.isascii() and user_id.isprintable() and user_id.strip():
+    if (type(user_id) is str and len(user_id) <= MAX_USER_ID_CHARS and user_id.isascii()
+            and user_id.isprintable() and user_id.strip()):
         return user_id  # printable ASCII with a non-space: the checks below pass, NFC is itself
     check_str(user_id, "user_id", error)
     assert isinstance(user_id, str)
+    if len(user_id) > MAX_USER_ID_CHARS:
+        raise error(f"user_id has {len(user_id)} characters ({user_id!r:.40}...); at most "
+                    f"{MAX_USER_ID_CHARS}: use a stable short id, not a name or a document")
     if any(unicodedata.category(c) == "Cc" for c in user_id):
         raise error(f"user_id {user_id!r:.40} contains a control character; user ids are "
                     "printable text")
@@ -101,6 +112,9 @@ def check_session(session_id: object) -> str | None:
     if session_id is None:
         return None
     check_text(session_id, "session_id", InvalidTurnError)
+    if len(str(session_id)) > MAX_USER_ID_CHARS:
+        raise InvalidTurnError(f"session_id has {len(str(session_id))} characters; at most "
+                               f"{MAX_USER_ID_CHARS}")
     return str(session_id)
 
 
@@ -152,14 +166,44 @@ def check_metadata(metadata: object, what: str = "metadata") -> dict[str, Any] |
     return json_object(metadata, what)
 
 
-def json_object(metadata: Mapping[str, Any], what: str) -> dict[str, Any]:
-    """`metadata` as a dict if json.dumps accepts it (finite numbers only)."""
+def json_object(metadata: Mapping[str, Any], what: str,
+                max_bytes: int = MAX_METADATA_BYTES) -> dict[str, Any]:
+    """`metadata` as a dict if json.dumps accepts it (finite numbers only) and it is bounded.
+
+    At most MAX_METADATA_DEPTH levels of nesting and `max_bytes` of JSON: whatever is stored
+    must be readable again by every layer (JSON parsers have recursion limits).
+    """
+    if _nesting(metadata) > MAX_METADATA_DEPTH:
+        raise InvalidFactError(f"{what} is nested more than {MAX_METADATA_DEPTH} levels deep "
+                               "(dicts and lists); flatten it")
     try:
-        json.dumps(dict(metadata), allow_nan=False)
+        encoded = json.dumps(dict(metadata), allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise InvalidFactError(f"{what} is not JSON-serializable ({exc}); use str, int, "
                                "finite float, bool, None, lists and dicts") from None
+    size = len(encoded.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise InvalidFactError(f"{what} is {size} bytes as JSON; at most {max_bytes}: "
+                               "keep large documents elsewhere and store a reference")
     return dict(metadata)
+
+
+def _nesting(value: object) -> int:
+    """Levels of dicts and lists in `value`, counted without recursion (1 for a flat dict).
+
+    Stops counting past MAX_METADATA_DEPTH + 1, so a hostile value costs what a bounded one does.
+    """
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if not isinstance(item, Mapping | list | tuple):
+            continue
+        deepest = max(deepest, depth)
+        if depth > MAX_METADATA_DEPTH:
+            return depth
+        stack.extend((child, depth + 1) for child in (
+            item.values() if isinstance(item, Mapping) else item))
+    return deepest
 
 
 def check_fact_ids(fact_ids: object, what: str = "fact_ids",

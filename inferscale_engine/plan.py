@@ -2,9 +2,14 @@
 
 The kv_transfer_params format is spelled here, in save_plan.py and in wire.py (its primitives).
 A plan crosses process boundaries (app -> vLLM EngineCore -> workers) and may arrive from an
-untrusted client through vLLM's OpenAI server, so it is versioned, parsed strictly and
-authenticated with a MAC (keyed BLAKE2b) under a per-engine secret that only the engine and its
-connector know. The scheduler-side connector re-checks the prompt's token ids against the plan.
+untrusted client through vLLM's OpenAI server, so it is versioned, parsed strictly (unknown
+fields refused) and authenticated with a MAC (keyed BLAKE2b) under a per-engine secret that only
+the engine and its connector know.
+
+What an inject plan's MAC covers: the format version, the user id, the cache_salt, the slab
+keys, the run lengths and the prompt's first sum(lengths) token ids. The ids do not travel in
+the plan: the scheduler computes the MAC over the prompt it was sent with, so a plan verifies
+only for the prompt it was made for.
 """
 
 from __future__ import annotations
@@ -15,14 +20,11 @@ import struct
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from itertools import accumulate, repeat
 from operator import rshift
-from pathlib import Path
 from typing import Any
 
 from inferscale_engine.errors import PlanError
-from inferscale_engine.native import compiled
 from inferscale_engine.save_plan import SavePlan, SaveSpan, parse_save
 from inferscale_engine.wire import (
     PARAMS_KEY,
@@ -36,8 +38,8 @@ from inferscale_engine.wire import (
 )
 
 __all__ = ["PARAMS_KEY", "PLAN_VERSION", "SYSTEM_OWNER", "InjectionPlan", "Plan", "SavePlan",
-           "SaveSpan", "Segment", "cache_salt", "from_params", "pack_token_ids", "plan_native",
-           "plan_binder", "plan_packer", "token_digest"]
+           "SaveSpan", "Segment", "cache_salt", "from_params", "pack_token_ids", "save_salt",
+           "token_digest"]
 
 SYSTEM_OWNER = ""
 """Owner of shared entries (the preamble): readable by every user, writable by the engine only."""
@@ -55,6 +57,18 @@ def cache_salt(secret: bytes, user_id: str, slab_keys: Sequence[int]) -> str:
     it and address that user's blocks in vLLM's prefix cache.
     """
     return _salt(secret, user_id, _pack_keys(slab_keys))
+
+
+def save_salt(secret: bytes, user_id: str) -> str:
+    """The cache_salt of a user's save requests (a MAC of the user under the engine's secret).
+
+    A save prompt [preamble][context][fact] is a plain prefill of the user's text: unsalted,
+    its blocks would stay in vLLM's shared prefix cache, and anyone could learn whether a guess
+    of a fact is stored by sending it and reading cached_tokens (or the prefill time). Under
+    this salt only the same user's saves share blocks (a run's context, the preamble).
+    """
+    user = utf8(user_id)
+    return mac_of(secret, b"save-salt|%d|%d:%b" % (PLAN_VERSION, len(user), user))
 
 
 def _salt(secret: bytes, user_id: str, packed_keys: bytes) -> str:  # keys packed once
@@ -90,7 +104,8 @@ class InjectionPlan:
     slab_keys: tuple[int, ...]
     lengths: tuple[int, ...]
     tokens: bytes
-    """All runs' token ids, concatenated, as little-endian int32."""
+    """All runs' token ids, concatenated, as little-endian int32: the app's, or the prompt's
+    once bound (they are not sent: see the module docstring)."""
     cache_salt: str
     mac: str = ""
     wire: tuple[bytes, bytes] | tuple[()] = field(default=(), compare=False, repr=False)
@@ -102,22 +117,12 @@ class InjectionPlan:
                   cache_salt: str | None = None, secret: bytes = b"") -> InjectionPlan:
         """Build from each run's token ids, packed (pack_token_ids), in prompt order (unsigned).
 
-        Facts keep their ids packed (FactRecord.packed_ids), so a plan is a join, not a loop;
-        where plan_pack.c is built, keys, lengths and the join are one C call.
+        Facts keep their ids packed (FactRecord.packed_ids), so a plan is a join, not a loop.
         cache_salt None: the salt of (user_id, slab_keys) under `secret`.
 
         Raises:
             PlanError: no runs, an empty or ragged run, or not one slab key per run.
         """
-        pack = plan_packer()
-        if pack is not None:  # it refuses runs that are not a list
-            try:
-                keys, packed_keys, lengths, packed_lengths, tokens = pack(slab_keys, runs)
-            except (ValueError, TypeError, OverflowError):
-                pass  # the Python path below says what is wrong
-            else:
-                salt = _salt(secret, user_id, packed_keys) if cache_salt is None else cache_salt
-                return cls(user_id, keys, lengths, tokens, salt, "", (packed_keys, packed_lengths))
         lengths = tuple(map(rshift, map(len, runs), repeat(2, len(runs))))  # ids: bytes / 4
         tokens = b"".join(runs)
         # A run of 1-3 bytes counts 0 ids; a ragged one makes the lengths sum short.
@@ -148,7 +153,7 @@ class InjectionPlan:
     @property
     def num_tokens(self) -> int:
         """Number of prompt tokens the plan covers (all of them at the start of the prompt)."""
-        return len(self.tokens) // 4
+        return sum(self.lengths)
 
     @property
     def starts(self) -> list[int]:
@@ -189,36 +194,29 @@ class InjectionPlan:
               secret: bytes) -> InjectionPlan | None:
         """The signed inject plan in `params`, bound to the prompt if its MAC verifies for it.
 
-        Authenticity and prompt match in one pass: the MAC over the prompt's leading
-        sum(lengths) ids in place of the plan's, which are never decoded; where plan_pack.c is
-        built, one call of its `bind` parses and packs. None: no inject plan, malformed, forged
-        or another prompt (`verify` and `matches` tell which); the plan's ids are the prompt's.
+        The MAC is computed over the prompt's first sum(lengths) ids. None: no inject plan,
+        malformed, forged, stale, or made for another prompt (they cannot be told apart: the
+        plan carries no ids of its own). The returned plan's ids are the prompt's.
         """
         entry = params.get(PARAMS_KEY) if type(params) is dict else None
         if type(entry) is not dict or entry.get("kind") != "inject":
             return None  # the caller's full parse classifies it
-        bind = plan_binder()
-        got = bind(entry, prompt_token_ids, PLAN_VERSION) if bind is not None else None
-        if got is None:  # not built, or not a case it takes: the Python path decides
-            try:
-                light = from_params(params, tokens=False)
-            except PlanError:
-                return None
-            if not isinstance(light, InjectionPlan):  # kind "inject" parses to one
-                return None
-            n = sum(light.lengths)
-            try:
-                tokens = pack_token_ids(prompt_token_ids[:n])
-            except (struct.error, TypeError):  # an id that is no int32: not the plan's
-                return None
-            if len(tokens) != 4 * n:  # a prompt shorter than the plan
-                return None
-            got = (light.user_id, light.cache_salt, light.mac, light.slab_keys, light.lengths,
-                   *light.packed_keys_lengths(), tokens, light._payload(tokens))
-        user, salt, mac, keys, lengths, packed_keys, packed_lengths, tokens, payload = got
-        if not hmac.compare_digest(utf8(mac), utf8(mac_of(secret, payload))):
+        try:
+            plan = from_params(params)
+        except PlanError:
             return None
-        return cls(user, keys, lengths, tokens, salt, mac, (packed_keys, packed_lengths))
+        assert isinstance(plan, InjectionPlan)  # kind "inject" parses to one
+        n = plan.num_tokens
+        try:
+            tokens = pack_token_ids(prompt_token_ids[:n])
+        except (struct.error, TypeError):  # an id that is no int32: not the plan's
+            return None
+        if len(tokens) != 4 * n:  # a prompt shorter than the plan
+            return None
+        if not hmac.compare_digest(utf8(plan.mac), utf8(mac_of(secret, plan._payload(tokens)))):
+            return None
+        return cls(plan.user_id, plan.slab_keys, plan.lengths, tokens, plan.cache_salt, plan.mac,
+                   plan.wire)
 
     def signed(self, secret: bytes) -> InjectionPlan:
         """Copy with the MAC set."""
@@ -238,24 +236,22 @@ class InjectionPlan:
         keys, lengths = self.packed_keys_lengths()
         return {PARAMS_KEY: {
             "v": PLAN_VERSION, "kind": "inject", "user": self.user_id, "salt": self.cache_salt,
-            "keys": b64(keys), "lengths": b64(lengths), "tokens": b64(self.tokens),
-            "mac": self.mac,
+            "keys": b64(keys), "lengths": b64(lengths), "mac": self.mac,
         }}
 
 
 Plan = InjectionPlan | SavePlan
 
 
-def from_params(params: Mapping[str, Any] | None, tokens: bool = True) -> Plan | None:
+def from_params(params: Mapping[str, Any] | None) -> Plan | None:
     """Parse kv_transfer_params. None if they carry no InferScale plan.
 
-    Args:
-        tokens: decode an inject plan's token ids; with False they are left empty (b"") after
-            checking the field's size, for `InjectionPlan.bound`.
+    An inject plan comes back without token ids (b""): they are the prompt's, bound by
+    InjectionPlan.bound when its MAC is checked.
 
     Raises:
-        PlanError: the InferScale entry is malformed or of another version. The MAC is not
-            checked here (see `verify`).
+        PlanError: the InferScale entry is malformed, has unknown fields or is of another
+            version. The MAC is not checked here.
     """
     if not params or PARAMS_KEY not in params:
         return None
@@ -273,45 +269,26 @@ def from_params(params: Mapping[str, Any] | None, tokens: bool = True) -> Plan |
     user = str_field(raw, "user")
     mac = str_field(raw, "mac")
     if kind == "inject":
+        if unknown := set(raw) - _INJECT_FIELDS:
+            raise PlanError(f"inject plan has unknown fields {sorted(unknown)!r:.80}; build "
+                            "plans with Engine, not by hand")
         keys_bytes = packed_field(raw, "keys", 8, "int64 slab keys")
         lengths_bytes = packed_field(raw, "lengths", 4, "int32 run lengths")
         keys = struct.unpack(f"<{len(keys_bytes) >> 3}q", keys_bytes)
         lengths = struct.unpack(f"<{len(lengths_bytes) >> 2}i", lengths_bytes)
-        if tokens:
-            packed = packed_field(raw, "tokens", 4, "int32 token ids")
-            size = len(packed)
-        else:  # the size of base64 without decoding it (the MAC then binds the prompt's ids)
-            encoded = str_field(raw, "tokens")
-            packed, size = b"", 3 * (len(encoded) // 4) - encoded[-2:].count("=")
         if len(keys) != len(lengths) or not keys:
             raise PlanError(f"inject plan needs as many 'keys' as 'lengths', at least one; got "
                             f"{len(keys)} and {len(lengths)}")
         if min(keys) < 0 or min(lengths) <= 0:
             raise PlanError("inject plan needs non-negative 'keys' and positive 'lengths'")
-        if sum(lengths) * 4 != size:
-            raise PlanError(f"inject plan lengths sum to {sum(lengths)} but 'tokens' holds "
-                            f"{size // 4} token ids")
-        return InjectionPlan(user, keys, lengths, packed, str_field(raw, "salt"), mac,
+        return InjectionPlan(user, keys, lengths, b"", str_field(raw, "salt"), mac,
                              (keys_bytes, lengths_bytes))
     if kind == "save":
         return parse_save(raw, user, mac)
     raise PlanError(f"plan kind {kind!r} is unknown; expected 'inject' or 'save'")
 
 
-@cache
-def plan_native() -> Any:
-    """plan_pack.c built and loaded (native.py), or None: the Python paths serve."""
-    return compiled(Path(__file__).with_name("plan_pack.c"), "inferscale_plan_pack")
-
-
-def plan_packer() -> Any:
-    """plan_pack.c's pack, or None: from_runs' Python path."""
-    return getattr(plan_native(), "pack", None)
-
-
-def plan_binder() -> Any:
-    """plan_pack.c's bind, or None: InjectionPlan.bound's Python path."""
-    return getattr(plan_native(), "bind", None)
+_INJECT_FIELDS = frozenset({"v", "kind", "user", "salt", "keys", "lengths", "mac"})
 
 
 def _pack_keys(slab_keys: Sequence[int]) -> bytes:

@@ -27,7 +27,7 @@ from inferscale_engine.facts import FactId, MemoryHandle
 from inferscale_engine.generation import Generation, from_output
 from inferscale_engine.handoff import PlanHandoff
 from inferscale_engine.layout import Layout, arrange
-from inferscale_engine.plan import InjectionPlan, plan_packer
+from inferscale_engine.plan import InjectionPlan
 from inferscale_engine.preambles import PreambleCache
 from inferscale_engine.prompt import MemoryPrompt, PromptBuilder
 from inferscale_engine.residency import FactRecord, Residency
@@ -74,7 +74,6 @@ class RequestPlanner:
         self._counters = counters
         self.handoff = handoff
         """Hands prepare()'s plans to an in-process scheduler by reference (None: signed)."""
-        plan_packer()  # built (or loaded) now, not inside the first request
 
     def resolve(self, handle: MemoryHandle | None) -> list[FactRecord]:
         """Records of a handle, in handle order.

@@ -114,13 +114,24 @@ class VllmRunner:
         try:
             return self.llm.generate(prompts, params, use_tqdm=use_tqdm)
         except BaseException:
-            engine = self.llm.llm_engine
-            states = getattr(getattr(engine, "output_processor", None), "request_states", {})
-            if states:
-                engine.abort_request(list(states))
-            while engine.has_unfinished_requests():
-                engine.step()
+            self._abort_all()
             raise
+
+    def _abort_all(self) -> None:
+        """Abort every request the engine still tracks, then drain it.
+
+        A request that failed on its way in (e.g. extra_args that cannot be serialized for the
+        engine process) is registered with the output processor but never reached EngineCore;
+        vLLM aborts the requests it added before it, not that one. The processor keys its
+        states by vLLM's internal ids, hence internal=True; with them gone the engine has
+        nothing to wait for, and the next call is served.
+        """
+        engine = self.llm.llm_engine
+        states = getattr(getattr(engine, "output_processor", None), "request_states", {})
+        if states:
+            engine.abort_request(list(states), internal=True)
+        while engine.has_unfinished_requests():
+            engine.step()
 
     def close(self) -> None:
         """Shut vLLM down and free what an in-process engine leaves behind."""

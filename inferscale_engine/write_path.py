@@ -1,7 +1,8 @@
 """The write path: encode facts once and keep their KV in the slab.
 
 A fact is encoded by a vLLM "save" request, prompt [preamble][context tokens][fact],
-max_tokens=1; its signed SavePlan names the slab pages to fill, and the worker-side connector
+max_tokens=1, salted per user (plan.save_salt: its blocks never serve another user's
+prompt); its signed SavePlan names the slab pages to fill, and the worker-side connector
 copies only the fact's K/V there (Context-Window Encoding). Facts whose contexts chain (each
 fact's context is the previous fact's context followed by the previous fact, as a run of
 facts added together has) share ONE save request: the last fact's prompt holds every earlier
@@ -18,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from inferscale_engine.config import EngineConfig
 from inferscale_engine.facts import FactId
 from inferscale_engine.generation import RESULT_KEY
+from inferscale_engine.plan import save_salt
 from inferscale_engine.residency import FactRecord, Residency
 from inferscale_engine.runner import Runner
 from inferscale_engine.save_plan import SavePlan, SaveSpan
@@ -118,8 +120,10 @@ class FactWriter:
             chunk = slice(lo, lo + batch)
             params = [SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": p.to_params()})
                       for p in plans[chunk]]
-            outputs = self._runner.run([TokensPrompt(prompt_token_ids=p) for p in prompts[chunk]],
-                                       params, use_tqdm=len(plans) > batch)
+            salted = [TokensPrompt(prompt_token_ids=prompt,
+                                   cache_salt=save_salt(self._secret, plan.user_id))
+                      for plan, prompt in zip(plans[chunk], prompts[chunk], strict=True)]
+            outputs = self._runner.run(salted, params, use_tqdm=len(plans) > batch)
             for out in outputs:
                 result = (out.kv_transfer_params or {}).get(RESULT_KEY, {})
                 if result.get("status") != "save":

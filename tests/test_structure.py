@@ -16,7 +16,7 @@ MAX_LINES = 450
 LAYERS = [
     # 0: plain data, checks and math, importable by every process
     {"errors", "facts", "checks", "config", "plan", "save_plan", "handoff", "wire", "generation",
-     "rope", "prompt", "residency", "kernels", "layout", "contexts", "native"},
+     "rope", "prompt", "residency", "kernels", "layout", "contexts"},
     # 1: what vLLM loads in its own processes
     {"connector"},
     # 2: the engine around a co-located vLLM

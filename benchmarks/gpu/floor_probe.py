@@ -15,8 +15,6 @@ max_tokens=1 request at a time, each round runs these variants:
   kv-noload    the worker's start_load returns at once (no index math, upload or copy)
   kv-copyindex the worker copies the load indices to the device before the launch (the path
                where the kernel cannot read pinned host memory; the default reads them there)
-  kv-numpy     the worker builds the load indices with its numpy path instead of the compiled
-               one (connector/native.py; the same index)
   kv-floor     trusted + noload: what is left is vLLM's own handling of external tokens (block
                allocation, prefix-cache insertion), the plan's parse and connector metadata, and
                the client's prompt + signed plan
@@ -57,11 +55,11 @@ from benchmarks.gpu.ceiling_probe import add_engine_args, roots  # noqa: E402
 from benchmarks.ttft import build_engine, paired_ratio  # noqa: E402
 
 VARIANTS = ("kv", "kv-trusted", "kv-nocopy", "kv-noload", "kv-floor", "kv-copyindex",
-            "kv-numpy", "kv-aftertext", "resident", "resident-afterkv")
+            "kv-aftertext", "resident", "resident-afterkv")
 RESIDENTS = ("resident", "resident-afterkv")
 SWITCHES = {"kv": set(), "kv-trusted": {"trusted"}, "kv-nocopy": {"nocopy"},
             "kv-noload": {"noload"}, "kv-floor": {"trusted", "noload"},
-            "kv-copyindex": {"copyindex"}, "kv-numpy": {"numpy"}, "kv-aftertext": set(),
+            "kv-copyindex": {"copyindex"}, "kv-aftertext": set(),
             "resident": set(), "resident-afterkv": set()}
 
 
@@ -88,9 +86,9 @@ class Ablation:
                     self.counts["trusted"] += 1
                     return _Checked(local[0], "inject")
             elif "trusted" in self.on:
-                plan = from_params(request.kv_transfer_params, tokens=False)
-                if isinstance(plan, InjectionPlan):  # parsed without its tokens: only their
-                    self.counts["trusted"] += 1  # count is used from here on
+                plan = from_params(request.kv_transfer_params)
+                if isinstance(plan, InjectionPlan):  # parsed without the prompt's ids: only
+                    self.counts["trusted"] += 1  # their count is used from here on
                     return _Checked(InjectionPlan(
                         plan.user_id, plan.slab_keys, plan.lengths, bytes(4 * sum(plan.lengths)),
                         plan.cache_salt, plan.mac, plan.wire), "inject")
@@ -101,17 +99,14 @@ class Ablation:
                 self.counts["noload"] += len(meta.loads)
                 return
             staging = worker._staging
-            zero_copy, fill = staging.zero_copy, worker._fill
+            zero_copy = staging.zero_copy
             if "copyindex" in self.on and meta.loads:
                 self.counts["copyindex"] += len(meta.loads)
                 staging.zero_copy = False
-            if "numpy" in self.on and meta.loads:
-                self.counts["numpy"] += len(meta.loads)
-                worker._fill = None
             try:
                 start_load(meta)
             finally:
-                staging.zero_copy, worker._fill = zero_copy, fill
+                staging.zero_copy = zero_copy
 
         def maybe_inject(*args: Any) -> None:
             if "nocopy" in self.on:

@@ -64,6 +64,10 @@ class InferScaleMetadata(KVConnectorMetadata):
 
     loads: list[LoadSpec] = field(default_factory=list)
     captures: list[CaptureSpec] = field(default_factory=list)
+    num_rejected: int = 0
+    """Plans the scheduler refused since the last step (workers count them for metrics)."""
+    num_mismatched: int = 0
+    """Authentic plans that did not fit their prompt, since the last step."""
 
 
 def _int64_bytes(values: Int64s) -> bytes:

@@ -24,7 +24,6 @@ from inferscale_engine.plan import (
     Plan,
     SavePlan,
     from_params,
-    plan_binder,
 )
 
 if TYPE_CHECKING:
@@ -66,7 +65,8 @@ class InferScaleScheduler:
         self._pending_loads: dict[str, tuple[InjectionPlan, int]] = {}
         self._saves: dict[str, _SaveState] = {}
         self.counters: Counter[str] = Counter()
-        plan_binder()  # plan_pack.c built (or loaded) now, not inside the first request's check
+        self._unreported: Counter[str] = Counter()
+        """Refused plans not yet sent to the workers (the step metadata carries them)."""
 
     # ---- hooks -------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int
@@ -99,7 +99,9 @@ class InferScaleScheduler:
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> InferScaleMetadata:
         """Loads and captures for this step (cheap when nothing is pending)."""
-        meta = InferScaleMetadata()
+        meta = InferScaleMetadata(num_rejected=self._unreported["rejected"],
+                                  num_mismatched=self._unreported["mismatch"])
+        self._unreported.clear()
         if not self._pending_loads and not self._saves:
             return meta
         scheduled = scheduler_output.num_scheduled_tokens
@@ -176,6 +178,8 @@ class InferScaleScheduler:
                 checked = _Checked(None, "rejected", f"plan could not be checked: {exc!r}")
             self._checked[rid] = checked
             self.counters[f"plans_{checked.status}"] += 1
+            if checked.status in ("rejected", "mismatch"):
+                self._unreported[checked.status] += 1
         return checked
 
     def _verify(self, request: Request) -> _Checked:
@@ -189,12 +193,10 @@ class InferScaleScheduler:
                                 "reaches only the engine process that made it, once)")
             self.counters["prompts_by_identity"] += local[1]
             return self._checked_inject(request, *local, prompt=prompt)
-        # The usual case in one pass (one C call where plan_pack.c is built): the MAC over the
-        # prompt's tokens, the plan's own never decoded.
+        # The usual case: the MAC over the prompt's own ids (plan.py: the plan carries none).
         bound = InjectionPlan.bound(request.kv_transfer_params, prompt, self._secret)
-        if (bound is not None and bound.cache_salt and request.cache_salt == bound.cache_salt
-                and bound.num_tokens <= len(prompt) - 1):
-            return _Checked(bound, "inject")
+        if bound is not None:
+            return self._checked_inject(request, bound, True, prompt)
         # Everything else (saves, and inject plans that fail) is classified one check at a time.
         try:
             plan = from_params(request.kv_transfer_params)
@@ -207,17 +209,16 @@ class InferScaleScheduler:
                 return _Checked(None, "rejected", "save plan MAC does not verify for this "
                                                   "prompt (forged, or replayed with another one)")
             return _Checked(plan, "save")
-        if not plan.verify(self._secret):
-            return _Checked(None, "rejected", "inject plan MAC does not verify (forged or stale)")
-        return self._checked_inject(request, plan, False, prompt)
+        return _Checked(None, "rejected", "inject plan MAC does not verify for this prompt "
+                                          "(forged, stale, or sent with another prompt)")
 
     @staticmethod
     def _checked_inject(request: Request, plan: InjectionPlan, same_prompt: bool,
                         prompt: list[int]) -> _Checked:
         """An authentic inject plan, checked against the request's salt and token ids.
 
-        same_prompt: the prompt is the list the engine vouched for (handoff.take), whose ids
-        are the plan's by construction; otherwise they are compared.
+        same_prompt: the plan's ids are the prompt's (bound by its MAC, or the list the engine
+        vouched for: handoff.take); otherwise they are compared.
         """
         if not plan.cache_salt or request.cache_salt != plan.cache_salt:
             return _Checked(None, "mismatch", "prompt is not salted with the plan's cache_salt")

@@ -19,7 +19,6 @@ import torch
 
 from inferscale_engine.config import ConnectorConfig
 from inferscale_engine.connector.metadata import CaptureSpec, InferScaleMetadata, Int64s, LoadSpec
-from inferscale_engine.connector.native import LoadIndexFill, load_index_fill
 from inferscale_engine.connector.paged import (
     CpuPackedPagedKV,
     PagedKV,
@@ -65,8 +64,6 @@ class InferScaleWorker:
         self._rope: _Rope | None = None
         self._failed_block_ids: set[int] = set()
         self._staging = _Staging(torch.device("cpu"))
-        self._fill: LoadIndexFill | None = load_index_fill()
-        """The compiled load index (connector/native.py), or None: the numpy path."""
         self.counters: Counter[str] = Counter()
         self._recent: deque[tuple[str, Int64s, int, int]] = deque(maxlen=8)
         """(request id, block table, first and end position) of the last loads."""
@@ -156,8 +153,12 @@ class InferScaleWorker:
     def start_load_safely(self, meta: InferScaleMetadata) -> None:
         """start_load, failing the loads (not the engine step) on an unexpected error.
 
-        vLLM then recomputes those blocks.
+        vLLM then recomputes those blocks. Also counts the plans the scheduler refused (the
+        step metadata is how its counts reach the control calls).
         """
+        if meta.num_rejected or meta.num_mismatched:
+            self.counters["plans_rejected"] += meta.num_rejected
+            self.counters["plans_mismatch"] += meta.num_mismatched
         try:
             self.start_load(meta)
         except Exception:
@@ -177,10 +178,9 @@ class InferScaleWorker:
         return sum(self.slab.entries.pop(k, None) is not None for k in slab_keys)
 
     def stats(self) -> dict[str, int]:
-        """Slab occupancy, counters, and whether load indices are compiled (native.py)."""
+        """Slab occupancy and counters."""
         assert self.slab is not None
-        return {**self.slab.stats(), **self.counters,
-                "compiled_load_index": int(self._fill is not None)}
+        return {**self.slab.stats(), **self.counters}
 
     @property
     def recent_loads(self) -> list[tuple[str, np.ndarray]]:
@@ -196,30 +196,13 @@ class InferScaleWorker:
         return table.ravel()[start - first * bs:end - first * bs]
 
     def _write_index(self, load: LoadSpec, host: np.ndarray, column: int) -> int:
-        """Write one load's index into host[:, column:]; its width (0: nothing to load, or failed).
-
-        One call of the compiled fill where it was built; the numpy path otherwise, and for a
-        load the fill refuses (a failed check or unexpected arrays), which then says why.
-        """
-        assert self.slab is not None
-        if self._fill is not None:  # it refuses a load past the block table or the plan itself
-            try:
-                width = self._fill(self.slab.entries, load.slab_keys, load.lengths, load.user_id,
-                                   SYSTEM_OWNER, load.load_start, load.load_end, load.block_ids,
-                                   self._block_size, host, column)
-            except (TypeError, ValueError, BufferError):
-                width = -1
-            if width >= 0:
-                return width
+        """Write one load's index into host[:, column:]; its width (0: nothing to load/failed)."""
         part = self._load_indices(load, host[:, column:])
         return 0 if part is None else part.shape[1]
 
     def _load_indices(self, load: LoadSpec, out: np.ndarray | None = None
                       ) -> np.ndarray | None:
         """[4, n] int64 array of one load (None if it failed), written into `out` if given.
-
-        The numpy path of _write_index (where the compiled fill is not built, and for the loads
-        it refuses: it says why a check failed).
 
         Rows: slab rows, paged slots, the positions the stored keys are rotated for, and the
         serving positions. No per-token or per-segment Python and few numpy calls (each costs
@@ -256,8 +239,7 @@ class InferScaleWorker:
             return None
         packed = np.empty((4, hi - lo), dtype=np.int64) if out is None else out[:, :hi - lo]
         # Rows 0 and 2 (slab rows, canonical positions): one bytes join each over the entries'
-        # precomputed int64 bytes (a third faster than numpy's concatenate of 2-row arrays
-        # when the entries are cold in the caches: 26 vs 40 us at k=100 on 2 EPYC cores).
+        # precomputed int64 bytes (cheaper than numpy's concatenate of many 2-row arrays).
         rows = np.frombuffer(b"".join(map(_ROWS_BYTES, selected)), np.int64)
         canonical = np.frombuffer(b"".join(map(_CANONICAL_BYTES, selected)), np.int64)
         if not whole:

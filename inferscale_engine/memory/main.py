@@ -17,18 +17,18 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from inferscale_engine import checks
-from inferscale_engine.engine import Engine, Generation, Messages
+from inferscale_engine.engine import Engine
 from inferscale_engine.errors import (
     EngineClosedError,
-    HandleError,
     InvalidFactError,
     InvalidRequestError,
 )
 from inferscale_engine.facts import Fact, MemoryHandle
-from inferscale_engine.layout import Layout
 from inferscale_engine.memory import ingest
+from inferscale_engine.memory.answering import MemoryServing
 from inferscale_engine.memory.config import (
     DEFAULT_DB_PATH,
     DEFAULT_EMBEDDING_MODEL,
@@ -38,22 +38,24 @@ from inferscale_engine.memory.config import (
     open_store,
 )
 from inferscale_engine.memory.embedder import Embedder
+from inferscale_engine.memory.gate import InteractiveGate, interactive_call
 from inferscale_engine.memory.records import StoredFact, Turn
 from inferscale_engine.memory.retrieval import RetrievalIndex
 from inferscale_engine.memory.served import ServedFacts
-from inferscale_engine.memory.serving import PreparedPrompt, prepare, serve
 from inferscale_engine.memory.store import FactStore
 from inferscale_engine.memory.types import AddResult, MemoryStats, SearchResult
-from inferscale_engine.tool_calls import ToolCall
 
 logger = logging.getLogger(__name__)
 
-_BATCH = 256
-"""Facts per engine registration call at start-up."""
+_PROGRESS_FROM = 256
+"""Adds of this many facts show a progress bar (on a terminal) while their KV is encoded."""
 
+class Memory(MemoryServing):
+    """Long-term memory of many users, served as injected KV. Thread-safe.
 
-class Memory:
-    """Long-term memory of many users, served as injected KV. Thread-safe."""
+    A large add works in chunks and lets searches and answers of other users go first between
+    them, so one user's bulk import does not stall everyone's chats.
+    """
 
     def __init__(self, engine: Engine, store: FactStore | str | os.PathLike[str] = DEFAULT_DB_PATH,
                  embedder: Embedder | str | None = None, *,
@@ -97,6 +99,8 @@ class Memory:
             self._encode_on_add = encode_on_add
             self._context_turns = context_turns
             self._lock = threading.RLock()
+            self._gate = InteractiveGate()
+            """Large adds yield to searches and answers between chunks (gate.py)."""
             self._closed = False
             self.counters: Counter[str] = Counter()
             self._served = ServedFacts(engine, self._index, self.counters)
@@ -159,7 +163,7 @@ class Memory:
         else:
             facts = ingest.turn_facts(turns)
         token_ids = [self._engine.tokenize_fact(text) for text, _ in facts]
-        vectors = self._embed([text for text, _ in facts])
+        vectors = self._embed_in_chunks([text for text, _ in facts])
         with self._lock:
             self._check_open()
             matches = ingest.find_duplicates(
@@ -174,10 +178,11 @@ class Memory:
             stored = ingest.store_facts(self._store, user_id, session_id, metadata,
                                         [facts[i][0] for i in keep], [token_ids[i] for i in keep],
                                         vectors[keep], [contexts[i] for i in keep], turns or ())
-            self._served.register(user_id, stored, self._encode_on_add)
+            self._served.stage(f.fact_id for f in stored)
             new_ids = dict(zip(keep, (f.fact_id for f in stored), strict=True))
             self.counters["added"] += len(keep)
             self.counters["duplicates"] += len(facts) - len(keep)
+        self._register_in_chunks(user_id, stored)
         return ingest.add_results([text for text, _ in facts], matches, new_ids)
 
     def add_turns(self, *, user_id: str, session_id: str | None,
@@ -237,6 +242,7 @@ class Memory:
             return len(deleted)
 
     # ---- read verbs --------------------------------------------------------------------
+    @interactive_call
     def search(self, *, user_id: str, query: str, k: int = 5) -> SearchResult:
         """The user's k facts most similar to `query` (cosine), best first, and their handle.
 
@@ -255,122 +261,9 @@ class Memory:
         return SearchResult(hits, MemoryHandle(user_id, tuple(f.fact_id for f, _ in hits),
                                                tuple(score for _, score in hits)))
 
-    def generate(self, *, user_id: str, query: str, k: int = 5,
-                 messages: Messages | None = None, sampling: Any = None, mode: str = "kv",
-                 handle: MemoryHandle | None = None, layout: Layout | None = None
-                 ) -> Generation:
-        """Answer from the user's memory: search(query, k), then answer().
-
-        Args:
-            user_id: whose memory to use.
-            query: what to retrieve by; also the question unless `messages` is given.
-            k: facts to retrieve.
-            messages: the chat to answer (role/content dicts); default: `query` as a user turn.
-            sampling: vllm.SamplingParams (default: greedy, 64 tokens).
-            mode: 'kv' injects the facts' KV; 'text' prefills them as text.
-            handle: serve these facts instead of searching; it must be this user's.
-            layout: where facts go and which are repaired as text (default: the engine's).
-
-        Raises:
-            HandleError: `handle` is not a MemoryHandle of this user.
-        """
-        user_id = checks.check_user_id(user_id)
-        query = checks.check_text(query, "query", InvalidRequestError)
-        if handle is None:
-            handle = self.search(user_id=user_id, query=query, k=k).handle
-        return self.answer(messages=query if messages is None else messages, handle=handle,
-                           user_id=user_id, sampling=sampling, mode=mode, layout=layout)
-
-    def answer(self, *, messages: Messages | str, handle: MemoryHandle | None,
-               user_id: str | None = None, sampling: Any = None, mode: str = "kv",
-               layout: Layout | None = None, tools: Sequence[Mapping[str, Any]] | None = None
-               ) -> Generation:
-        """Answer a chat with a handle's facts: the one serving entry of every adapter.
-
-        Facts deleted since the handle was made are left out (Generation.num_stale_facts);
-        if injection fails the same facts are answered as text (Generation.fallback).
-
-        Args:
-            messages: the chat (role/content dicts) or one question.
-            handle: facts to use (from search()), or None for no memory.
-            user_id: if given, the handle must be this user's.
-            sampling: vllm.SamplingParams (default: greedy, 64 tokens).
-            mode: 'kv' (inject) or 'text' (prefill the facts as text).
-            layout: where facts go and which are repaired as text (default: the engine's).
-            tools: tool schemas (OpenAI function format) for the model's chat template.
-
-        Raises:
-            HandleError: `handle` is not a MemoryHandle, or not `user_id`'s, or names another
-                user's facts.
-        """
-        if handle is not None and not isinstance(handle, MemoryHandle):
-            raise HandleError(f"handle must be a MemoryHandle (from search()), got "
-                              f"{type(handle).__name__}")
-        if handle is not None and user_id is not None:
-            owner = checks.check_user_id(handle.user_id, HandleError)
-            if owner != checks.check_user_id(user_id):
-                with self._lock:
-                    self.counters["foreign_handles"] += 1
-                raise HandleError(f"the handle belongs to {handle.user_id!r:.40}, not to "
-                                  f"user_id={user_id!r:.40}; use a handle from this user's "
-                                  "search()")
-        self._check_open()
-        return serve(self._engine, handle, messages, sampling, mode, self.counters,
-                     layout=layout, tools=tools)
-
-    def prepare(self, *, user_id: str, query: str | None, k: int = 5,
-                messages: Messages | None = None, prompt_token_ids: Sequence[int] | None = None,
-                session_id: str | None = None, recent_facts: int = 0,
-                layout: Layout | None = None, tools: Sequence[Mapping[str, Any]] | None = None
-                ) -> PreparedPrompt:
-        """The prompt and signed plan for a client that runs vLLM itself (the server).
-
-        The user's top-k facts for `query`, then the session's last `recent_facts` facts, in
-        front of a chat (`messages`, rendered with the model's template) or of a raw
-        completion prompt (`prompt_token_ids`).
-        """
-        user_id = checks.check_user_id(user_id)
-        handle = MemoryHandle(user_id, ())
-        if k and query is not None and checks.has_visible(query):
-            handle = self.search(user_id=user_id, query=query, k=k).handle
-        if recent_facts and session_id is not None:
-            with self._lock:
-                recent = [f.fact_id for f in self._store.recent_facts(
-                    user_id=user_id, session_id=session_id, limit=recent_facts)
-                    if f.fact_id in self._served and f.fact_id not in handle.fact_ids]
-            if recent:  # relevance order: the top-k first, then the session's last facts
-                handle = MemoryHandle(user_id, (*handle.fact_ids, *recent))
-        self._check_open()
-        return prepare(self._engine, handle, self.counters, messages=messages,
-                       prompt_token_ids=prompt_token_ids, layout=layout, tools=tools)
-
     def owner_of(self, fact_id: int) -> str | None:
         """The user a fact belongs to (None: no such fact); for servers checking access."""
         return self._store.owner(fact_id)
-
-    # ---- what adapters need from the engine --------------------------------------------
-    def split_text(self, text: str) -> list[str]:
-        """`text` cut into pieces that each fit in one fact (long turns become several)."""
-        return self._engine.split_text(text)
-
-    def parse_tool_calls(self, text: str, tools: Sequence[Mapping[str, Any]],
-                         parser: str = "hermes") -> tuple[str, list[ToolCall]]:
-        """An answer's text without tool calls, and the calls (vLLM's parser `parser`)."""
-        return self._engine.parse_tool_calls(text, tools, parser)
-
-    def text_pieces(self, generation: Generation) -> list[str]:
-        """A finished answer as per-token text pieces (for streaming replays)."""
-        return self._engine.text_pieces(generation)
-
-    @property
-    def model_name(self) -> str:
-        """The served model's folder name."""
-        return os.path.basename(os.path.normpath(self._engine.config.model))
-
-    @property
-    def max_model_len(self) -> int:
-        """Longest prompt + answer the engine serves, in tokens."""
-        return self._engine.config.max_model_len
 
     def get(self, *, user_id: str, fact_id: int) -> StoredFact:
         """The durable record of one fact (text, token ids, metadata, timestamps)."""
@@ -435,6 +328,26 @@ class Memory:
     def _embed(self, texts: list[str]) -> torch.Tensor:
         """[len(texts), dim] float32 on the index's device, rows L2-normalized."""
         return self._embedder.encode(texts).to(self._device)
+
+    def _embed_in_chunks(self, texts: list[str]) -> torch.Tensor:
+        """_embed in chunks, yielding to interactive calls between them (InteractiveGate)."""
+        if len(texts) <= 1:
+            return self._embed(texts)
+        return torch.cat([self._embed(texts[lo:hi]) for lo, hi in self._gate.chunks(len(texts))])
+
+    def _register_in_chunks(self, user_id: str, stored: list[StoredFact]) -> None:
+        """Make an add's stored facts servable (encoding their KV), in chunks.
+
+        The write is already durable; between chunks, interactive calls of other users go
+        first (InteractiveGate), and each chunk holds the Memory's lock only while it works.
+        """
+        with tqdm(total=len(stored), unit="fact", desc="InferScale: encoding facts",
+                  disable=None if len(stored) >= _PROGRESS_FROM else True) as bar:
+            for lo, hi in self._gate.chunks(len(stored)):
+                with self._lock:
+                    self._check_open()
+                    self._served.register_staged(user_id, stored[lo:hi], self._encode_on_add)
+                bar.update(hi - lo)
 
     def _check_open(self) -> None:
         if self._closed:

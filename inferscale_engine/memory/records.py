@@ -96,6 +96,11 @@ def embedding_blob(value: Any, what: str) -> bytes:
     return vector.tobytes()
 
 
+STORED_METADATA_BYTES = 2**20
+"""Largest metadata of one stored fact: the app's (checks.MAX_METADATA_BYTES) and what the
+fact was encoded after."""
+
+
 def metadata_json(metadata: object, num_facts: int) -> list[str]:
     """Per fact, its metadata as JSON: None, one dict for all, or one dict per fact."""
     if metadata is None or isinstance(metadata, Mapping):
@@ -109,7 +114,9 @@ def metadata_json(metadata: object, num_facts: int) -> list[str]:
             continue
         if not isinstance(item, Mapping) or not all(isinstance(k, str) for k in item):
             raise InvalidFactError(f"metadata[{i}] is {item!r:.80}; pass a dict with string keys")
-        out.append(json.dumps(json_object(item, f"metadata[{i}]"), allow_nan=False))
+        # The app's metadata was bounded by check_metadata; this adds the encoding context.
+        out.append(json.dumps(json_object(item, f"metadata[{i}]", STORED_METADATA_BYTES),
+                              allow_nan=False))
     return out
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 
 import torch
@@ -40,6 +40,9 @@ class ServedFacts:
         self._index = index
         self._counters = counters
         self._facts: dict[FactId, Fact] = {}
+        self._staged: set[int] = set()
+        """Ids of facts an add has stored but not yet registered (Memory registers them in
+        chunks); a delete or update meanwhile takes them out, so they are never served."""
 
     def __len__(self) -> int:
         return len(self._facts)
@@ -97,8 +100,19 @@ class ServedFacts:
             [torch.from_numpy(f.embedding_array().copy()) for f in stored]))
         self._facts.update((f.fact_id, f) for f in facts)
 
+    def stage(self, fact_ids: Iterable[int]) -> None:
+        """Note facts just stored, to be registered by register_staged."""
+        self._staged.update(fact_ids)
+
+    def register_staged(self, user_id: str, stored: Sequence[StoredFact], encode: bool) -> None:
+        """register() those of `stored` still staged (not deleted or replaced meanwhile)."""
+        chunk = [f for f in stored if f.fact_id in self._staged]
+        self._staged.difference_update(f.fact_id for f in chunk)
+        self.register(user_id, chunk, encode)
+
     def forget(self, user_id: str, fact_ids: Sequence[int]) -> None:
         """Drop deleted facts from the engine (freeing their KV) and from the index."""
+        self._staged.difference_update(fact_ids)
         known = [FactId(i) for i in fact_ids if i in self._facts]
         if known:
             self._engine.delete(user_id, known)

@@ -6,8 +6,9 @@ prefix ending in '*') and an admin flag; only admin keys may reset or delete a w
     {"keys": {"sk-app-1": {"tenant": "acme", "users": ["acme:*"]},
               "sk-ops":   {"tenant": "acme", "users": ["acme:*"], "admin": true}}}
 
-With keys, every route needs `Authorization: Bearer <key>` (or `X-API-Key`). Without them the
-server refuses to listen on anything but the loopback interface.
+With keys, every route needs `Authorization: Bearer <key>` (or `X-API-Key`); a tenant key reaches
+the chat, completion, model and memory routes only (tenant_route), an admin key every route.
+Without keys the server refuses to listen on anything but the loopback interface.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,17 @@ from inferscale_engine.checks import check_user_id
 from inferscale_engine.errors import ConfigError
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+TENANT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
+                          "/ping", "/version", "/tokenize", "/detokenize"})
+"""Routes a tenant key reaches, besides the memory API; every other route of vLLM's app
+(control routes such as /scale_elastic_ep, server-wide /metrics, other generation APIs that
+bypass the memory seam) needs an admin key."""
+TENANT_PREFIX = "/v1/memories"
+
+
+def tenant_route(path: str) -> bool:
+    """True if a tenant (non-admin) key may call `path`."""
+    return path in TENANT_PATHS or path == TENANT_PREFIX or path.startswith(TENANT_PREFIX + "/")
 
 
 class HttpError(Exception):
@@ -47,7 +60,7 @@ class Principal:
     admin: bool = False
 
     def allows(self, user_id: str) -> bool:
-        """True if this key may reach `user_id`."""
+        """True if this key may reach `user_id` (normalized: checks.check_user_id)."""
         return any(user_id.startswith(p[:-1]) if p.endswith("*") else user_id == p
                    for p in self.users)
 
@@ -127,6 +140,9 @@ def _digest(key: str) -> str:
 
 
 def _user_pattern(value: object) -> str:
+    """An exact user id or 'prefix*', in NFC: requests are matched after normalization."""
     if not isinstance(value, str) or not value:
         raise ValueError(f"users entries are user ids or 'prefix*', got {value!r}")
-    return value if value.endswith("*") else check_user_id(value)
+    if value.endswith("*"):
+        return unicodedata.normalize("NFC", value[:-1]) + "*"
+    return check_user_id(value)

@@ -1,21 +1,26 @@
-"""Who a chat or completion request is for, and what it asks of the memory.
+"""Who a request is for, and what a chat or completion asks of the memory.
 
-The user comes from the header `X-User-Id`, else the body's `user` (the OpenAI field), else
-`memory.user_id` in the body (`extra_body={"memory": {...}}` in the openai SDK). `memory`
-options: enabled (default true), k (facts retrieved, default the server's), write (save the
-exchange as conversation turns after the response), session_id, recent_facts (the session's
-last facts, besides the top-k).
+A request names its user in one or more channels: the header `X-User-Id` (UTF-8 bytes), and in
+chat and completion bodies the OpenAI field `user` or `memory.user_id`
+(`extra_body={"memory": {...}}` in the openai SDK); memory routes take `user_id` (body or
+query) or `filters.user_id`. Every channel is normalized (checks.check_user_id: NFC) BEFORE
+any access decision, each is checked against the API key, and channels that name different
+users are refused: the id a key is checked for is exactly the id the memory serves.
+
+`memory` options: enabled (default true), k (facts retrieved, default the server's), write
+(save the exchange as conversation turns after the response), session_id, recent_facts (the
+session's last facts, besides the top-k).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inferscale_engine.checks import check_text, check_user_id
+from inferscale_engine.checks import check_session, check_user_id
 from inferscale_engine.errors import InferScaleError
-from inferscale_engine.server.auth import HttpError
+from inferscale_engine.server.auth import HttpError, Principal
 
 USER_HEADER = "x-user-id"
 STRIPPED_FIELDS = ("kv_transfer_params", "cache_salt", "vllm_xargs")
@@ -40,11 +45,13 @@ class MemoryOptions:
         return self.enabled and self.user_id is not None
 
 
-def identify(request: Any, headers: Mapping[str, str], default_k: int) -> MemoryOptions:
+def identify(request: Any, headers: Mapping[str, str], default_k: int,
+             principal: Principal | None = None) -> MemoryOptions:
     """The request's user and memory options (see the module docstring).
 
     Raises:
-        HttpError: 400 for a malformed user id or option.
+        HttpError: 400 for a malformed user id or option, or two channels naming different
+            users; 422 for a user id that is not a string; 403 for a user the key may not reach.
     """
     raw = (request.model_extra or {}).get("memory") if hasattr(request, "model_extra") else None
     if raw is None:
@@ -52,15 +59,68 @@ def identify(request: Any, headers: Mapping[str, str], default_k: int) -> Memory
     if not isinstance(raw, Mapping) or set(raw) - set(_OPTIONS):
         raise HttpError(400, f"'memory' must be an object with keys from {_OPTIONS}, got "
                              f"{raw!r:.80}")
-    user = headers.get(USER_HEADER) or getattr(request, "user", None) or raw.get("user_id")
+    user_id = resolve_user([("X-User-Id", header_user(headers)),
+                            ("user", getattr(request, "user", None)),
+                            ("memory.user_id", raw.get("user_id"))], principal)
     try:
-        user_id = check_user_id(user) if user is not None else None
         session = raw.get("session_id")
-        session_id = check_text(session, "memory.session_id") if session is not None else None
+        session_id = check_session(session) if session is not None else None
     except InferScaleError as exc:
-        raise HttpError(400, str(exc)) from None
+        raise HttpError(400, f"memory.{exc}") from None
     return MemoryOptions(user_id, _flag(raw, "enabled", True), _count(raw, "k", default_k),
                          _flag(raw, "write", False), session_id, _count(raw, "recent_facts", 0))
+
+
+def header_user(headers: Mapping[str, str]) -> str | None:
+    """The X-User-Id header as text: its bytes read as UTF-8 (None when absent).
+
+    Starlette hands header values over decoded as Latin-1; the bytes are recovered and read as
+    UTF-8, the encoding clients send.
+
+    Raises:
+        HttpError: 400 if the bytes are not UTF-8.
+    """
+    value = headers.get(USER_HEADER)
+    if value is None:
+        return None
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        raise HttpError(400, "the X-User-Id header is not UTF-8; send the user id's UTF-8 "
+                             "bytes") from None
+
+
+def resolve_user(named: Sequence[tuple[str, object]], principal: Principal | None
+                 ) -> str | None:
+    """The one user a request names, normalized and allowed (None: it names none).
+
+    Args:
+        named: (channel, value) for each identity channel; None or "" means not given.
+        principal: the API key's, or None on a server without keys.
+
+    Raises:
+        HttpError: 422 for a value that is not a string; 400 for a malformed id or channels
+            that name different users; 403 for a user the key may not reach.
+    """
+    found: dict[str, str] = {}
+    for channel, value in named:
+        if value is None or value == "":
+            continue
+        if not isinstance(value, str):
+            raise HttpError(422, f"{channel} must be a string (a user id), got "
+                                 f"{type(value).__name__}")
+        try:
+            user_id = check_user_id(value)
+        except InferScaleError as exc:
+            raise HttpError(400, f"{channel}: {exc}") from None
+        if principal is not None:
+            principal.check_user(user_id)
+        found.setdefault(user_id, channel)
+    if len(found) > 1:
+        channels = " and ".join(f"{channel} {user!r:.40}" for user, channel in found.items())
+        raise HttpError(400, f"the request names different users ({channels}); name one user, "
+                             "in one place")
+    return next(iter(found), None)
 
 
 def strip_client_fields(request: Any) -> list[str]:

@@ -4,7 +4,8 @@
                      [--api-keys FILE] [--k 5] [--window 256] [--context-source similar|recent]
                      [--run-tokens 512] [--slab-mib 256]
                      [--embedding-model NAME|DIR] [--dedupe-threshold 0.95|none]
-                     [--half-scan-min-rows N] [vLLM's own serve flags]
+                     [--half-scan-min-rows N] [--max-add-facts 1000]
+                     [vLLM's own serve flags]
 
 vLLM's engine (AsyncLLM) starts with InferScale's KV connector and worker extension forced;
 the Memory runs on top of it in worker threads (AsyncRunner); vLLM's app is built as usual and
@@ -22,17 +23,22 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from inferscale_engine.checks import check_half_scan_min_rows
 from inferscale_engine.config import EngineConfig, plan_secret
 from inferscale_engine.errors import ConfigError
 from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL, check_dedupe_threshold
-from inferscale_engine.server.auth import ApiKeys, HttpError, check_bind
+from inferscale_engine.server.auth import ApiKeys, HttpError, check_bind, tenant_route
+from inferscale_engine.server.limits import (
+    DEFAULT_MAX_ADD_FACTS,
+    MAX_BODY_BYTES,
+    BodyLimit,
+    BoundedHeadProtocol,
+    CountRefusals,
+)
 
 logger = logging.getLogger(__name__)
-
-MAX_BODY_BYTES = 8 * 2**20
-"""Requests with a larger body are refused (413) before they are read."""
 
 
 def our_parser() -> argparse.ArgumentParser:
@@ -56,6 +62,8 @@ def our_parser() -> argparse.ArgumentParser:
                         help="sentence-transformers name or folder (default: offline MiniLM)")
     parser.add_argument("--dedupe-threshold", type=_threshold, default=0.95,
                         help="cosine at which an added fact is a duplicate; 'none' stores all")
+    parser.add_argument("--max-add-facts", type=int, default=DEFAULT_MAX_ADD_FACTS,
+                        help="facts or turns one POST /v1/memories may add (larger: 413)")
     parser.add_argument("--half-scan-min-rows", type=int, default=None,
                         help="facts of one user from which searches scan float16 copies (1.5x "
                              "the index memory; default: the device's, 0 = never)")
@@ -75,6 +83,8 @@ def main(argv: list[str]) -> int:
                           "calls) to every client; unset it")
     check_dedupe_threshold(ours.dedupe_threshold)  # before vLLM starts, not after
     check_half_scan_min_rows(ours.half_scan_min_rows)
+    if ours.max_add_facts < 1:
+        raise ConfigError(f"--max-add-facts {ours.max_add_facts} must be at least 1")
     keys = ApiKeys.load(ours.api_keys) if ours.api_keys else None
     check_bind(ours.host, keys)
     plan_secret()  # in the environment before vLLM starts its processes: they inherit it
@@ -141,12 +151,13 @@ async def run(args: argparse.Namespace, config: EngineConfig, keys: ApiKeys | No
         supported = await client.get_supported_tasks()
         app = build_app(args, supported, client.model_config)
         await init_app_state(client, app.state, args, supported)
-        metrics = install(app, memory, keys, ours.k)
+        metrics = install(app, memory, keys, ours.k, ours.max_add_facts)
         try:
             shutdown = await serve_http(
                 app, sock=sock, host=args.host, port=args.port,
                 log_level=args.uvicorn_log_level,
-                access_log=not args.disable_uvicorn_access_log)
+                access_log=not args.disable_uvicorn_access_log,
+                http=BoundedHeadProtocol.counting(app.state.inferscale.refusals))
         finally:
             metrics.stop()
             await app.state.inferscale.drain()
@@ -172,7 +183,8 @@ def open_memory(config: EngineConfig, ours: argparse.Namespace, client: Any,
                               runner=lambda _config, _connector: AsyncRunner(client, loop))
 
 
-def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int) -> Any:
+def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
+            max_add_facts: int = DEFAULT_MAX_ADD_FACTS) -> Any:
     """The seam, routes, auth middleware and metrics on vLLM's app; returns the metrics."""
     from inferscale_engine.server import routes
     from inferscale_engine.server.metrics import MemoryMetrics
@@ -182,7 +194,7 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int) -> 
         MemoryServingCompletion,
     )
 
-    context = MemoryContext(memory, default_k)
+    context = MemoryContext(memory, default_k, max_add_facts)
     app.state.inferscale = context
     for name, cls in (("openai_serving_chat", MemoryServingChat),
                       ("openai_serving_completion", MemoryServingCompletion)):
@@ -212,7 +224,11 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int) -> 
     async def gate(request: Request, call_next: Any) -> Any:
         if keys is not None:
             try:
-                request.state.principal = keys.principal(request.headers)
+                principal = request.state.principal = keys.principal(request.headers)
+                if not principal.admin and not tenant_route(request.url.path) and any(
+                        route.matches(request.scope)[0] is Match.FULL for route in app.routes):
+                    raise HttpError(403, f"{request.url.path} needs an admin API key",
+                                    "permission_error")
             except HttpError as exc:
                 return routes.http_error_response(exc)
         response = await call_next(request)
@@ -220,63 +236,8 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int) -> 
             response.headers[name] = value
         return response
 
-    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)  # outermost: before the key check
-    metrics = MemoryMetrics(memory)
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)  # before the key check
+    app.add_middleware(CountRefusals, counts=context.refusals)  # outermost: counts them all
+    metrics = MemoryMetrics(memory, context.refusals)
     metrics.start()
     return metrics
-
-
-class BodyLimit:
-    """ASGI middleware: a body over max_bytes gets 413, announced or chunked.
-
-    Content-Length is checked first; a chunked body is counted as it is read, so nothing over
-    the limit is buffered.
-    """
-
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-        self.message = f"request body over {max_bytes} bytes; send less"
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        from inferscale_engine.server.routes import http_error_response
-
-        refusal = http_error_response(HttpError(413, self.message))
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            await refusal(scope, receive, send)
-            return
-        received, exceeded, started = 0, False, False
-
-        async def limited() -> Any:
-            nonlocal received, exceeded
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > self.max_bytes:
-                exceeded = True
-                raise StarletteHTTPException(413, self.message)
-            return message
-
-        async def guarded(message: Any) -> None:
-            # Whatever the app makes of the interrupted body (FastAPI: a 400), the answer is
-            # our 413.
-            nonlocal started
-            if message["type"] == "http.response.start":
-                if started:
-                    return
-                started = True
-                if exceeded:
-                    await refusal(scope, receive, send)
-                    return
-            if not exceeded:
-                await send(message)
-
-        try:
-            await self.app(scope, limited, guarded)
-        except Exception:
-            if not exceeded:
-                raise
-        if exceeded and not started:
-            await refusal(scope, receive, send)

@@ -2,13 +2,14 @@
 
 A collector in prometheus_client's registry (the one vLLM's /metrics serves) reports a snapshot
 of Memory.stats(), refreshed by a background thread: the slab lives in vLLM's workers, and a
-scrape must never wait on them.
+scrape must never wait on them. /metrics is server-wide, so only admin keys read it (auth.py).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,13 +21,17 @@ _COUNTERS = {
     "captured_tokens": "Fact tokens captured into the slab",
     "load_errors": "Injections that failed (vLLM recomputed those tokens)",
 }
+_PLAN_COUNTERS = {  # counted by the connector's scheduler for every request, whatever its route
+    "fallback_rejected": ("plans_rejected", "Plans the connector refused (malformed, forged "
+                                            "or replayed)"),
+    "fallback_mismatch": ("plans_mismatch", "Authentic plans that did not match their "
+                                            "prompt or salt"),
+}
 _ENGINE_COUNTERS = {
     "encoded_facts": "Facts encoded into the slab",
     "evicted_facts": "Facts whose KV was evicted (still durable)",
     "reencoded_facts": "Evicted facts encoded again on use",
     "fallback_text_evicted": "Requests served as text because facts could not be resident",
-    "fallback_rejected": "Plans the connector rejected",
-    "fallback_mismatch": "Plans that did not match their prompt",
     "repaired_facts": "Facts prefilled as text after the injected ones (suffix repair)",
 }
 
@@ -34,8 +39,10 @@ _ENGINE_COUNTERS = {
 class MemoryMetrics:
     """A prometheus_client collector of the Memory's sizes and counters."""
 
-    def __init__(self, memory: Any, interval_s: float = 2.0) -> None:
+    def __init__(self, memory: Any, refusals: Counter[int] | None = None,
+                 interval_s: float = 2.0) -> None:
         self._memory = memory
+        self._refusals = refusals if refusals is not None else Counter()
         self._interval_s = interval_s
         self._snapshot: Any = None
         self._stop = threading.Event()
@@ -93,6 +100,13 @@ class MemoryMetrics:
         for name, text in _COUNTERS.items():
             yield CounterMetricFamily(f"inferscale_{name}", text,
                                       value=totals.get(name, 0))
+        for name, (key, text) in _PLAN_COUNTERS.items():
+            yield CounterMetricFamily(f"inferscale_{name}", text, value=totals.get(key, 0))
         for name, text in _ENGINE_COUNTERS.items():
             yield CounterMetricFamily(f"inferscale_{name}", text,
                                       value=stats.engine.counters.get(name, 0))
+        refused = CounterMetricFamily("inferscale_refused_requests",
+                                      "Requests answered with a 4xx status", labels=["status"])
+        for status, count in sorted(self._refusals.items()):
+            refused.add_metric([str(status)], count)
+        yield refused

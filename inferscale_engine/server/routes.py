@@ -1,14 +1,16 @@
 """The memory REST API, in mem0's request and response shapes where they fit.
 
   POST   /v1/memories            {messages | texts, user_id, metadata, session_id} -> results
-                                 (a long turn becomes several facts: message_index says whose)
+                                 (a long turn becomes several facts: message_index says whose;
+                                 at most --max-add-facts facts per call, else 413)
   GET    /v1/memories?user_id=   the user's memories
   GET    /v1/memories/{id}       one memory       PUT {text, metadata}   DELETE
   POST   /v1/memories/search     {query, user_id (or filters.user_id), top_k, threshold}
   DELETE /v1/memories?user_id=   every memory of a user (admin)
   POST   /v1/memories/reset      {user_id}: memories and turns of a user (admin)
 Writes are durable and their KV encoded before the call returns ("pending": false). A key
-reaches only its own users (403); the user may also come from the X-User-Id header.
+reaches only its own users (403; 404 for a memory id it may not see); the user may also come
+from the X-User-Id header (server/identity.py: how channels are read and normalized).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from inferscale_engine.errors import (
     InferScaleError,
 )
 from inferscale_engine.server.auth import HttpError, Principal
-from inferscale_engine.server.identity import USER_HEADER
+from inferscale_engine.server.identity import header_user, resolve_user
 
 router = APIRouter(prefix="/v1/memories", tags=["memory"])
 
@@ -74,19 +76,21 @@ def _memory(request: Request) -> Any:
     return request.app.state.inferscale.memory
 
 
-def _user(request: Request, given: str | None) -> str:
-    """The user a call is for (body/query, else X-User-Id), checked against the key."""
-    user_id = given or request.headers.get(USER_HEADER)
-    if not user_id:
+def _principal(request: Request) -> Principal | None:
+    return getattr(request.state, "principal", None)
+
+
+def _user(request: Request, *named: tuple[str, object]) -> str:
+    """The user a call is for: `named` channels and X-User-Id (identity.resolve_user)."""
+    user_id = resolve_user([*named, ("X-User-Id", header_user(request.headers))],
+                           _principal(request))
+    if user_id is None:
         raise HttpError(400, "name the user: user_id in the body or query, or X-User-Id")
-    principal: Principal | None = getattr(request.state, "principal", None)
-    if principal is not None:
-        principal.check_user(user_id)
     return user_id
 
 
 def _admin(request: Request, what: str) -> None:
-    principal: Principal | None = getattr(request.state, "principal", None)
+    principal = _principal(request)
     if principal is not None:
         principal.check_admin(what)
 
@@ -106,11 +110,16 @@ async def _call(function: Callable[..., Any], **kwargs: Any) -> Any:
 
 
 async def _owned(request: Request, memory_id: int) -> str:
-    """The owner of a memory id, if this key may reach it (404 when there is none)."""
+    """The owner of a memory id, if this key may reach it.
+
+    404 when there is none AND when the key may not see it: the answer tells nothing about
+    other tenants' ids (neither that they exist nor whose they are).
+    """
     owner = await _call(_memory(request).owner_of, fact_id=memory_id)
-    if owner is None:
+    principal = _principal(request)
+    if owner is None or (principal is not None and not principal.allows(owner)):
         raise HttpError(404, f"no memory with id {memory_id}", "not_found_error")
-    return _user(request, owner)
+    return str(owner)
 
 
 def _record(fact: Any, stored: Any = None) -> dict[str, Any]:
@@ -124,9 +133,11 @@ def _record(fact: Any, stored: Any = None) -> dict[str, Any]:
 @router.post("")
 async def add(request: Request, body: AddBody) -> dict[str, Any]:
     """Remember facts (texts) or a conversation's turns (messages)."""
-    user_id = _user(request, body.user_id)
+    user_id = _user(request, ("user_id", body.user_id))
+    context = request.app.state.inferscale
+    context.check_add_size(len(body.texts or ()) + len(body.messages or ()))
     if body.messages is not None and body.texts is None:  # long turns are cut, not refused
-        indexed = await _call(request.app.state.inferscale.add_messages, user_id=user_id,
+        indexed = await _call(context.add_messages, user_id=user_id,
                               messages=body.messages, metadata=body.metadata,
                               session_id=body.session_id)
     else:
@@ -143,7 +154,7 @@ async def add(request: Request, body: AddBody) -> dict[str, Any]:
 async def get_all(request: Request, user_id: str | None = Query(default=None)
                   ) -> dict[str, Any]:
     """Every memory of a user, oldest first."""
-    user_id = _user(request, user_id)
+    user_id = _user(request, ("user_id", user_id))
     facts = await _call(_memory(request).get_all, user_id=user_id)
     return {"results": [_record(f) for f in facts]}
 
@@ -176,7 +187,8 @@ async def delete(request: Request, memory_id: int) -> dict[str, Any]:
 @router.post("/search")
 async def search(request: Request, body: SearchBody) -> dict[str, Any]:
     """A user's memories most similar to a query, best first."""
-    user_id = _user(request, body.user_id or (body.filters or {}).get("user_id"))
+    user_id = _user(request, ("user_id", body.user_id),
+                    ("filters.user_id", (body.filters or {}).get("user_id")))
     found = await _call(_memory(request).search, user_id=user_id, query=body.query,
                         k=body.top_k)
     return {"results": [{**_record(f), "score": score} for f, score in found.hits
@@ -187,7 +199,7 @@ async def search(request: Request, body: SearchBody) -> dict[str, Any]:
 async def delete_user(request: Request, user_id: str | None = Query(default=None)
                       ) -> dict[str, Any]:
     """Every memory and turn of a user (admin keys only)."""
-    user_id = _user(request, user_id)
+    user_id = _user(request, ("user_id", user_id))
     _admin(request, "deleting a whole user")
     deleted = await _call(_memory(request).reset, user_id=user_id)
     return {"message": "Memories deleted", "deleted": deleted}
@@ -196,7 +208,7 @@ async def delete_user(request: Request, user_id: str | None = Query(default=None
 @router.post("/reset")
 async def reset(request: Request, body: ResetBody | None = None) -> dict[str, Any]:
     """Reset a user: every memory and turn (admin keys only)."""
-    user_id = _user(request, body.user_id if body is not None else None)
+    user_id = _user(request, ("user_id", body.user_id if body is not None else None))
     _admin(request, "resetting a user")
     deleted = await _call(_memory(request).reset, user_id=user_id)
     return {"message": "Memory reset", "deleted": deleted}

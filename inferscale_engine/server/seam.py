@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
+from urllib.parse import quote
 
 from inferscale_engine.checks import FACT_ROLES, check_messages, has_visible
 from inferscale_engine.errors import HandleError, InferScaleError
@@ -25,6 +27,7 @@ from inferscale_engine.generation import RESULT_KEY
 from inferscale_engine.memory.serving import PreparedPrompt
 from inferscale_engine.server.auth import HttpError, Principal
 from inferscale_engine.server.identity import MemoryOptions, identify, strip_client_fields
+from inferscale_engine.server.limits import DEFAULT_MAX_ADD_FACTS
 from inferscale_engine.server.vllm_compat import OpenAIServingChat, OpenAIServingCompletion
 from inferscale_engine.tool_calls import format_tool_call
 
@@ -46,21 +49,29 @@ _SCOPE: contextvars.ContextVar[RequestScope | None] = contextvars.ContextVar(
 class MemoryContext:
     """What the seam and the routes share: the Memory, its defaults, pending write-backs."""
 
-    def __init__(self, memory: Any, default_k: int = 5) -> None:
+    def __init__(self, memory: Any, default_k: int = 5,
+                 max_add_facts: int = DEFAULT_MAX_ADD_FACTS) -> None:
         self.memory = memory
         self.default_k = default_k
+        self.max_add_facts = max_add_facts
         self.pending: set[asyncio.Task[Any]] = set()
-        self.counters: dict[str, int] = {}
+        self.refusals: Counter[int] = Counter()
+        """Requests answered with a 4xx status, by status (limits.CountRefusals)."""
 
     def scope(self, request: Any, raw_request: Any) -> RequestScope:
         """Identity, access and stripped fields of a request (raises HttpError)."""
         headers = raw_request.headers if raw_request is not None else {}
-        options = identify(request, headers, self.default_k)
         principal: Principal | None = getattr(getattr(raw_request, "state", None), "principal",
                                               None)
-        if principal is not None and options.user_id is not None:
-            principal.check_user(options.user_id)
+        options = identify(request, headers, self.default_k, principal)
         return RequestScope(options, strip_client_fields(request))
+
+    def check_add_size(self, num_facts: int) -> None:
+        """Refuse (413) an add of more than max_add_facts facts or turns."""
+        if num_facts > self.max_add_facts:
+            raise HttpError(413, f"{num_facts} memories in one add; at most "
+                                 f"{self.max_add_facts} per request (--max-add-facts): split "
+                                 "the add into several requests", "request_too_large")
 
     def add_messages(self, *, user_id: str, session_id: str | None,
                      messages: Sequence[Mapping[str, Any]],
@@ -74,6 +85,7 @@ class MemoryContext:
         pieces = [(index, role, part) for index, (role, content) in enumerate(turns)
                   for part in (self.memory.split_text(content)
                                if role in FACT_ROLES and has_visible(content) else [content])]
+        self.check_add_size(len(pieces))  # long turns cut into more facts than the limit
         results = self.memory.add(
             user_id=user_id, session_id=session_id, metadata=metadata,
             messages=[{"role": role, "content": part} for _, role, part in pieces])
@@ -115,7 +127,9 @@ def report(scope: RequestScope, raw_request: Any, final: Mapping[str, Any] | Non
     state = getattr(raw_request, "state", None)
     if state is not None:
         state.inferscale_headers = {
-            "X-InferScale-User": options.user_id or "",
+            # Header values are Latin-1: the user id travels percent-encoded UTF-8 (ASCII ids
+            # unchanged but for reserved characters other than ':' and '@').
+            "X-InferScale-User": quote(options.user_id or "", safe=":@"),
             "X-InferScale-Injected-Tokens": str(info["injected_tokens"]),
             "X-InferScale-Plan-Status": status,
             "X-InferScale-Facts": str(info["facts"])}
@@ -140,13 +154,20 @@ class _Seam:
             scope = self._inferscale.scope(request, raw_request)
         except HttpError as exc:
             return self._error(exc.message, exc.status, exc.kind)  # type: ignore[attr-defined]
+        # Large memory adds wait between their chunks while a chat is served (memory/gate.py).
+        interactive = self._inferscale.memory.interactive()
+        interactive.__enter__()
         token = _SCOPE.set(scope)
         try:
             result = await create(request, raw_request)
+        except BaseException:
+            interactive.__exit__(None, None, None)
+            raise
         finally:
             _SCOPE.reset(token)
         if hasattr(result, "__aiter__"):
-            return self._stream(scope, raw_request, result)
+            return self._stream(scope, raw_request, result, interactive)
+        interactive.__exit__(None, None, None)
         if hasattr(result, "choices"):
             final = getattr(result, "kv_transfer_params", None)
             result.kv_transfer_params = None
@@ -155,12 +176,15 @@ class _Seam:
         return result
 
     async def _stream(self, scope: RequestScope, raw_request: Any,
-                      chunks: AsyncIterator[str]) -> AsyncIterator[str]:
-        report(scope, raw_request, None)
-        pieces: list[str] = []
-        async for chunk in chunks:
-            pieces.append(_delta_text(chunk))
-            yield chunk
+                      chunks: AsyncIterator[str], interactive: Any) -> AsyncIterator[str]:
+        try:
+            report(scope, raw_request, None)
+            pieces: list[str] = []
+            async for chunk in chunks:
+                pieces.append(_delta_text(chunk))
+                yield chunk
+        finally:
+            interactive.__exit__(None, None, None)
         self._inferscale.write_back(scope.options, scope.question, "".join(pieces))
 
     async def _prepare(self, scope: RequestScope, engine_input: Any, **kwargs: Any) -> Any:
@@ -239,6 +263,9 @@ class MemoryServingCompletion(_Seam, OpenAIServingCompletion):
         if len(result) != 1:
             return self._error("memory serves one prompt per completion request; send the "
                                "prompts separately or set memory.enabled=false", 400)
+        if getattr(request, "echo", False):  # the echo would be the facts' tokens, re-rendered
+            return self._error("echo is not supported with memory (the prompt vLLM sees holds "
+                               "the user's facts); set echo=false or memory.enabled=false", 400)
         tokenizer = self._inferscale.memory.engine.tokenizer
         first: dict[str, Any] = dict(result[0])
         ids = list(first["prompt_token_ids"])

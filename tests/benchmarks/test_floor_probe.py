@@ -18,15 +18,15 @@ def test_every_variant_injects_and_every_switch_fires(tmp_path, monkeypatch):
                                "--slab-mib", "64"])
     entry = record["k"][20]["summary"]
     for variant in ("kv", "kv-trusted", "kv-nocopy", "kv-noload", "kv-floor", "kv-copyindex",
-                    "kv-numpy", "kv-aftertext"):
+                    "kv-aftertext"):
         assert entry[variant]["injected_median"] > 400, variant  # preamble + 20 facts
         assert entry[variant]["paired_wall"]["n"] == rounds
         assert entry[variant]["paired_wall_afterkv"]["n"] == rounds
     for resident in ("resident", "resident-afterkv"):  # served from the prefix cache
         assert entry[resident]["cached_median"] > 300, resident  # preamble + 20 facts, whole blocks
         assert entry[resident]["injected_median"] == 0, resident
-    # trusted: kv-trusted and kv-floor; noload: kv-noload and kv-floor; nocopy, copyindex and
-    # numpy: one load each
+    # trusted: kv-trusted and kv-floor; noload: kv-noload and kv-floor; nocopy and copyindex:
+    # one load each
     assert entry["switch_counts"] == {"trusted": 2 * rounds, "noload": 2 * rounds,
-                                      "nocopy": rounds, "copyindex": rounds, "numpy": rounds}
+                                      "nocopy": rounds, "copyindex": rounds}
     assert list(tmp_path.glob("floor_probe-tiny-*.json"))

@@ -31,9 +31,10 @@ def test_text_request_after_injected_request_gets_a_true_prefill(engine):
     injected = engine.generate(handle, QUESTIONS[0], greedy(6), mode="kv")
     assert injected.plan_status == "inject"
     text = engine.generate(handle, QUESTIONS[0], greedy(6), mode="text")
-    # Only true-prefill blocks may be reused: those of the save request [preamble][fact 1].
+    # Neither injected blocks nor the save requests' (salted per user) may be reused: this is
+    # the first text request, so nothing of it is cached.
     save_prefix = len(engine.prompts.preamble()) + len(engine.prompts.fact_ids(FACTS[0]))
-    assert text.num_cached_tokens <= save_prefix, "text request reused injected blocks"
+    assert text.num_cached_tokens == 0, "text request reused injected or saved blocks"
     # A never-seen salt makes a guaranteed plain prefill (no prefix-cache hit possible).
     prompt, _ = engine.prepare_request(handle, [{"role": "user", "content": QUESTIONS[0]}])
     reference = plain_prefill(engine, prompt.token_ids(), greedy(6))
@@ -55,3 +56,25 @@ def test_salts_differ_between_users_and_plans(engine):
                              ("b", MemoryHandle("ub", tuple(b))), ("a0", MemoryHandle("ua", ()))]
     }
     assert len(set(salt.values())) == 3
+
+
+def test_an_unsalted_prompt_never_hits_a_saved_facts_blocks(engine):
+    """The prefix-cache oracle: [preamble][fact] sent as plain text after the fact was saved
+    gets no cached tokens beyond the preamble, and exactly what a wrong guess gets."""
+    from vllm import TokensPrompt
+
+    secret = "The door code is " + " ".join(f"{i:02d}" for i in range(24)) + "."
+    engine.add_facts("victim", [secret])
+    preamble = list(engine.prompts.preamble())
+
+    def cached(text: str) -> int:
+        ids = [*preamble, *engine.prompts.fact_ids(text), *engine.prompts.encode(" ok")]
+        out = engine.llm.generate([TokensPrompt(prompt_token_ids=ids)], [greedy(1)],
+                                  use_tqdm=False)[0]
+        return out.num_cached_tokens or 0
+
+    cached("Something else entirely.")  # text requests share the public preamble's blocks
+    wrong = cached(secret.replace("door", "gate"))
+    right = cached(secret)
+    assert len(engine.prompts.fact_ids(secret)) >= 2 * 32  # the fact spans full blocks
+    assert right == wrong and right <= len(preamble), (right, wrong, len(preamble))

@@ -63,7 +63,9 @@ def test_prompt_ids_differing_from_the_plan_claim_nothing_and_match_text_mode(en
     before = _injected_tokens(engine)
     out = send(engine, altered, plan.to_params(), plan.cache_salt)
     text = send(engine, altered, None, None)
-    assert out.plan_status == "mismatch" and out.num_injected_tokens == 0
+    # The MAC is computed over the prompt's ids (the plan carries none): another prompt fails
+    # it exactly as a forged plan does.
+    assert out.plan_status == "rejected" and out.num_injected_tokens == 0
     assert _injected_tokens(engine) == before
     assert out.token_ids == text.token_ids and out.logprobs == text.logprobs
 

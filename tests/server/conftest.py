@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from inferscale_integrations.client import MemoryClient, served_model
-from tests.server.process import KEYS, ServerProcess, keys_file
+from tests.server.process import KEYS, TEST_FLAGS, ServerProcess, keys_file
 
 MAX_TOKENS = 3
 """Answer length: the tiny model's answers are gibberish; tests assert on mechanics."""
@@ -34,7 +34,8 @@ def server(tiny_models, tmp_path_factory) -> Iterator[ServerProcess]:
         yield ServerProcess.attach(os.environ["INFERSCALE_TEST_SERVER"])
         return
     process = ServerProcess(folder / "memory.db", folder / "server.log",
-                            api_keys=keys_file(folder / "keys.json"), admin_key=KEYS["admin"])
+                            api_keys=keys_file(folder / "keys.json"), admin_key=KEYS["admin"],
+                            extra_args=TEST_FLAGS)
     process.start()
     try:
         yield process

@@ -27,8 +27,13 @@ KEYS = {
     "a": "sk-test-tenant-a-0123456789",
     "b": "sk-test-tenant-b-0123456789",
     "admin": "sk-test-admin-0123456789ab",
+    "latin": "sk-test-tenant-latin-01234",
+    "latin-admin": "sk-test-admin-latin-012345",
+    "accent": "sk-test-tenant-accent-0123",
 }
-"""API keys of the test keys file: tenant a reaches users 'a:*', tenant b 'b:*', admin both."""
+"""API keys of the test keys file: tenant a reaches users 'a:*', tenant b 'b:*', admin both;
+tenant latin 'cafe*' (and its admin key), tenant accent 'café:*': the decomposed spelling
+'cafe\u0301:...' starts with 'cafe' but normalizes to one of accent's users."""
 
 
 def keys_file(path: Path) -> Path:
@@ -36,12 +41,18 @@ def keys_file(path: Path) -> Path:
     path.write_text(json.dumps({"keys": {
         KEYS["a"]: {"tenant": "a", "users": ["a:*"]},
         KEYS["b"]: {"tenant": "b", "users": ["b:*"]},
-        KEYS["admin"]: {"tenant": "ops", "users": ["a:*", "b:*"], "admin": True}}}))
+        KEYS["admin"]: {"tenant": "ops", "users": ["a:*", "b:*"], "admin": True},
+        KEYS["latin"]: {"tenant": "latin", "users": ["cafe*"]},
+        KEYS["latin-admin"]: {"tenant": "latin", "users": ["cafe*"], "admin": True},
+        KEYS["accent"]: {"tenant": "accent", "users": ["caf\u00e9:*"]}}}))
     return path
 
 
 CPU_SIZING = ("--enforce-eager", "--slab-mib", "32", "--kv-cache-memory-bytes", str(128 * 2**20),
               "--max-model-len", "2048")
+TEST_FLAGS = ("--max-add-facts", "200", "--enable-prompt-tokens-details")
+"""Flags of the shared test server: a maximal add the fairness test can run in well under a
+minute, and usage.prompt_tokens_details.cached_tokens (the prefix-cache oracle test reads it)."""
 """Sizing flags of the test server (a tiny model on CPU); a GPU run passes its own."""
 
 

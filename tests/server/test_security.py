@@ -32,7 +32,8 @@ def _refused(response, status: int, *words: str) -> None:
 def test_a_key_cannot_reach_another_tenants_users(server, http, model, client_a, client_b, user_b):
     facts_b = [int(r.fact_id) for r in client_b.add(user_id=user_b, texts=FACTS)]
     fact = facts_b[0]
-    # Every route, every way of naming the user: 403, and B's memories are untouched.
+    # Every route, every way of naming the user: 403 (404 for B's memory ids, as for ids that
+    # do not exist), and B's memories are untouched.
     for method, path, kwargs in [
         ("POST", "/v1/memories", {"json": {"user_id": user_b, "texts": ["I am B now."]}}),
         ("GET", "/v1/memories", {"params": {"user_id": user_b}}),
@@ -52,6 +53,10 @@ def test_a_key_cannot_reach_another_tenants_users(server, http, model, client_a,
     ]:
         headers = {**auth("a"), **kwargs.pop("headers", {})}
         response = http.request(method, path, headers=headers, **kwargs)
+        if path.rsplit("/", 1)[-1].isdigit():
+            assert response.status_code == 404, (method, path, response.text)
+            assert user_b not in response.text
+            continue
         assert response.status_code == 403, (method, path, response.text)
         assert user_b in response.json()["error"]["message"], response.text
     assert [int(f.fact_id) for f in client_b.get_all(user_id=user_b)] == facts_b

@@ -1,0 +1,169 @@
+"""MemoryServing: Memory's verbs that answer (generate, answer, prepare) and what adapters need.
+
+Memory (main.py) holds the state; these verbs read it. Every answer ends in serving.py; the
+verbs are interactive calls that large adds yield to (gate.py).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from inferscale_engine import checks
+from inferscale_engine.engine import Engine, Generation, Messages
+from inferscale_engine.errors import HandleError, InvalidRequestError
+from inferscale_engine.facts import MemoryHandle
+from inferscale_engine.layout import Layout
+from inferscale_engine.memory.gate import InteractiveGate, interactive_call
+from inferscale_engine.memory.served import ServedFacts
+from inferscale_engine.memory.serving import PreparedPrompt, prepare, serve
+from inferscale_engine.memory.store import FactStore
+from inferscale_engine.memory.types import SearchResult
+from inferscale_engine.tool_calls import ToolCall
+
+
+class MemoryServing:
+    """The answering half of Memory (its base class)."""
+
+    _engine: Engine
+    _store: FactStore
+    _served: ServedFacts
+    _lock: threading.RLock
+    _gate: InteractiveGate
+    counters: Counter[str]
+
+    def search(self, *, user_id: str, query: str, k: int = 5) -> SearchResult:
+        raise NotImplementedError  # Memory.search
+
+    def _check_open(self) -> None:
+        raise NotImplementedError  # Memory._check_open
+
+    @interactive_call
+    def generate(self, *, user_id: str, query: str, k: int = 5,
+                 messages: Messages | None = None, sampling: Any = None, mode: str = "kv",
+                 handle: MemoryHandle | None = None, layout: Layout | None = None
+                 ) -> Generation:
+        """Answer from the user's memory: search(query, k), then answer().
+
+        Args:
+            user_id: whose memory to use.
+            query: what to retrieve by; also the question unless `messages` is given.
+            k: facts to retrieve.
+            messages: the chat to answer (role/content dicts); default: `query` as a user turn.
+            sampling: vllm.SamplingParams (default: greedy, 64 tokens).
+            mode: 'kv' injects the facts' KV; 'text' prefills them as text.
+            handle: serve these facts instead of searching; it must be this user's.
+            layout: where facts go and which are repaired as text (default: the engine's).
+
+        Raises:
+            HandleError: `handle` is not a MemoryHandle of this user.
+        """
+        user_id = checks.check_user_id(user_id)
+        query = checks.check_text(query, "query", InvalidRequestError)
+        if handle is None:
+            handle = self.search(user_id=user_id, query=query, k=k).handle
+        return self.answer(messages=query if messages is None else messages, handle=handle,
+                           user_id=user_id, sampling=sampling, mode=mode, layout=layout)
+
+    @interactive_call
+    def answer(self, *, messages: Messages | str, handle: MemoryHandle | None,
+               user_id: str | None = None, sampling: Any = None, mode: str = "kv",
+               layout: Layout | None = None, tools: Sequence[Mapping[str, Any]] | None = None
+               ) -> Generation:
+        """Answer a chat with a handle's facts: the one serving entry of every adapter.
+
+        Facts deleted since the handle was made are left out (Generation.num_stale_facts);
+        if injection fails the same facts are answered as text (Generation.fallback).
+
+        Args:
+            messages: the chat (role/content dicts) or one question.
+            handle: facts to use (from search()), or None for no memory.
+            user_id: if given, the handle must be this user's.
+            sampling: vllm.SamplingParams (default: greedy, 64 tokens).
+            mode: 'kv' (inject) or 'text' (prefill the facts as text).
+            layout: where facts go and which are repaired as text (default: the engine's).
+            tools: tool schemas (OpenAI function format) for the model's chat template.
+
+        Raises:
+            HandleError: `handle` is not a MemoryHandle, or not `user_id`'s, or names another
+                user's facts.
+        """
+        if handle is not None and not isinstance(handle, MemoryHandle):
+            raise HandleError(f"handle must be a MemoryHandle (from search()), got "
+                              f"{type(handle).__name__}")
+        if handle is not None and user_id is not None:
+            owner = checks.check_user_id(handle.user_id, HandleError)
+            if owner != checks.check_user_id(user_id):
+                with self._lock:
+                    self.counters["foreign_handles"] += 1
+                raise HandleError(f"the handle belongs to {handle.user_id!r:.40}, not to "
+                                  f"user_id={user_id!r:.40}; use a handle from this user's "
+                                  "search()")
+        self._check_open()
+        return serve(self._engine, handle, messages, sampling, mode, self.counters,
+                     layout=layout, tools=tools)
+
+    @interactive_call
+    def prepare(self, *, user_id: str, query: str | None, k: int = 5,
+                messages: Messages | None = None, prompt_token_ids: Sequence[int] | None = None,
+                session_id: str | None = None, recent_facts: int = 0,
+                layout: Layout | None = None, tools: Sequence[Mapping[str, Any]] | None = None
+                ) -> PreparedPrompt:
+        """The prompt and signed plan for a client that runs vLLM itself (the server).
+
+        The user's top-k facts for `query`, then the session's last `recent_facts` facts, in
+        front of a chat (`messages`, rendered with the model's template) or of a raw
+        completion prompt (`prompt_token_ids`).
+        """
+        user_id = checks.check_user_id(user_id)
+        handle = MemoryHandle(user_id, ())
+        if k and query is not None and checks.has_visible(query):
+            handle = self.search(user_id=user_id, query=query, k=k).handle
+        if recent_facts and session_id is not None:
+            with self._lock:
+                recent = [f.fact_id for f in self._store.recent_facts(
+                    user_id=user_id, session_id=session_id, limit=recent_facts)
+                    if f.fact_id in self._served and f.fact_id not in handle.fact_ids]
+            if recent:  # relevance order: the top-k first, then the session's last facts
+                handle = MemoryHandle(user_id, (*handle.fact_ids, *recent))
+        self._check_open()
+        return prepare(self._engine, handle, self.counters, messages=messages,
+                       prompt_token_ids=prompt_token_ids, layout=layout, tools=tools)
+
+    @contextmanager
+    def interactive(self) -> Iterator[None]:
+        """Mark a latency-sensitive call made outside this class (a server's chat request).
+
+        Large adds wait between their chunks until it is done.
+        """
+        with self._gate.interactive():
+            yield
+
+    # ---- what adapters need from the engine ------------------------------------------
+    def split_text(self, text: str) -> list[str]:
+        """`text` cut into pieces that each fit in one fact (long turns become several)."""
+        return self._engine.split_text(text)
+
+    def parse_tool_calls(self, text: str, tools: Sequence[Mapping[str, Any]],
+                         parser: str = "hermes") -> tuple[str, list[ToolCall]]:
+        """An answer's text without tool calls, and the calls (vLLM's parser `parser`)."""
+        return self._engine.parse_tool_calls(text, tools, parser)
+
+    def text_pieces(self, generation: Generation) -> list[str]:
+        """A finished answer as per-token text pieces (for streaming replays)."""
+        return self._engine.text_pieces(generation)
+
+    @property
+    def model_name(self) -> str:
+        """The served model's folder name."""
+        return os.path.basename(os.path.normpath(self._engine.config.model))
+
+    @property
+    def max_model_len(self) -> int:
+        """Longest prompt + answer the engine serves, in tokens."""
+        return self._engine.config.max_model_len
+

@@ -1,0 +1,81 @@
+"""InteractiveGate: bulk work (a large add) yields to interactive calls (search, chat).
+
+A Memory serves many users from one engine, one embedder and one index. A large add runs in
+chunks sized to take about `chunk_s` each (the size adapts to what the last chunk cost, so it
+holds on a laptop and on a GPU alike); between chunks it waits until no interactive call is in
+flight. Another user's search or chat then waits for at most one chunk of someone's bulk work,
+never for all of it. Under sustained interactive load the bulk work still advances: one chunk
+per `max_wait_s` at least.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import ParamSpec, TypeVar
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class InteractiveGate:
+    """Counts interactive calls in flight; bulk loops wait for none between chunks."""
+
+    def __init__(self, chunk_s: float = 0.1, max_wait_s: float = 1.0, first_chunk: int = 4,
+                 max_chunk: int = 256) -> None:
+        self._chunk_s, self._max_wait_s = chunk_s, max_wait_s
+        self._first_chunk, self._max_chunk = first_chunk, max_chunk
+        self._active = 0
+        self._idle = threading.Condition()
+
+    @contextmanager
+    def interactive(self) -> Iterator[None]:
+        """Mark an interactive call for the duration of the block (nesting is fine)."""
+        with self._idle:
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._active -= 1
+                if not self._active:
+                    self._idle.notify_all()
+
+    def wait_turn(self) -> None:
+        """Return once no interactive call is in flight, or after max_wait_s."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._active == 0, timeout=self._max_wait_s)
+
+    def chunks(self, num_items: int) -> Iterator[tuple[int, int]]:
+        """[lo, hi) ranges covering num_items, each sized to take about chunk_s.
+
+        The caller's work on a range is what is timed (the generator resumes after it); before
+        every range but the first, the generator waits for its turn (wait_turn).
+        """
+        lo, size = 0, self._first_chunk
+        while lo < num_items:
+            if lo:
+                self.wait_turn()
+            hi = min(num_items, lo + size)
+            start = time.perf_counter()
+            yield lo, hi
+            per_item = (time.perf_counter() - start) / (hi - lo)
+            size = max(1, min(self._max_chunk, int(self._chunk_s / max(per_item, 1e-6))))
+            lo = hi
+
+    @property
+    def num_active(self) -> int:
+        """Interactive calls in flight now."""
+        return self._active
+
+
+def interactive_call(method: Callable[P, R]) -> Callable[P, R]:
+    """Decorate a method of an object with a `_gate`: large adds yield to its calls."""
+    @functools.wraps(method)
+    def wrapped(*args: P.args, **kwargs: P.kwargs) -> R:
+        with args[0]._gate.interactive():  # type: ignore[attr-defined]
+            return method(*args, **kwargs)
+    return wrapped
