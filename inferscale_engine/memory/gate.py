@@ -1,7 +1,8 @@
 """InteractiveGate: bulk work (a large add) yields to interactive calls (search, chat).
 
 A Memory serves many users from one engine, one embedder and one index. A large add runs in
-chunks sized to take about `chunk_s` each (the size adapts to what the last chunk cost, so it
+chunks (an add of up to `whole_up_to` facts is one chunk: a run of facts stays one save request;
+a larger one starts with a `probe` chunk) sized to take about `chunk_s` each (the size adapts to what the last chunk cost, so it
 holds on a laptop and on a GPU alike); between chunks it waits until no interactive call is in
 flight. Another user's search or chat then waits for at most one chunk of someone's bulk work,
 never for all of it. Under sustained interactive load the bulk work still advances: one chunk
@@ -24,10 +25,10 @@ R = TypeVar("R")
 class InteractiveGate:
     """Counts interactive calls in flight; bulk loops wait for none between chunks."""
 
-    def __init__(self, chunk_s: float = 0.1, max_wait_s: float = 1.0, first_chunk: int = 4,
-                 max_chunk: int = 256) -> None:
+    def __init__(self, chunk_s: float = 0.1, max_wait_s: float = 1.0, whole_up_to: int = 16,
+                 probe: int = 4, max_chunk: int = 256) -> None:
         self._chunk_s, self._max_wait_s = chunk_s, max_wait_s
-        self._first_chunk, self._max_chunk = first_chunk, max_chunk
+        self._whole_up_to, self._probe, self._max_chunk = whole_up_to, probe, max_chunk
         self._active = 0
         self._idle = threading.Condition()
 
@@ -55,7 +56,8 @@ class InteractiveGate:
         The caller's work on a range is what is timed (the generator resumes after it); before
         every range but the first, the generator waits for its turn (wait_turn).
         """
-        lo, size = 0, self._first_chunk
+        lo = 0
+        size = num_items if num_items <= self._whole_up_to else self._probe
         while lo < num_items:
             if lo:
                 self.wait_turn()

@@ -21,8 +21,9 @@ from tests.server.process import TEST_FLAGS
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 MAX_ADD = int(TEST_FLAGS[TEST_FLAGS.index("--max-add-facts") + 1])
-SLOWDOWN = 2.5
-"""B's worst chat latency during A's add, at most this many times its median idle latency."""
+SLOWDOWN = 2.0
+"""B's 90th-percentile chat latency during A's add, at most this many times its median idle
+latency; its worst at most twice that (a stall of the whole add would take seconds)."""
 
 
 def _chat_seconds(http: httpx.Client, model: str, user: str) -> float:
@@ -69,10 +70,13 @@ def test_a_maximal_add_leaves_other_tenants_chats_fast(server, model, user_a, us
         assert len(http.get("/v1/memories", params={"user_id": user_a},
                             headers=auth("a")).json()["results"]) == MAX_ADD
 
+    p90 = statistics.quantiles(busy, n=10)[-1] if len(busy) > 1 else busy[0]
     report = (f"\nfairness: A added {MAX_ADD} facts in {done['seconds']:.1f} s; B's chat "
               f"latency idle median {statistics.median(idle) * 1e3:.0f} ms, max "
               f"{max(idle) * 1e3:.0f} ms; during the add ({len(busy)} chats) median "
-              f"{statistics.median(busy) * 1e3:.0f} ms, max {max(busy) * 1e3:.0f} ms")
+              f"{statistics.median(busy) * 1e3:.0f} ms, p90 {p90 * 1e3:.0f} ms, max "
+              f"{max(busy) * 1e3:.0f} ms")
     print(report)
     assert len(busy) >= 3, report  # B was served throughout, not after the add
-    assert max(busy) <= SLOWDOWN * statistics.median(idle), report
+    assert p90 <= SLOWDOWN * statistics.median(idle), report
+    assert max(busy) <= 2 * SLOWDOWN * statistics.median(idle), report
