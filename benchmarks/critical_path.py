@@ -115,11 +115,11 @@ def build(args: argparse.Namespace, k_max: int) -> SimpleNamespace:
     from inferscale_engine.connector.slab import KVSlab
     from inferscale_engine.connector.worker import InferScaleWorker
     from inferscale_engine.facts import Fact, FactId
-    from inferscale_engine.preambles import PreambleCache
-    from inferscale_engine.prompt import PromptBuilder
-    from inferscale_engine.read_path import RequestPlanner
-    from inferscale_engine.residency import FactRecord, Residency, SlabAllocator
-    from inferscale_engine.tiny_model import tiny_model_path
+    from inferscale_engine.prompting.prompt import PromptBuilder
+    from inferscale_engine.runtime.preambles import PreambleCache
+    from inferscale_engine.runtime.read_path import RequestPlanner
+    from inferscale_engine.runtime.residency import FactRecord, Residency, SlabAllocator
+    from tests.tiny_model import tiny_model_path
 
     secret = os.urandom(32)
     os.environ[SECRET_ENV] = secret.hex()
@@ -178,9 +178,9 @@ def steps_for(env: SimpleNamespace, k: int, block_size: int, seed: int
     from inferscale_engine.connector.metadata import InferScaleMetadata
     from inferscale_engine.connector.slab import SlabEntry
     from inferscale_engine.facts import MemoryHandle
-    from inferscale_engine.handoff import PlanHandoff
-    from inferscale_engine.layout import Layout
-    from inferscale_engine.plan import SYSTEM_OWNER, InjectionPlan, from_params
+    from inferscale_engine.prompting.layout import Layout
+    from inferscale_engine.protocol.handoff import PlanHandoff
+    from inferscale_engine.protocol.plan import SYSTEM_OWNER, InjectionPlan, from_params
 
     rng = random.Random(seed)
     records = rng.sample(env.records, k)

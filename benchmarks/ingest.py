@@ -36,8 +36,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     from inferscale_engine import Engine, EngineConfig
-    from inferscale_engine.contexts import run_contexts
-    from inferscale_engine.prompt import FACT_FORMAT
+    from inferscale_engine.prompting.contexts import run_contexts
+    from inferscale_engine.prompting.prompt import FACT_FORMAT
 
     model, dtype, load_format = resolve_model(args.model)
     settings = [setting.partition("r") for setting in args.windows.split(",")]

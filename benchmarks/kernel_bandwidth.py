@@ -2,7 +2,7 @@
 
 Times (triton.testing.do_bench, median) chunked_rope.inject_ / capture_ for N tokens x L layers,
 a torch copy_ of the same K+V bytes, and reference.inject_ / capture_. GB/s counts bytes read
-plus bytes written. Writes one JSON record to benchmarks/results/. Asserts nothing about speed.
+plus bytes written. Writes one JSON record to benchmarks/out/. Asserts nothing about speed.
 
     python benchmarks/kernel_bandwidth.py                      # Llama-3.1-8B geometry, bf16
     python benchmarks/kernel_bandwidth.py --layout HND --style interleaved
@@ -41,7 +41,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--warmup-ms", type=int, default=25)
     p.add_argument("--rep-ms", type=int, default=200)
     p.add_argument("--output-dir", type=Path, default=Path(
-        os.environ.get("INFERSCALE_RESULTS", Path(__file__).parent / "results")))
+        os.environ.get("INFERSCALE_RESULTS", Path(__file__).parent / "out")))
     return p.parse_args()
 
 

@@ -1,6 +1,6 @@
 """The arms of the LoCoMo benchmark: the ways one question is answered from its k facts.
 
-An arm is a name, a kind and the engine's own prompt Layout (inferscale_engine.layout):
+An arm is a name, a kind and the engine's own prompt Layout (inferscale_engine.prompting.layout):
   kind     'text' prefills the facts as text; 'kv' injects their stored KV, encoded with
            context window W (`window`)
   layout   the engine's Layout: which of the k facts are repaired as text (the top r by
@@ -10,9 +10,9 @@ Names spell the setting: text, text-user4, text-end4, kv-w64, kv-w64-user4, kv-w
 kv-w64-also4, kv-w64-a0.9 (facts encoded with key temperature: keys scaled by 0.9),
 kv-w256r512 (the conversation's facts encoded in runs of up to 512 fact tokens, one save
 request per run: each fact after the W tokens before its run and the run's facts before it;
-inferscale_engine.contexts.RunContext), kv-s256 (each fact encoded after the earlier facts of
-its conversation MOST SIMILAR to it, up to W tokens, in conversation order;
-inferscale_engine.contexts.similar_contexts).
+prompting/contexts.py RunContext), kv-s256 (each fact encoded after the earlier facts of its
+conversation MOST SIMILAR to it, up to W tokens, in conversation order; prompting/contexts.py
+similar_contexts).
 Every request is one handle, facts in chronological order with their retrieval scores, so the
 ENGINE picks the repaired facts; a text arm of a layout prefills the same prompt
 a kv arm of that layout sends. Text arms run first, so cached text answers are reused.
@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inferscale_engine.layout import Layout
+from inferscale_engine.prompting.layout import Layout
 
 KINDS = ("text", "kv")
 CONTEXTS = ("recent", "similar")

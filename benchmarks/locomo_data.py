@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from inferscale_engine.prompt import FACT_FORMAT
+from inferscale_engine.prompting.prompt import FACT_FORMAT
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo10.json"
 CATEGORIES = (1, 2, 3, 4)

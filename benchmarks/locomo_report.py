@@ -26,7 +26,7 @@ from benchmarks.locomo_metrics import (
     locomo_f1,
     top_n_mass,
 )
-from inferscale_engine.calibration import first_token_kl
+from inferscale_engine.model.calibration import first_token_kl
 
 BOOTSTRAP_RESAMPLES = 2000
 CONFIDENCE = 0.95

@@ -35,7 +35,7 @@ def sampling_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def gguf_sha256(model: str) -> str | None:
     """sha256 of the GGUF a --model alias is built from ('small', 'medium'), else None."""
-    from inferscale_engine.small_model import MEDIUM_MODEL, SMALL_MODEL
+    from inferscale_engine.model.small_model import MEDIUM_MODEL, SMALL_MODEL
 
     spec = {"small": SMALL_MODEL, "medium": MEDIUM_MODEL}.get(model)
     return spec.sha256 if spec else None
@@ -186,7 +186,7 @@ class ConversationRun:
         the questions need), or its similar-facts context (over the whole conversation too)."""
         run_tokens = arm.run_tokens
         if arm.context == "similar":
-            from inferscale_engine.contexts import similar_contexts
+            from inferscale_engine.prompting.contexts import similar_contexts
 
             texts = [f.text for f in self.conv.facts]
             vectors = self.embedder.encode([f.retrieval_text for f in self.conv.facts])
@@ -198,7 +198,7 @@ class ConversationRun:
         if self.conv.context_kind != "memory":
             raise SystemExit("runs of facts (kv-wWrR arms) encode facts after the facts "
                              "before them: use --context memory")
-        from inferscale_engine.contexts import run_contexts
+        from inferscale_engine.prompting.contexts import run_contexts
 
         texts = [f.text for f in self.conv.facts]
         lengths = [len(self.engine.tokenize_fact(t)) for t in texts]

@@ -60,14 +60,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def fact_texts(count: int) -> list[str]:
     """Distinct short facts (about 12 tokens with the tiny tokenizer: one slab page)."""
-    from inferscale_engine.tiny_model import _NAMES, _THINGS, _VERBS
+    from tests.tiny_model import _NAMES, _THINGS, _VERBS
 
     return [f"{_NAMES[n % 10]} {_VERBS[n // 10 % 8]} {_THINGS[n // 80 % 15]} #{n}."
             for n in range(count)]
 
 
 def query_texts(count: int) -> list[str]:
-    from inferscale_engine.tiny_model import _NAMES, _THINGS
+    from tests.tiny_model import _NAMES, _THINGS
 
     return [f"What does {_NAMES[i % 10]} think about {_THINGS[i % 15]}?" for i in range(count)]
 

@@ -184,7 +184,7 @@ def requests_of(args: argparse.Namespace, http: Any, memory: Any, model_id: str,
                 question: str, one_token: Any) -> dict[str, Any]:
     """Question i's request in each mode (a call returning ms and what was served)."""
     from inferscale_engine.config import DEFAULT_SYSTEM_PROMPT
-    from inferscale_engine.prompt import FACT_FORMAT
+    from inferscale_engine.prompting.prompt import FACT_FORMAT
 
     engine = memory.engine
     user, twin = f"ttft-{i}", f"ttft-{i}-twin"

@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
     from vllm import SamplingParams
 
     from inferscale_engine import Engine, EngineConfig
-    from inferscale_engine.layout import Layout
+    from inferscale_engine.prompting.layout import Layout
 
     args = parse_args(argv)
     model, dtype, load_format = resolve_model(args.model)

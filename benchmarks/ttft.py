@@ -5,12 +5,12 @@ Modes, on the same engine and the same prompts:
   kv        facts' stored KV injected by InferScale (plan building included in the time;
             with the embedded default, MP=0, the plan goes to the scheduler by reference)
   kv-signed the same with the plan signed and sent in full, as it crosses processes (MP=1,
-            the server): the in-process handoff's A/B (inferscale_engine.handoff)
+            the server): the in-process handoff's A/B (inferscale_engine.protocol.handoff)
   resident  the same preamble + facts already in vLLM's prefix cache (warmed by a request
             with another question; timed with a third question, so that nothing of its
             question is cached): the ceiling KV injection can approach
   kv-endR, kv-userR, kv-alsoR, text-userR, text-endR
-            a suffix repair (inferscale_engine.layout): R of the k facts prefilled as text
+            a suffix repair (inferscale_engine.prompting.layout): R of the k facts prefilled as text
             after the injected ones (end of the memory block / a block in the user turn /
             injected and repeated); the text-* modes prefill that same layout whole
 Each timed request draws its own random fact set from a pool (a different retrieval result per
@@ -168,7 +168,7 @@ def make_retriever(args: argparse.Namespace, facts: list[str]):
 def mode_layout(mode: str, k: int) -> tuple[str, Any]:
     """The engine mode and Layout of a mode name (repairs capped at k facts)."""
     from benchmarks.locomo_arms import layout_of
-    from inferscale_engine.layout import Layout
+    from inferscale_engine.prompting.layout import Layout
 
     if mode in ("text", "kv", "resident", "kv-signed"):  # every fact in the memory block,
         # whatever the engine's default layout is

@@ -4,7 +4,7 @@ langchain_buffer_memory.py and langchain_kv_memory.py are the same app; they dif
 memory line (and its import). With ConversationBufferMemory the transcript is pasted into every
 prompt as text; with KVMemory the user's top-k long-term facts and the recent turns reach the
 model as KV that was prefilled once and is injected into vLLM's paged cache.
-Run either: python examples/langchain_kv_memory.py --model tiny   (or small, auto, a folder)
+Run either: python examples/langchain_kv_memory.py --model small   (or a model folder)
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """LangChain against `inferscale serve`: ChatOpenAI and a remote KVMemory in a ConversationChain.
 
-Start the server first, in another terminal (--model tiny: instant, gibberish answers):
+Start the server first, in another terminal (`small` is the real 0.5B model, or a model folder):
     inferscale serve --model small --port 8000
 then:
     python examples/server_langchain.py --base-url http://127.0.0.1:8000

@@ -1,6 +1,6 @@
 """LlamaIndex against `inferscale serve`: OpenAILike and a remote KVMemory in SimpleChatEngine.
 
-Start the server first, in another terminal (--model tiny: instant, gibberish answers):
+Start the server first, in another terminal (`small` is the real 0.5B model, or a model folder):
     inferscale serve --model small --port 8000
 then:
     python examples/server_llamaindex.py --base-url http://127.0.0.1:8000

@@ -1,8 +1,8 @@
 """What the server examples share: their command line, and Caroline's facts on the server.
 
 The examples start nothing: they talk to a running `inferscale serve`. Start one first:
-    inferscale serve --model small --port 8000   # Qwen2.5-Coder-0.5B ('inferscale[smallmodel]')
-    inferscale serve --model tiny --port 8000    # a tiny random model: instant, gibberish answers
+    inferscale serve small --port 8000      # Qwen2.5-Coder-0.5B ('inferscale-kv[smallmodel]')
+    inferscale serve /path/to/model --port 8000
 With --api-keys FILE, pass --api-key (or set INFERSCALE_API_KEY) with a key reaching the user.
 """
 

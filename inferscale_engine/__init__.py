@@ -1,17 +1,52 @@
 """InferScale engine: facts prefilled once, their KV injected into vLLM's paged KV cache.
 
 Names are resolved lazily (PEP 562): vLLM's processes import `inferscale_engine.connector`,
-which must not pull in the engine, the fact store or the embedder.
+which must not pull in the engine, the fact store or the embedder. Type checkers and IDEs see
+the real classes (the imports under TYPE_CHECKING).
+
+  errors, config, facts, checks  what every layer shares
+  protocol/   the plan protocol (kv_transfer_params) between the app and vLLM's processes
+  model/      model support: RoPE, architecture checks, calibration, the small model
+  prompting/  prompts from token ids, layouts, encoding contexts, tool calls
+  runtime/    the Engine and what drives vLLM (write path, read path, residency)
+  kernels/    Chunked RoPE (Triton) and its reference
+  connector/  what vLLM loads in its processes (scheduler and worker halves)
+  memory/     Memory: users, durable facts, retrieval, serving
+  server/     `inferscale serve`
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inferscale_engine.config import EngineConfig
+    from inferscale_engine.errors import (
+        ConfigError,
+        EngineClosedError,
+        FactNotFoundError,
+        HandleError,
+        InferScaleError,
+        InvalidFactError,
+        InvalidRequestError,
+        InvalidTurnError,
+        InvalidUserIdError,
+        PlanError,
+        SlabFullError,
+        StoreError,
+        UnsupportedModelError,
+    )
+    from inferscale_engine.facts import Fact, FactId, MemoryHandle
+    from inferscale_engine.memory.config import MemoryConfig
+    from inferscale_engine.memory.main import Memory
+    from inferscale_engine.memory.types import AddResult, SearchResult
+    from inferscale_engine.runtime.engine import Engine
+    from inferscale_engine.runtime.generation import EngineStats, Generation
 
 _EXPORTS = {
-    "Engine": "engine", "EngineStats": "generation", "Generation": "generation",
-    "EngineConfig": "config",
+    "Engine": "runtime.engine", "EngineStats": "runtime.generation",
+    "Generation": "runtime.generation", "EngineConfig": "config",
     "Fact": "facts", "FactId": "facts", "MemoryHandle": "facts",
     "ConfigError": "errors", "EngineClosedError": "errors", "FactNotFoundError": "errors",
     "HandleError": "errors", "InferScaleError": "errors", "InvalidFactError": "errors",

@@ -1,4 +1,4 @@
-"""Command line: `inferscale demo` (and `inferscale build-model`)."""
+"""Command line: `inferscale serve | demo | calibrate | build-model`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
+
+from inferscale_engine.model.resolve import resolve_model
 
 DEMO_FACTS = [
     "Caroline moved to Lisbon in 2021 and works as a pottery teacher.",
@@ -20,20 +21,6 @@ DEMO_FACTS = [
     "Caroline's birthday is on the 14th of March.",
 ]
 DEMO_QUESTION = "What is the name of Caroline's dog?"
-
-
-def resolve_model(name: str) -> tuple[Path, str]:
-    """Model folder and dtype for 'auto' | 'small' | 'tiny' | a path."""
-    from inferscale_engine.small_model import small_model_available, small_model_path
-    from inferscale_engine.tiny_model import TinyModelSpec, tiny_model_path
-
-    if name == "auto":
-        name = "small" if small_model_available() else "tiny"
-    if name == "small":
-        return small_model_path(), "float32"  # bf16 is emulated (slow) on most CPUs
-    if name == "tiny":
-        return tiny_model_path(TinyModelSpec("qwen2")), "float32"
-    return Path(name), "auto"
 
 
 def _ttft_ms(engine, handle, question: str, mode: str, repeats: int) -> float:
@@ -54,7 +41,7 @@ def demo(args: argparse.Namespace) -> int:
     from vllm import SamplingParams
 
     from inferscale_engine import Engine, EngineConfig, MemoryHandle
-    from inferscale_engine.contexts import run_contexts
+    from inferscale_engine.prompting.contexts import run_contexts
 
     model, dtype = resolve_model(args.model)
     print(f"model: {model} ({dtype})", flush=True)
@@ -96,10 +83,10 @@ def demo(args: argparse.Namespace) -> int:
 
 def calibrate(args: argparse.Namespace) -> int:
     """Fit the key temperature on a user's stored facts and save it (no gold answers)."""
-    from inferscale_engine.calibration import fit
     from inferscale_engine.config import EngineConfig
     from inferscale_engine.memory import Memory, MemoryConfig
     from inferscale_engine.memory.ingest import fact_contexts
+    from inferscale_engine.model.calibration import fit
 
     model, dtype = resolve_model(args.model)
     config = MemoryConfig(EngineConfig(model=str(model), dtype=dtype,
@@ -118,7 +105,7 @@ def calibrate(args: argparse.Namespace) -> int:
 
 
 def build_model(args: argparse.Namespace) -> int:
-    """Build the tiny fixture or the real small model into the cache and print its path."""
+    """Build the real small model into the cache and print its path."""
     print(resolve_model(args.model)[0])
     return 0
 
@@ -128,8 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="inferscale", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("demo", help="answer a question from memory in KV mode and text mode")
-    run.add_argument("--model", default="auto",
-                     help="auto (small if installed, else tiny) | small | tiny | a model folder")
+    run.add_argument("--model", default="small", help="small (the real 0.5B) | a model folder")
     run.add_argument("--question", default=DEMO_QUESTION)
     run.add_argument("--window", type=int, default=256, help="context window W (tokens)")
     run.add_argument("--run-tokens", type=int, default=512,
@@ -139,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     run.set_defaults(func=demo)
     run.add_argument("--verbose", action="store_true", help="show vLLM's INFO log")
     cal = sub.add_parser("calibrate", help="fit the key temperature on a user's facts")
-    cal.add_argument("--model", default="auto", help="small | tiny | auto | a model folder")
+    cal.add_argument("--model", default="small", help="small | a model folder")
     cal.add_argument("--db", required=True, help="the Memory's fact database")
     cal.add_argument("--user", required=True, help="whose facts to sample")
     cal.add_argument("--out", required=True, help="where to write the fit (JSON)")
@@ -149,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--window", type=int, default=256, help="context window W (tokens)")
     cal.set_defaults(func=calibrate)
     build = sub.add_parser("build-model", help="build a model into the cache, print its path")
-    build.add_argument("--model", default="auto", help="auto | small | tiny")
+    build.add_argument("--model", default="small", help="small")
     build.set_defaults(func=build_model)
     sub.add_parser("serve", help="vLLM's OpenAI server with per-user KV memory (see "
                                  "`inferscale serve --help`)", add_help=False)

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from inferscale_engine.errors import ConfigError
-from inferscale_engine.layout import QUALITY_LAYOUT, USER_BLOCK_HEADER, Layout
+from inferscale_engine.prompting.layout import QUALITY_LAYOUT, USER_BLOCK_HEADER, Layout
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_SYSTEM_PROMPT = "Memory (facts about the user, from earlier conversations):\n"
@@ -41,8 +41,8 @@ class EngineConfig:
     """R: facts added together (Memory.add(texts=[...])) are encoded in runs of up to R fact
     tokens, one save request per run: a run's first fact sees the W tokens before it, every
     later one those and the run's facts before it (W to W + R tokens of context). 0: each
-    fact is encoded on its own after exactly its last W tokens (inferscale_engine.contexts).
-    At W=256 runs of 512 ingest 11x faster than facts alone on a CPU, 3x on an H200."""
+    fact is encoded on its own after exactly its last W tokens (prompting/contexts.py). Runs
+    ingest several times faster than facts encoded alone (docs/benchmarks.md)."""
     context_source: str = "similar"
     """What a fact added as text (Memory.add(texts=[...])) is encoded after: 'similar', the
     user's earlier facts most similar to it (by embedding, up to W tokens, in the order they
@@ -75,7 +75,7 @@ class EngineConfig:
     """Run vLLM's EngineCore in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1)."""
     plan_handoff: bool = True
     """With EngineCore in this process, hand plans to the connector by reference instead of
-    signing and encoding them (inferscale_engine.handoff; the prompt is still checked)."""
+    signing and encoding them (inferscale_engine.protocol.handoff; the prompt is still checked)."""
     enable_prefix_caching: bool = True
     """vLLM prefix caching (text mode uses it; injected prompts carry a cache_salt)."""
     tensor_parallel_size: int = 1
@@ -83,7 +83,7 @@ class EngineConfig:
     data_parallel_size: int = 1
     """vLLM engines (data parallelism; `inferscale serve --data-parallel-size`, vLLM's
     AsyncLLM): each user is pinned to one engine by a stable hash of the user id, and that
-    engine's slab holds the user's facts (inferscale_engine.shards)."""
+    engine's slab holds the user's facts (inferscale_engine.runtime.shards)."""
     load_format: str = "auto"
     """vLLM load format; 'dummy' for timing runs without weights."""
     seed: int = 0
@@ -153,7 +153,7 @@ class EngineConfig:
             raise ConfigError(f"user_block_header must be a non-empty string, got "
                               f"{self.user_block_header!r}")
         if not isinstance(self.layout, Layout):
-            raise ConfigError(f"layout must be an inferscale_engine.layout.Layout, got "
+            raise ConfigError(f"layout must be an inferscale_engine.prompting.layout.Layout, got "
                               f"{type(self.layout).__name__}")
         reserved = {"model", "tokenizer", "kv_transfer_config", "worker_extension_cls"}
         if clash := reserved & set(self.vllm_overrides):

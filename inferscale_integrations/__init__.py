@@ -8,7 +8,15 @@ framework raises ImportError naming the extra to install.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers and IDEs see (the names resolve lazily at run time)
+    from inferscale_integrations.client import MemoryClient
+    from inferscale_integrations.langchain.chat_model import ChatInferScale
+    from inferscale_integrations.langchain.middleware import KVMemoryMiddleware
+    from inferscale_integrations.llamaindex.llm import InferScaleLLM
+    from inferscale_integrations.memory import KVMemory
+    from inferscale_integrations.registry import register_memory
 
 _EXPORTS = {
     "KVMemory": "inferscale_integrations.memory",

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from typing_extensions import TypedDict
 
 from inferscale_engine.checks import FACT_ROLES, check_role, has_visible
-from inferscale_engine.facts import FactId, MemoryHandle
+from inferscale_engine.facts import MemoryHandle
 from inferscale_integrations.client import MemoryClient, api_url
 from inferscale_integrations.handles import make_handle_message
 from inferscale_integrations.registry import DEFAULT_NAME, claim_name, get_memory
@@ -226,15 +226,8 @@ class KVMemoryBase(BaseModel):
         window = [f for t in with_facts[-self.recent_turns:] for f in t["fact_ids"]
                   ] if self.recent_turns else []
         recent = list(dict.fromkeys(reversed(window)))[::-1]  # a repeated fact: latest place
-        top: list[int] = []
-        if query and has_visible(query) and self.k:
-            # Ask for more: facts already in the window or still pending do not count.
-            found = self.memory.search(user_id=self.user_id, query=query,
-                                       k=self.k + len(recent) + len(skipped))
-            top = [int(f.fact_id) for f in found.facts
-                   if f.fact_id not in recent and f.fact_id not in skipped][:self.k]
-        facts = top + recent
-        return MemoryHandle(self.user_id, tuple(FactId(f) for f in facts))
+        return self.memory.handle_for(user_id=self.user_id, query=query, k=self.k,
+                                      recent=recent, exclude=sorted(skipped))
 
     def handle_message_parts(self, query: str | None, pending: int = 0
                              ) -> tuple[str, dict[str, object]]:

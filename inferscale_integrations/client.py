@@ -235,7 +235,7 @@ def _httpx() -> Any:
         import httpx
     except ImportError as exc:  # pragma: no cover - httpx comes with openai and vLLM
         raise ImportError("the InferScale server client needs httpx; install it with: pip "
-                          "install 'inferscale[serve-clients]'") from exc
+                          "install 'inferscale-kv[client]'") from exc
     return httpx
 
 

@@ -19,7 +19,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without an extra
     raise ImportError(
         f"KVMemory needs both LangChain and LlamaIndex ({exc}); install them with: pip install "
-        "'inferscale[langchain,llamaindex]', or use LangChainKVMemory / LlamaIndexKVMemory "
+        "'inferscale-kv[langchain,llamaindex]', or use LangChainKVMemory / LlamaIndexKVMemory "
         "from inferscale_integrations.langchain / .llamaindex") from exc
 
 from llama_index.core.schema import BaseComponent

@@ -16,7 +16,7 @@ from typing import Any
 
 from inferscale_engine.errors import InvalidRequestError
 from inferscale_engine.facts import MemoryHandle
-from inferscale_engine.generation import Generation
+from inferscale_engine.runtime.generation import Generation
 from inferscale_integrations.handles import HANDLES_KEY, ChatTurn, prepare_chat
 from inferscale_integrations.registry import MemoryNotRegisteredError, get_memory
 from inferscale_integrations.tools import (

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from inferscale_engine.tool_calls import ToolCall, format_tool_call
+from inferscale_engine.prompting.tool_calls import ToolCall, format_tool_call
 
 if TYPE_CHECKING:
     from inferscale_engine.memory import Memory

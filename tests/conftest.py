@@ -20,7 +20,7 @@ ARCHS = ("llama", "qwen2")
 @pytest.fixture(scope="session")
 def tiny_models() -> dict[str, Path]:
     """Both tiny fixtures (Llama with llama3 RoPE scaling, Qwen2 with qkv bias), built once."""
-    from inferscale_engine.tiny_model import TinyModelSpec, tiny_model_path
+    from tests.tiny_model import TinyModelSpec, tiny_model_path
 
     return {arch: tiny_model_path(TinyModelSpec(arch)) for arch in ARCHS}
 
@@ -28,7 +28,7 @@ def tiny_models() -> dict[str, Path]:
 def engine_config(model: Path, **overrides: Any):
     """Small, fp32, eager engine settings for tests on 2 CPU cores."""
     from inferscale_engine.config import EngineConfig
-    from inferscale_engine.layout import Layout
+    from inferscale_engine.prompting.layout import Layout
 
     # Every fact injected and encoded alone (after the facts right before it when a test
     # gives it a window) unless a test asks otherwise: the invariants compare injection with
@@ -50,7 +50,7 @@ def engine_config(model: Path, **overrides: Any):
 def running_engine(model: Path, **overrides: Any) -> Iterator[Any]:
     """An Engine for the duration of the block. vLLM keeps one KV connector per process
     (MP=0), so tests never hold two in-process engines at once."""
-    from inferscale_engine.engine import Engine
+    from inferscale_engine.runtime.engine import Engine
 
     engine = Engine(engine_config(model, **overrides))
     try:
@@ -74,7 +74,7 @@ def plain_prefill(engine, token_ids: list[int], sampling):
 
     from vllm import TokensPrompt
 
-    from inferscale_engine.generation import from_output as _generation
+    from inferscale_engine.runtime.generation import from_output as _generation
 
     prompt = TokensPrompt(prompt_token_ids=token_ids, cache_salt=uuid.uuid4().hex)
     out = engine.llm.generate([prompt], [sampling], use_tqdm=False)[0]

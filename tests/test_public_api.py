@@ -32,8 +32,8 @@ def test_connector_imports_stay_light():
         "bad = [m for m in new if m.split('.')[0] in ('sqlite3', 'sentence_transformers',"
         " 'langchain_core', 'langchain_classic', 'llama_index', 'transformers')"
         " or m.startswith('inferscale_engine.memory')"
-        " or m in ('inferscale_engine.engine', 'inferscale_engine.prompt',"
-        " 'inferscale_engine.runner', 'inferscale_engine.residency')]; "
+        " or m in ('inferscale_engine.runtime.engine', 'inferscale_engine.prompting.prompt',"
+        " 'inferscale_engine.runtime.runner', 'inferscale_engine.runtime.residency')]; "
         "print(','.join(sorted(bad)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -13,15 +13,14 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("inferscale_engine", "inferscale_integrations")
 MAX_LINES = 450
 
+MAX_TOP_MODULES = 10
 LAYERS = [
-    # 0: plain data, checks and math, importable by every process
-    {"errors", "facts", "checks", "config", "plan", "save_plan", "handoff", "wire", "generation",
-     "rope", "prompt", "residency", "kernels", "layout", "contexts"},
+    # 0: plain data, checks and math, the plan protocol, prompts, model support, kernels
+    {"errors", "facts", "checks", "config", "protocol", "prompting", "model", "kernels"},
     # 1: what vLLM loads in its own processes
     {"connector"},
-    # 2: the engine around a co-located vLLM
-    {"runner", "write_path", "preambles", "read_path", "model_check", "engine", "tiny_model",
-     "small_model", "tool_calls", "calibration", "shards"},
+    # 2: the runtime around a co-located vLLM
+    {"runtime"},
     # 3: the memory layer (users, durable facts, retrieval, serving)
     {"memory"},
     # 4: what apps touch: the command line and the framework adapters
@@ -75,6 +74,11 @@ def test_no_module_is_over_the_limit(path):
     assert len(path.read_text().splitlines()) <= MAX_LINES, "split it by concept"
 
 
+def test_the_engine_has_few_modules_at_its_top():
+    top = sorted(p.name for p in (ROOT / "inferscale_engine").glob("*.py"))
+    assert len(top) <= MAX_TOP_MODULES, f"group them into packages: {top}"
+
+
 def test_imports_flow_from_higher_layers_to_lower_ones():
     offences = []
     for path in modules():
@@ -87,8 +91,8 @@ def test_imports_flow_from_higher_layers_to_lower_ones():
 
 
 def test_bookkeeping_modules_import_neither_torch_nor_vllm():
-    code = ("import sys; import inferscale_engine.residency, inferscale_engine.checks, "
-            "inferscale_engine.plan, inferscale_engine.generation, "
+    code = ("import sys; import inferscale_engine.runtime.residency, inferscale_engine.checks, "
+            "inferscale_engine.protocol.plan, inferscale_engine.runtime.generation, "
             "inferscale_engine.memory.store, inferscale_engine.memory.types, "
             "inferscale_engine.memory.records, inferscale_engine.memory.config; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vllm')))")

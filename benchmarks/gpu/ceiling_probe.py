@@ -188,7 +188,7 @@ def run_modes(engine: Any, facts: list[int], k: int, questions: Callable[[], str
     from vllm import SamplingParams
 
     from inferscale_engine import MemoryHandle
-    from inferscale_engine.layout import Layout
+    from inferscale_engine.prompting.layout import Layout
 
     one = SamplingParams(max_tokens=max_tokens, temperature=0.0, detokenize=False,
                          ignore_eos=True)
@@ -369,7 +369,7 @@ def profile(engine: Any, facts: list[int], k: int, questions: Callable[[], str],
     from vllm import SamplingParams
 
     from inferscale_engine import MemoryHandle
-    from inferscale_engine.layout import Layout
+    from inferscale_engine.prompting.layout import Layout
 
     one = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
@@ -380,7 +380,7 @@ def profile(engine: Any, facts: list[int], k: int, questions: Callable[[], str],
     for handle in handles:  # resident: each fact set in the prefix cache before profiling
         engine.generate(handle, questions(), one, mode="text", layout=Layout())
     tops: dict[str, str] = {}
-    out_dir = Path(os.environ.get("INFERSCALE_RESULTS", "benchmarks/results"))
+    out_dir = Path(os.environ.get("INFERSCALE_RESULTS", "benchmarks/out"))
     device = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
     for mode in ("kv", "resident"):
         with torch_profile(activities=activities) as prof:

@@ -14,8 +14,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from inferscale_engine.facts import MemoryHandle  # noqa: E402
-from inferscale_engine.tiny_model import TinyModelSpec, tiny_model_path  # noqa: E402
 from tests.conftest import FACTS, QUESTIONS, greedy, running_engine  # noqa: E402
+from tests.tiny_model import TinyModelSpec, tiny_model_path  # noqa: E402
 
 
 def use_reference(worker) -> None:

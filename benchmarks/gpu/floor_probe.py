@@ -68,8 +68,8 @@ class Ablation:
 
     def __init__(self, engine: Any) -> None:
         from inferscale_engine.connector.scheduler import _Checked
-        from inferscale_engine.handoff import LOCAL_KIND, take
-        from inferscale_engine.plan import PARAMS_KEY, InjectionPlan, from_params
+        from inferscale_engine.protocol.handoff import LOCAL_KIND, take
+        from inferscale_engine.protocol.plan import PARAMS_KEY, InjectionPlan, from_params
 
         objects = roots(engine)
         self.on: set[str] = set()
@@ -157,7 +157,7 @@ def run_rounds(engine: Any, ablation: Ablation, facts: list[int], k: int, varian
     from vllm import SamplingParams
 
     from inferscale_engine import MemoryHandle
-    from inferscale_engine.layout import Layout
+    from inferscale_engine.prompting.layout import Layout
 
     one = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
     runner, run_ms = engine._runner, []

@@ -37,10 +37,10 @@
 #   mkdir -p .device/moe && unzip -p /tmp/w/vllm-0.26.0-*.whl vllm/_moe_C_stable_libtorch.abi3.so \
 #     | xz -6 > .device/moe/_moe_C_stable_libtorch.abi3.so.xz
 # minilm and server need .device/minilm: the all-MiniLM-L6-v2 folder without model.safetensors.
-# Results (logs, JSON, PNG) go to $OUT (or benchmarks/results when $OUT is unset).
+# Results (logs, JSON, PNG) go to $OUT (or benchmarks/out when $OUT is unset).
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
-export INFERSCALE_CACHE=/tmp/inferscale-cache INFERSCALE_RESULTS=${OUT:-benchmarks/results}
+export INFERSCALE_CACHE=/tmp/inferscale-cache INFERSCALE_RESULTS=${OUT:-benchmarks/out}
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$INFERSCALE_RESULTS"
 quiet='^\(|INFO|WARNING|Warn|warn|^$'

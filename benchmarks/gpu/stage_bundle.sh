@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stage the vLLM GPU bundle on the lent H200 in N device calls: a call may carry 64 MiB, the
-# working tree alone is ~40 MB (and grows with benchmarks/results), and the bundle that
+# working tree takes a few MB, and the bundle that
 # ../shared/device/build-vllm-gpu-bundle.sh writes is ~105 MB in two parts. Split it once, here,
 # into parts small enough for the tree (N=6: ~17.5 MB each):
 #   bash benchmarks/gpu/stage_bundle.sh --split 6

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from inferscale_engine.config import ConnectorConfig
 from inferscale_engine.connector.metadata import CaptureSpec, InferScaleMetadata, LoadSpec
 from inferscale_engine.errors import PlanError
-from inferscale_engine.handoff import LOCAL_KIND, engine_tag, take
-from inferscale_engine.plan import (
+from inferscale_engine.protocol.handoff import LOCAL_KIND, engine_tag, take
+from inferscale_engine.protocol.plan import (
     PARAMS_KEY,
     InjectionPlan,
     Plan,

@@ -26,8 +26,8 @@ from inferscale_engine.connector.paged import (
     strided_views,
 )
 from inferscale_engine.connector.slab import KVSlab, SlabEntry
-from inferscale_engine.plan import SYSTEM_OWNER
-from inferscale_engine.rope import RopeSpec, layer_rope_specs
+from inferscale_engine.model.rope import RopeSpec, layer_rope_specs
+from inferscale_engine.protocol.plan import SYSTEM_OWNER
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

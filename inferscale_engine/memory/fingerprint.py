@@ -14,8 +14,8 @@ from typing import Any
 from inferscale_engine.config import EngineConfig
 from inferscale_engine.memory.records import StoredFact
 from inferscale_engine.memory.store import FactStore
-from inferscale_engine.plan import PLAN_VERSION
-from inferscale_engine.prompt import FACT_FORMAT
+from inferscale_engine.prompting.prompt import FACT_FORMAT
+from inferscale_engine.protocol.plan import PLAN_VERSION
 
 
 def fingerprint(config: EngineConfig, tokenizer: Any, embedder_name: str) -> dict[str, Any]:

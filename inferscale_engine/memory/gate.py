@@ -1,12 +1,12 @@
 """InteractiveGate: bulk work (a large add) yields to interactive calls (search, chat).
 
 A Memory serves many users from one engine, one embedder and one index. A large add runs in
-chunks (an add of up to `whole_up_to` facts is one chunk: a run of facts stays one save request;
-a larger one starts with a `probe` chunk) sized to take about `chunk_s` each (the size adapts to what the last chunk cost, so it
-holds on a laptop and on a GPU alike); between chunks it waits until no interactive call is in
-flight. Another user's search or chat then waits for at most one chunk of someone's bulk work,
-never for all of it. Under sustained interactive load the bulk work still advances: one chunk
-per `max_wait_s` at least.
+chunks sized to take about `chunk_s` each (the size adapts to what the last chunk cost, so it
+holds on a laptop and on a GPU alike; an add of up to `whole_up_to` facts is one chunk, so a
+run of facts stays one save request, and a larger one starts with a `probe` chunk); between
+chunks it waits until no interactive call is in flight. Another user's search or chat then
+waits for at most one chunk of someone's bulk work, never for all of it. Under sustained
+interactive load the bulk work still advances: one chunk per `max_wait_s` at least.
 """
 
 from __future__ import annotations

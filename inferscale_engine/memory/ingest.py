@@ -13,19 +13,19 @@ import torch
 
 from inferscale_engine import checks
 from inferscale_engine.config import EngineConfig
-from inferscale_engine.contexts import (
+from inferscale_engine.facts import FactId
+from inferscale_engine.memory.records import StoredFact, Turn
+from inferscale_engine.memory.retrieval import RetrievalIndex
+from inferscale_engine.memory.store import FactStore
+from inferscale_engine.memory.types import AddResult
+from inferscale_engine.prompting.contexts import (
     SIMILAR_CANDIDATES,
     Context,
     RunContext,
     run_contexts,
     similar_context,
 )
-from inferscale_engine.facts import FactId
-from inferscale_engine.memory.records import StoredFact, Turn
-from inferscale_engine.memory.retrieval import RetrievalIndex
-from inferscale_engine.memory.store import FactStore
-from inferscale_engine.memory.types import AddResult
-from inferscale_engine.prompt import FACT_FORMAT
+from inferscale_engine.prompting.prompt import FACT_FORMAT
 
 CONTEXT_KEY = "inferscale.context"
 """Metadata key holding what a fact was encoded after (Context-Window Encoding): the text

@@ -20,7 +20,6 @@ import torch
 from tqdm import tqdm
 
 from inferscale_engine import checks
-from inferscale_engine.engine import Engine
 from inferscale_engine.errors import (
     EngineClosedError,
     InvalidFactError,
@@ -44,6 +43,7 @@ from inferscale_engine.memory.retrieval import RetrievalIndex
 from inferscale_engine.memory.served import ServedFacts
 from inferscale_engine.memory.store import FactStore
 from inferscale_engine.memory.types import AddResult, MemoryStats, SearchResult
+from inferscale_engine.runtime.engine import Engine
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ from functools import partial
 import torch
 from tqdm import tqdm
 
-from inferscale_engine.engine import Engine
 from inferscale_engine.errors import EngineClosedError, InvalidFactError
 from inferscale_engine.facts import Fact, FactId
 from inferscale_engine.memory.fingerprint import fingerprint, refresh, stale_parts
@@ -25,6 +24,7 @@ from inferscale_engine.memory.ingest import stored_context
 from inferscale_engine.memory.records import StoredFact
 from inferscale_engine.memory.retrieval import RetrievalIndex
 from inferscale_engine.memory.store import FactStore
+from inferscale_engine.runtime.engine import Engine
 
 logger = logging.getLogger(__name__)
 

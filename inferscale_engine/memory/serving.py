@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from inferscale_engine.engine import Engine, Generation, Messages
 from inferscale_engine.errors import (
     EngineClosedError,
     FactNotFoundError,
@@ -24,8 +23,9 @@ from inferscale_engine.errors import (
     SlabFullError,
 )
 from inferscale_engine.facts import MemoryHandle
-from inferscale_engine.layout import Layout
-from inferscale_engine.plan import InjectionPlan
+from inferscale_engine.prompting.layout import Layout
+from inferscale_engine.protocol.plan import InjectionPlan
+from inferscale_engine.runtime.engine import Engine, Generation, Messages
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from inferscale_engine.facts import Fact, FactId, MemoryHandle
 
 if TYPE_CHECKING:
-    from inferscale_engine.generation import EngineStats
+    from inferscale_engine.runtime.generation import EngineStats
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,15 @@
 """`inferscale serve`: start vLLM's OpenAI server with InferScale's memory installed.
 
-    inferscale serve --model tiny|small|PATH [--host 127.0.0.1] [--port 8000] [--db PATH]
+    inferscale serve [MODEL | --model MODEL] [--host 127.0.0.1] [--port 8000] [--db PATH]
                      [--api-keys FILE] [--k 5] [--window 256] [--context-source similar|recent]
                      [--run-tokens 512] [--slab-mib 256]
                      [--embedding-model NAME|DIR] [--dedupe-threshold 0.95|none]
                      [--half-scan-min-rows N] [--max-add-facts 1000]
                      [vLLM's own serve flags]
+
+MODEL is 'small' (the default: the real 0.5B model) or a model folder, given first as with
+`vllm serve MODEL`. Every flag not listed here is vLLM's and reaches vLLM's parser unchanged
+(no abbreviations: vLLM's --api-key is not our --api-keys).
 
 vLLM's engine (AsyncLLM) starts with InferScale's KV connector and worker extension forced;
 the Memory runs on top of it in worker threads (AsyncRunner); vLLM's app is built as usual and
@@ -43,8 +47,8 @@ logger = logging.getLogger(__name__)
 
 def our_parser() -> argparse.ArgumentParser:
     """InferScale's own options; everything else goes to vLLM's `serve` parser."""
-    parser = argparse.ArgumentParser(prog="inferscale serve", add_help=False)
-    parser.add_argument("--model", default="auto", help="tiny | small | auto | a model folder")
+    parser = argparse.ArgumentParser(prog="inferscale serve", add_help=False, allow_abbrev=False)
+    parser.add_argument("--model", default=None, help="small | a model folder (or give it first)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--db", default="~/.inferscale/server.db", help="the fact database")
@@ -75,9 +79,24 @@ def _threshold(value: str) -> float | None:
     return None if value.lower() == "none" else float(value)
 
 
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Our options (the model given first, as `vllm serve MODEL`, or by --model) and vLLM's.
+
+    Raises:
+        ConfigError: two different models.
+    """
+    argv = list(argv)
+    first = argv.pop(0) if argv and not argv[0].startswith("-") else None
+    ours, rest = our_parser().parse_known_args(argv)
+    if first is not None and ours.model is not None and first != ours.model:
+        raise ConfigError(f"two models: {first!r} and --model {ours.model!r}; give one")
+    ours.model = first or ours.model or "small"
+    return ours, rest
+
+
 def main(argv: list[str]) -> int:
     """Parse, check and serve until stopped."""
-    ours, rest = our_parser().parse_known_args(argv)
+    ours, rest = parse(argv)
     if os.environ.get("VLLM_SERVER_DEV_MODE", "0") not in ("", "0", "false", "False"):
         raise ConfigError("VLLM_SERVER_DEV_MODE exposes /collective_rpc (the slab's control "
                           "calls) to every client; unset it")
@@ -98,9 +117,9 @@ def vllm_args(ours: argparse.Namespace, rest: list[str]) -> tuple[argparse.Names
     """VLLM's serve arguments with InferScale's connector forced, and the EngineConfig."""
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from inferscale_engine.cli import resolve_model
-    from inferscale_engine.model_check import check_model, connector_config
-    from inferscale_engine.runner import engine_kwargs
+    from inferscale_engine.model.check import check_model, connector_config
+    from inferscale_engine.model.resolve import resolve_model
+    from inferscale_engine.runtime.runner import engine_kwargs
     from inferscale_engine.server.vllm_compat import make_arg_parser, validate_parsed_serve_args
 
     model, dtype = resolve_model(ours.model)
@@ -174,7 +193,7 @@ def open_memory(config: EngineConfig, ours: argparse.Namespace, client: Any,
                 loop: asyncio.AbstractEventLoop) -> Any:
     """The Memory over the server's AsyncLLM (called in a worker thread)."""
     from inferscale_engine.memory import Memory, MemoryConfig
-    from inferscale_engine.runner import AsyncRunner
+    from inferscale_engine.runtime.runner import AsyncRunner
 
     return Memory.from_config(MemoryConfig(engine=config, db_path=ours.db,
                                            embedding_model=ours.embedding_model,

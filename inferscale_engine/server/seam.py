@@ -23,13 +23,13 @@ from urllib.parse import quote
 
 from inferscale_engine.checks import FACT_ROLES, check_messages, has_visible
 from inferscale_engine.errors import HandleError, InferScaleError
-from inferscale_engine.generation import RESULT_KEY
 from inferscale_engine.memory.serving import PreparedPrompt
+from inferscale_engine.prompting.tool_calls import format_tool_call
+from inferscale_engine.runtime.generation import RESULT_KEY
 from inferscale_engine.server.auth import HttpError, Principal
 from inferscale_engine.server.identity import MemoryOptions, identify, strip_client_fields
 from inferscale_engine.server.limits import DEFAULT_MAX_ADD_FACTS
 from inferscale_engine.server.vllm_compat import OpenAIServingChat, OpenAIServingCompletion
-from inferscale_engine.tool_calls import format_tool_call
 
 
 @dataclass(slots=True)
@@ -208,7 +208,7 @@ class _Seam:
         """The engine of the request's user, whose slab holds the user's facts.
 
         vLLM reads a client's X-data-parallel-rank header here; a memory request goes to its
-        user's engine whatever the header says (inferscale_engine.shards).
+        user's engine whatever the header says (inferscale_engine.runtime.shards).
         """
         scope = _SCOPE.get()
         if scope is not None and scope.options.active:

@@ -1,7 +1,7 @@
 """LangChain adapters: KVMemory for classic chains, ChatInferScale, the create_agent middleware.
 
 chat_openai gives a ChatOpenAI pointed at `inferscale serve`.
-Needs the `langchain` extra: pip install 'inferscale[langchain]' (chat_openai: 'serve-clients').
+Needs the `langchain` extra: pip install 'inferscale-kv[langchain]' (chat_openai: 'client').
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "inferscale_integrations.langchain needs LangChain (langchain-core, langchain-classic, "
-        "langchain); install it with: pip install 'inferscale[langchain]'") from exc
+        "langchain); install it with: pip install 'inferscale-kv[langchain]'") from exc
 
 from inferscale_integrations.langchain.chat_model import ChatInferScale
 from inferscale_integrations.langchain.memory import LangChainKVMemory

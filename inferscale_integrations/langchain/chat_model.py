@@ -40,7 +40,7 @@ from inferscale_integrations.serving import (
 from inferscale_integrations.tools import format_tool_call
 
 if TYPE_CHECKING:
-    from inferscale_engine.generation import Generation
+    from inferscale_engine.runtime.generation import Generation
 
 _IGNORED_KWARGS = ("ls_structured_output_format",)
 """Keys LangChain adds to calls for its own tracing."""

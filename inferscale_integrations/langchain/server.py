@@ -2,7 +2,7 @@
 
 The server serves the user's facts as injected KV; this only sets the user (X-User-Id, which
 survives a per-call extra_body) and the memory options (extra_body={"memory": {...}}). Needs
-the `serve-clients` extra: pip install 'inferscale[serve-clients]'.
+the `client` extra: pip install 'inferscale-kv[client]'.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def chat_openai(*, base_url: str, user_id: str, api_key: str | None = None,
         from langchain_openai import ChatOpenAI
     except ImportError as exc:
         raise ImportError("chat_openai needs langchain-openai; install it with: pip install "
-                          "'inferscale[serve-clients]'") from exc
+                          "'inferscale-kv[client]'") from exc
     settings = client_settings(
         base_url=base_url, user_id=user_id, api_key=api_key, session_id=session_id, k=k,
         recent_facts=recent_facts, write=write, model=model,

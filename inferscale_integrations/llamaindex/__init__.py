@@ -1,8 +1,8 @@
 """LlamaIndex adapters: KVMemory for chat engines and agents, and InferScaleLLM.
 
 openai_like gives an OpenAILike pointed at `inferscale serve`.
-Needs the `llamaindex` extra: pip install 'inferscale[llamaindex]'
-(openai_like: 'serve-clients').
+Needs the `llamaindex` extra: pip install 'inferscale-kv[llamaindex]'
+(openai_like: 'client').
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "inferscale_integrations.llamaindex needs llama-index-core; install it with: "
-        "pip install 'inferscale[llamaindex]'") from exc
+        "pip install 'inferscale-kv[llamaindex]'") from exc
 
 from inferscale_integrations.llamaindex.llm import InferScaleLLM
 from inferscale_integrations.llamaindex.memory import LlamaIndexKVMemory

@@ -42,7 +42,7 @@ from inferscale_integrations.serving import (
 from inferscale_integrations.tools import format_tool_call
 
 if TYPE_CHECKING:
-    from inferscale_engine.generation import Generation
+    from inferscale_engine.runtime.generation import Generation
 
 _IGNORED_KWARGS = ("formatted",)
 _DEFAULT_CONTEXT_WINDOW = 4096

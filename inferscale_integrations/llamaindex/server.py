@@ -2,8 +2,8 @@
 
 The server serves the user's facts as injected KV; this only sets the user (X-User-Id) and the
 memory options (additional_kwargs' extra_body={"memory": {...}}: OpenAILike sends
-additional_kwargs with every call). Needs the `serve-clients` extra:
-pip install 'inferscale[serve-clients]'.
+additional_kwargs with every call). Needs the `client` extra:
+pip install 'inferscale-kv[client]'.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def openai_like(*, base_url: str, user_id: str, api_key: str | None = None,
         from llama_index.llms.openai_like import OpenAILike
     except ImportError as exc:
         raise ImportError("openai_like needs llama-index-llms-openai-like; install it with: "
-                          "pip install 'inferscale[serve-clients]'") from exc
+                          "pip install 'inferscale-kv[client]'") from exc
     settings = client_settings(
         base_url=base_url, user_id=user_id, api_key=api_key, session_id=session_id, k=k,
         recent_facts=recent_facts, write=write, model=model,

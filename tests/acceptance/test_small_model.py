@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from inferscale_engine.small_model import small_model_available
+from inferscale_engine.model.small_model import small_model_available
 
 pytestmark = [pytest.mark.vllm, pytest.mark.acceptance,
               pytest.mark.skipif(not small_model_available(),

@@ -12,7 +12,7 @@ from benchmarks.locomo_arms import (
     parse_arms,
     reference_text_arm,
 )
-from inferscale_engine.layout import Layout
+from inferscale_engine.prompting.layout import Layout
 
 
 def test_names_spell_the_setting():

@@ -14,7 +14,7 @@ from benchmarks.locomo_metrics import (
     locomo_f1,
     normalize_answer,
 )
-from inferscale_engine.calibration import first_token_kl
+from inferscale_engine.model.calibration import first_token_kl
 
 
 def test_normalization_and_f1_follow_locomo():

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from inferscale_engine.calibration import Calibration, first_token_kl, fit
 from inferscale_engine.errors import ConfigError
+from inferscale_engine.model.calibration import Calibration, first_token_kl, fit
 from tests.conftest import FACTS, engine_config, running_engine
 
 pytestmark = pytest.mark.vllm

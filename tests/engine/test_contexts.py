@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from inferscale_engine.contexts import similar_contexts
-from inferscale_engine.prompt import FACT_FORMAT
+from inferscale_engine.prompting.contexts import similar_contexts
+from inferscale_engine.prompting.prompt import FACT_FORMAT
 
 
 def _unit(rows: list[list[float]]) -> np.ndarray:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferscale_engine.errors import PlanError
-from inferscale_engine.plan import (
+from inferscale_engine.protocol.plan import (
     PLAN_VERSION,
     InjectionPlan,
     SavePlan,

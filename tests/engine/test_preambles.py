@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from types import SimpleNamespace
 
-from inferscale_engine.plan import pack_token_ids, token_digest
-from inferscale_engine.preambles import PreambleCache
-from inferscale_engine.residency import Residency, SlabAllocator
+from inferscale_engine.protocol.plan import pack_token_ids, token_digest
+from inferscale_engine.runtime.preambles import PreambleCache
+from inferscale_engine.runtime.residency import Residency, SlabAllocator
 
 
 class _Writer:

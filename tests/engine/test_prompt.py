@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inferscale_engine.prompt import PromptBuilder
+from inferscale_engine.prompting.prompt import PromptBuilder
 
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "\n", " ", "- ", "\t"]
 

@@ -6,7 +6,7 @@ import pytest
 
 from inferscale_engine.errors import SlabFullError
 from inferscale_engine.facts import Fact, FactId
-from inferscale_engine.residency import FactRecord, Residency, SlabAllocator
+from inferscale_engine.runtime.residency import FactRecord, Residency, SlabAllocator
 
 PAGE_TOKENS = 4
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from inferscale_engine.errors import UnsupportedModelError
-from inferscale_engine.rope import RopeSpec, RopeStyle, layer_rope_specs
-from inferscale_engine.tiny_model import FAMILIES, TinyModelSpec, tiny_model_path
+from inferscale_engine.model.rope import RopeSpec, RopeStyle, layer_rope_specs
+from tests.tiny_model import FAMILIES, TinyModelSpec, tiny_model_path
 
 CASES = [
     ("default", {}),

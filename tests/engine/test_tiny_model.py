@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferscale_engine.tiny_model import REFERENCE_CONFIGS, dummy_model_path
+from tests.tiny_model import REFERENCE_CONFIGS, dummy_model_path
 
 
 @pytest.fixture(autouse=True)
@@ -17,7 +17,7 @@ def test_reference_config_loads_and_is_served(name):
     from transformers import AutoConfig, AutoTokenizer
 
     from inferscale_engine.config import EngineConfig
-    from inferscale_engine.model_check import check_model
+    from inferscale_engine.model.check import check_model
 
     path = dummy_model_path(name)
     config = AutoConfig.from_pretrained(path)
@@ -32,7 +32,7 @@ def test_reference_config_loads_and_is_served(name):
 def test_gemma3_rotates_local_and_global_layers_apart():
     from transformers import AutoConfig
 
-    from inferscale_engine.rope import layer_rope_specs
+    from inferscale_engine.model.rope import layer_rope_specs
 
     specs = layer_rope_specs(AutoConfig.from_pretrained(dummy_model_path("gemma-3-12b")), 4096)
     assert [(s.rope_type, s.theta) for s in specs[:6]] == (
@@ -43,7 +43,7 @@ def test_gemma3_rotates_local_and_global_layers_apart():
 def test_phi4_mini_picks_its_longrope_set_from_max_model_len():
     from transformers import AutoConfig
 
-    from inferscale_engine.rope import layer_rope_specs
+    from inferscale_engine.model.rope import layer_rope_specs
 
     config = AutoConfig.from_pretrained(dummy_model_path("phi-4-mini"))
     short, long = layer_rope_specs(config, 4096)[0], layer_rope_specs(config, 8192)[0]
@@ -67,7 +67,7 @@ def test_dummy_tokenizer_decodes_every_id_and_encodes_as_the_tiny_one():
     encoding never produces them (prompts are the tiny tokenizer's)."""
     from transformers import AutoTokenizer
 
-    from inferscale_engine.tiny_model import TinyModelSpec, corpus_sentences
+    from tests.tiny_model import TinyModelSpec, corpus_sentences
 
     tokenizer = AutoTokenizer.from_pretrained(dummy_model_path("llama-3.1-8b"))
     top = REFERENCE_CONFIGS["llama-3.1-8b"]["vocab_size"] - 1

@@ -6,7 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from inferscale_engine.errors import InvalidRequestError
-from inferscale_engine.tool_calls import parse_tool_calls
+from inferscale_engine.prompting.tool_calls import parse_tool_calls
 from inferscale_integrations.tools import format_tool_call
 
 WEATHER = {"type": "function", "function": {

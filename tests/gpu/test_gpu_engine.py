@@ -77,7 +77,7 @@ def check_run(engine) -> tuple[float, float]:
     """Three facts encoded as one run (one save request) vs each alone after the same context:
     max |dK| relative to max |K| over every layer; and the run injected where it was encoded
     vs text (max |dlogprob|)."""
-    from inferscale_engine.contexts import run_contexts
+    from inferscale_engine.prompting.contexts import run_contexts
 
     texts = FACTS[:3]
     contexts = run_contexts([], texts, [len(engine.tokenize_fact(t)) for t in texts],
@@ -115,7 +115,7 @@ def test_tiny_fp32_exact_on_gpu(tiny_models, arch):
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "llama-3.1-8b", "qwen3-8b"])
 def test_bf16_same_position_and_moved_keys(tiny_models, name):
-    from inferscale_engine.tiny_model import dummy_model_path
+    from tests.tiny_model import dummy_model_path
 
     if name.startswith("tiny"):
         model, extra = tiny_models[name.split("-")[1]], {}

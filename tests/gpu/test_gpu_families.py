@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from inferscale_engine.facts import MemoryHandle
-from inferscale_engine.tiny_model import corpus_sentences, dummy_model_path
 from tests.conftest import QUESTIONS, greedy, max_abs_diff, running_engine
 from tests.gpu.test_gpu_engine import _layout, check_moved_layer0_keys, check_same_position
+from tests.tiny_model import corpus_sentences, dummy_model_path
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

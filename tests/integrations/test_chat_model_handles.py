@@ -11,7 +11,7 @@ from langchain_core.tools import tool
 from llama_index.core.base.llms.types import ChatMessage
 
 from inferscale_engine.errors import HandleError, InvalidRequestError, SlabFullError
-from inferscale_engine.handoff import PlanHandoff
+from inferscale_engine.protocol.handoff import PlanHandoff
 from inferscale_integrations import ChatInferScale, InferScaleLLM
 from inferscale_integrations.handles import make_handle_message
 from inferscale_integrations.tools import format_tool_call

@@ -75,7 +75,8 @@ def test_kv_script_runs_from_the_command_line(tiny_models, engine):
     """The user's way in: a fresh interpreter builds its own engine and Memory (serving.py)."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     out = subprocess.run(
-        [sys.executable, str(EXAMPLES / "langchain_kv_memory.py"), "--model", "tiny",
+        [sys.executable, str(EXAMPLES / "langchain_kv_memory.py"), "--model",
+         str(tiny_models["qwen2"]),
          "--max-tokens", str(MAX_TOKENS)],
         capture_output=True, text=True, timeout=600, env=env, cwd=EXAMPLES.parent)
     assert out.returncode == 0, out.stderr[-3000:]

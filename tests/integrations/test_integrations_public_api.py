@@ -54,16 +54,16 @@ print(json.dumps(results))
 WITHOUT_LLAMAINDEX = {
     "from inferscale_integrations.langchain import ChatInferScale, LangChainKVMemory\n"
     "assert LangChainKVMemory(user_id='u').memory_variables == ['history']": None,
-    "import inferscale_integrations.llamaindex": "pip install 'inferscale[llamaindex]'",
+    "import inferscale_integrations.llamaindex": "pip install 'inferscale-kv[llamaindex]'",
     "from inferscale_integrations import KVMemory":
-        "pip install 'inferscale[langchain,llamaindex]'",
+        "pip install 'inferscale-kv[langchain,llamaindex]'",
 }
 WITHOUT_LANGCHAIN = {
     "from inferscale_integrations.llamaindex import InferScaleLLM, LlamaIndexKVMemory\n"
     "m = LlamaIndexKVMemory(user_id='u')\n"
     "assert LlamaIndexKVMemory.from_json(m.to_json()).user_id == 'u'": None,
-    "import inferscale_integrations.langchain": "pip install 'inferscale[langchain]'",
-    "from inferscale_integrations import ChatInferScale": "pip install 'inferscale[langchain]'",
+    "import inferscale_integrations.langchain": "pip install 'inferscale-kv[langchain]'",
+    "from inferscale_integrations import ChatInferScale": "pip install 'inferscale-kv[langchain]'",
 }
 
 
@@ -71,10 +71,10 @@ WITHOUT_LANGCHAIN = {
 WITHOUT_SERVE_CLIENTS = {
     "from inferscale_integrations.langchain import chat_openai\n"
     "chat_openai(base_url='http://127.0.0.1:9', user_id='u', model='m')":
-        "pip install 'inferscale[serve-clients]'",
+        "pip install 'inferscale-kv[client]'",
     "from inferscale_integrations.llamaindex import openai_like\n"
     "openai_like(base_url='http://127.0.0.1:9', user_id='u', model='m')":
-        "pip install 'inferscale[serve-clients]'",
+        "pip install 'inferscale-kv[client]'",
     "from inferscale_integrations import KVMemory\n"
     "KVMemory(base_url='http://127.0.0.1:9', user_id='u').load_memory_variables({})": None,
 }

@@ -30,7 +30,7 @@ def kernel_name(tmp_path_factory, tiny_models):
     (spec / "kernel.json").write_text(json.dumps({
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "InferScale tests", "language": "python",
-        "env": {"INFERSCALE_MODEL": "tiny", "VLLM_LOGGING_LEVEL": "WARNING",
+        "env": {"INFERSCALE_MODEL": str(tiny_models["qwen2"]), "VLLM_LOGGING_LEVEL": "WARNING",
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
                 "MPLBACKEND": "module://matplotlib_inline.backend_inline"}}))
     with pytest.MonkeyPatch.context() as patch:

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import pytest
 
 from benchmarks.common import open_async_engine
-from inferscale_engine.engine import Engine
 from inferscale_engine.facts import MemoryHandle
 from inferscale_engine.memory import Memory
-from inferscale_engine.shards import rank_of
+from inferscale_engine.runtime.engine import Engine
+from inferscale_engine.runtime.shards import rank_of
 from tests.conftest import FACTS, QUESTIONS, engine_config, greedy, max_abs_diff
 from tests.engine.memory.memory_support import HashEmbedder
 

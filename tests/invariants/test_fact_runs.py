@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inferscale_engine.contexts import RunContext, run_contexts
 from inferscale_engine.errors import ConfigError, InvalidFactError
 from inferscale_engine.facts import MemoryHandle
+from inferscale_engine.prompting.contexts import RunContext, run_contexts
 from tests.conftest import (
     ARCHS,
     FACTS,

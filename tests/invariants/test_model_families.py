@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import pytest
 
-from inferscale_engine.tiny_model import TinyModelSpec, tiny_model_path
 from tests.conftest import running_engine
 from tests.invariants import test_moved_facts as moved
 from tests.invariants import test_same_position_exactness as same_position
+from tests.tiny_model import TinyModelSpec, tiny_model_path
 
 pytestmark = pytest.mark.vllm
 

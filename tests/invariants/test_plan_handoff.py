@@ -1,4 +1,4 @@
-"""The in-process plan handoff (inferscale_engine.handoff) keeps every check a signed plan gets.
+"""The in-process plan handoff (protocol/handoff.py) keeps every check a signed plan gets.
 
 With the embedded default (MP=0) the engine hands its plans to the scheduler by reference.
 What a reference cannot vouch for is still checked against the prompt (invariant 6), a
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from inferscale_engine import handoff
 from inferscale_engine.errors import PlanError
 from inferscale_engine.facts import MemoryHandle
-from inferscale_engine.plan import PLAN_VERSION, from_params
+from inferscale_engine.protocol import handoff
+from inferscale_engine.protocol.plan import PLAN_VERSION, from_params
 from tests.conftest import ARCHS, FACTS, QUESTIONS, greedy, running_engine
 from tests.invariants.test_chunked_prefill_and_preemption import scheduler_half
 from tests.invariants.test_plan_mismatch import prepare, send
@@ -137,7 +137,7 @@ def test_a_reference_cannot_be_parsed_as_a_plan():
 
 
 def test_the_pending_references_are_bounded(monkeypatch):
-    from inferscale_engine.plan import InjectionPlan, pack_token_ids
+    from inferscale_engine.protocol.plan import InjectionPlan, pack_token_ids
 
     monkeypatch.setattr(handoff, "MAX_PENDING", 3)
     courier = handoff.PlanHandoff(b"secret")

@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from inferscale_engine.facts import MemoryHandle
-from inferscale_engine.generation import from_output as _generation
+from inferscale_engine.runtime.generation import from_output as _generation
 from tests.conftest import ARCHS, FACTS, QUESTIONS, greedy, running_engine
 
 pytestmark = pytest.mark.vllm

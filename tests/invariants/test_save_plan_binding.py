@@ -16,8 +16,8 @@ import pytest
 from vllm import SamplingParams, TokensPrompt
 
 from inferscale_engine.facts import MemoryHandle
-from inferscale_engine.generation import RESULT_KEY
-from inferscale_engine.plan import cache_salt
+from inferscale_engine.protocol.plan import cache_salt
+from inferscale_engine.runtime.generation import RESULT_KEY
 from tests.conftest import greedy, max_abs_diff, running_engine
 
 pytestmark = pytest.mark.vllm
@@ -119,7 +119,7 @@ def test_cache_salt_is_keyed_by_the_process_secret(engine):
 def test_each_process_draws_its_own_secret():
     env = {k: v for k, v in os.environ.items() if k != "INFERSCALE_PLAN_SECRET"}
     code = ("from inferscale_engine.config import plan_secret; "
-            "from inferscale_engine.plan import cache_salt; "
+            "from inferscale_engine.protocol.plan import cache_salt; "
             "print(cache_salt(plan_secret(), 'erin', [1, 2]))")
     salts = {subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                             text=True, check=True).stdout.strip() for _ in range(2)}

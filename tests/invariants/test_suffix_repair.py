@@ -10,7 +10,7 @@ import pytest
 
 from inferscale_engine.errors import ConfigError
 from inferscale_engine.facts import MemoryHandle
-from inferscale_engine.layout import QUALITY_LAYOUT, USER_BLOCK_HEADER, Layout, arrange
+from inferscale_engine.prompting.layout import QUALITY_LAYOUT, USER_BLOCK_HEADER, Layout, arrange
 from tests.conftest import FACTS, QUESTIONS, greedy, running_engine
 
 pytestmark = pytest.mark.vllm

@@ -98,7 +98,7 @@ class ServerProcess:
     def start(self, timeout_s: float = 420.0) -> ServerProcess:
         """Start the server and wait until /health answers; raise with the log tail if not."""
         assert not self.attached, "an attached server is started elsewhere"
-        command = [sys.executable, "-m", "inferscale_engine.cli", "serve", "--model", self.model,
+        command = [sys.executable, "-m", "inferscale_engine.cli", "serve", *self.model_args(),
                    "--port", str(self.port), "--db", str(self.db_path), *self.sizing_args,
                    "--uvicorn-log-level", "warning",
                    *(["--api-keys", str(self.api_keys)] if self.api_keys else []),
@@ -122,6 +122,14 @@ class ServerProcess:
         self.kill()
         raise TimeoutError(f"inferscale serve not ready in {timeout_s:.0f} s:\n"
                            f"{self.log_tail()}")
+
+    def model_args(self) -> list[str]:
+        """The served model: 'tiny' is the tiny Qwen2 fixture (built here), in float32."""
+        if self.model != "tiny":
+            return [self.model]
+        from tests.tiny_model import TinyModelSpec, tiny_model_path
+
+        return [str(tiny_model_path(TinyModelSpec("qwen2"))), "--dtype", "float32"]
 
     def kill(self) -> None:
         """SIGKILL the whole server (API process, engine core, worker) and reap it."""

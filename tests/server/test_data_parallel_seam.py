@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from inferscale_engine.runtime.shards import rank_of
 from inferscale_engine.server.identity import MemoryOptions
 from inferscale_engine.server.seam import (
     _SCOPE,
@@ -14,7 +15,6 @@ from inferscale_engine.server.seam import (
     MemoryServingCompletion,
     RequestScope,
 )
-from inferscale_engine.shards import rank_of
 
 
 def seam(cls: type) -> object:

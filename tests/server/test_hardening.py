@@ -246,8 +246,8 @@ def test_an_add_is_bounded_in_memories(server, http, user_a):
 
 def test_an_unsalted_prompt_never_hits_a_saved_facts_blocks(http, model, tiny_models, user_a):
     from inferscale_engine.config import EngineConfig
-    from inferscale_engine.model_check import load_tokenizer
-    from inferscale_engine.prompt import PromptBuilder
+    from inferscale_engine.model.check import load_tokenizer
+    from inferscale_engine.prompting.prompt import PromptBuilder
 
     config = EngineConfig(model=str(tiny_models["qwen2"]))  # what `--model tiny` serves
     prompts = PromptBuilder(load_tokenizer(config), config.system_prompt,

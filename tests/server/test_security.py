@@ -217,3 +217,20 @@ def test_without_keys_the_server_listens_on_loopback_only(monkeypatch):
 def test_bad_memory_flags_are_refused_before_vllm_starts(flags, message):
     with pytest.raises(ConfigError, match=message):
         serve_main(["--model", "tiny", *flags])
+
+
+def test_serve_takes_the_model_first_and_passes_vllms_flags_through(tiny_models):
+    from inferscale_engine.server.main import parse, vllm_args
+
+    model = str(tiny_models["qwen2"])
+    ours, rest = parse([model, "--api-key", "sk-vllm-0123456789", "--port", "8123",
+                        "--max-model-len", "2048", "--dtype", "float32"])
+    assert ours.model == model and ours.port == 8123 and ours.api_keys is None
+    assert "--api-key" in rest  # vLLM's one shared key, not an abbreviation of --api-keys
+    args, config = vllm_args(ours, rest)
+    assert args.api_key in ("sk-vllm-0123456789", ["sk-vllm-0123456789"])
+    assert args.model == model == config.model and config.max_model_len == 2048
+    assert parse(["--model", model])[0].model == model
+    assert parse([])[0].model == "small"
+    with pytest.raises(ConfigError, match="two models"):
+        parse([model, "--model", "/elsewhere"])

@@ -7,7 +7,7 @@ import torch
 
 from inferscale_engine.connector.slab import KVSlab
 from inferscale_engine.errors import SlabFullError
-from inferscale_engine.residency import SlabAllocator
+from inferscale_engine.runtime.residency import SlabAllocator
 
 
 def test_allocator_all_or_nothing_and_reuse():

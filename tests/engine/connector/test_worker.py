@@ -15,7 +15,7 @@ from inferscale_engine.config import ConnectorConfig
 from inferscale_engine.connector.metadata import InferScaleMetadata, LoadSpec
 from inferscale_engine.connector.slab import KVSlab, SlabEntry
 from inferscale_engine.connector.worker import InferScaleWorker
-from inferscale_engine.plan import SYSTEM_OWNER
+from inferscale_engine.protocol.plan import SYSTEM_OWNER
 
 BLOCK_SIZE = 16
 PAGE_TOKENS = 16

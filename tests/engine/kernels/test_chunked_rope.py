@@ -15,7 +15,7 @@ import torch
 
 from inferscale_engine.kernels import chunked_rope, reference
 from inferscale_engine.kernels.reference import INTERLEAVED, ROTATE_HALF
-from inferscale_engine.rope import RopeSpec, RopeStyle
+from inferscale_engine.model.rope import RopeSpec, RopeStyle
 
 INTERPRETED = chunked_rope._INTERPRETED
 DEVICE = "cpu" if INTERPRETED else "cuda"

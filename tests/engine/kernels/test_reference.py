@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from inferscale_engine.kernels import reference
-from inferscale_engine.rope import RopeSpec, RopeStyle
+from inferscale_engine.model.rope import RopeSpec, RopeStyle
 
 
 def vllm_rotate(keys: torch.Tensor, positions: torch.Tensor, spec: RopeSpec) -> torch.Tensor:

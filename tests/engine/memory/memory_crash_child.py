@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from inferscale_engine.engine import Engine
 from inferscale_engine.memory import Memory
+from inferscale_engine.runtime.engine import Engine
 from tests.engine.memory.memory_support import HashEmbedder, crash_engine_config, crash_texts
 
 

@@ -47,7 +47,7 @@ class HashEmbedder(Embedder):
 
 def crash_texts(count: int) -> list[str]:
     """`count` distinct short facts (at most 16 tokens each, as formatted: one slab page)."""
-    from inferscale_engine.tiny_model import _NAMES, _PLACES, _THINGS
+    from tests.tiny_model import _NAMES, _PLACES, _THINGS
 
     return [f"{_NAMES[n % 10]} {_THINGS[n // 10 % 15]} {n} {_PLACES[n // 150 % 10]}."
             for n in range(count)]

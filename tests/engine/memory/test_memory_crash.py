@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from inferscale_engine.engine import Engine
 from inferscale_engine.facts import MemoryHandle
 from inferscale_engine.memory import Memory
+from inferscale_engine.runtime.engine import Engine
 from tests.conftest import greedy, max_abs_diff
 from tests.engine.memory.memory_support import HashEmbedder, crash_engine_config
 

@@ -13,7 +13,7 @@ import pytest
 
 from inferscale_engine.facts import MemoryHandle
 from inferscale_engine.memory import Memory
-from inferscale_engine.model_check import kv_bytes_per_token as _kv_bytes_per_token
+from inferscale_engine.model.check import kv_bytes_per_token as _kv_bytes_per_token
 from tests.conftest import engine_config, greedy, max_abs_diff, running_engine
 from tests.engine.memory.memory_support import SHORT_SYSTEM_PROMPT, HashEmbedder, crash_texts
 
@@ -30,7 +30,7 @@ def slab_bytes(model, num_facts: int) -> int:
     """A slab of exactly `num_facts` one-page facts plus the preamble."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from inferscale_engine.prompt import PromptBuilder
+    from inferscale_engine.prompting.prompt import PromptBuilder
 
     config = engine_config(model, system_prompt=SHORT_SYSTEM_PROMPT)
     preamble = PromptBuilder(AutoTokenizer.from_pretrained(str(model)),

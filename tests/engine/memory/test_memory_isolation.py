@@ -15,11 +15,11 @@ import pytest
 
 from inferscale_engine.errors import HandleError
 from inferscale_engine.facts import MemoryHandle
-from inferscale_engine.generation import from_output as _generation
 from inferscale_engine.memory import Memory
-from inferscale_engine.tiny_model import corpus_sentences
+from inferscale_engine.runtime.generation import from_output as _generation
 from tests.conftest import greedy, plain_prefill, running_engine
 from tests.engine.memory.memory_support import SHORT_SYSTEM_PROMPT, HashEmbedder
+from tests.tiny_model import corpus_sentences
 
 pytestmark = pytest.mark.vllm
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inferscale_engine.contexts import RunContext
 from inferscale_engine.facts import MemoryHandle
 from inferscale_engine.memory import Memory
 from inferscale_engine.memory.ingest import CONTEXT_KEY
+from inferscale_engine.prompting.contexts import RunContext
 from tests.conftest import FACTS, greedy, max_abs_diff, running_engine
 from tests.engine.memory.memory_support import HashEmbedder
 

@@ -8,7 +8,7 @@ import torch
 
 from inferscale_engine.memory.ingest import similar_fact_contexts
 from inferscale_engine.memory.retrieval import RetrievalIndex
-from inferscale_engine.prompt import FACT_FORMAT
+from inferscale_engine.prompting.prompt import FACT_FORMAT
 
 STORED = {1: "Alice plays chess in Paris.", 2: "Bob feeds his two cats.",
           3: "Alice won a chess cup in Paris.", 4: "Bob repairs old bikes."}

@@ -1,0 +1,450 @@
+"""Engine: a co-located vLLM whose prompts start with injected fact KV.
+
+Write path (write_path.py): add_facts() encodes facts through batched vLLM "save" requests
+([preamble][<= W context tokens][fact], max_tokens=1); the connector keeps only the fact's KV.
+Read path (read_path.py): generate() prepares [preamble][fact_1]..[fact_k][rest] from token
+ids with a signed InjectionPlan and a salted prompt, runs the batch, collects the answers.
+Text mode sends the same token ids with no plan: the baseline of every benchmark and the
+fallback. The preambles' KV lives in the slab too (preambles.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from inferscale_engine.checks import check_text, check_user_id
+from inferscale_engine.config import ConnectorConfig, EngineConfig, plan_secret
+from inferscale_engine.errors import (
+    ConfigError,
+    EngineClosedError,
+    FactNotFoundError,
+    InvalidFactError,
+    InvalidRequestError,
+    SlabFullError,
+)
+from inferscale_engine.facts import Fact, FactId, MemoryHandle
+from inferscale_engine.model.calibration import Calibration, key_scale_tuple, model_fingerprint
+from inferscale_engine.model.check import check_model, connector_config, load_tokenizer
+from inferscale_engine.prompting.contexts import Context, context_tokens
+from inferscale_engine.prompting.layout import Layout
+from inferscale_engine.prompting.prompt import MemoryPrompt, PromptBuilder
+from inferscale_engine.prompting.tool_calls import ToolCall, parse_tool_calls
+from inferscale_engine.protocol.handoff import PlanHandoff
+from inferscale_engine.protocol.plan import InjectionPlan
+from inferscale_engine.runtime.generation import EngineStats, Generation, text_pieces
+from inferscale_engine.runtime.read_path import Messages, as_messages, collect, prepare_batch
+from inferscale_engine.runtime.residency import FactRecord
+from inferscale_engine.runtime.runner import Runner, VllmRunner, WorkerClient
+from inferscale_engine.runtime.shards import Shard, build_shards, rank_of
+
+__all__ = ["Engine", "EngineStats", "Generation", "Messages"]
+
+
+class Engine:
+    """A vLLM engine with InferScale's KV connector and fact index. Thread-safe."""
+
+    def __init__(self, config: EngineConfig, *,
+                 runner: Callable[[EngineConfig, ConnectorConfig], Runner] = VllmRunner
+                 ) -> None:
+        """Check the model, start vLLM with the connector, encode the configured preamble.
+
+        Args:
+            runner: builds what drives vLLM: VllmRunner (a co-located vllm.LLM, default) or,
+                in `inferscale serve`, a factory of AsyncRunner over vLLM's AsyncLLM.
+        """
+        self.config = config
+        self._lock = threading.RLock()
+        self._closed = False
+        hf_config, self.rope = check_model(config)
+        self.tokenizer = load_tokenizer(config)
+        self.prompts = PromptBuilder(self.tokenizer, config.system_prompt,
+                                     config.user_block_header)
+        self._secret = plan_secret()
+        connector = connector_config(config, hf_config)
+        self._num_layers = hf_config.num_hidden_layers
+        self.fingerprint = model_fingerprint(hf_config, self.tokenizer, config.dtype)
+        """Model identity a calibration is bound to."""
+        scale = config.key_scale
+        if config.calibration is not None:
+            scale = Calibration.load(config.calibration, self.fingerprint).key_scale
+        self._key_scale = key_scale_tuple(scale, self._num_layers, ConfigError)
+        self._runner = runner(config, connector)
+        self._facts: dict[FactId, FactRecord] = {}
+        self._next_fact_id = 1
+        self.counters: Counter[str] = Counter()
+        self._shards = build_shards(config, connector, self._runner, self.prompts, self._facts,
+                                    self._secret, self.counters)
+        """One per vLLM engine (shards.py); a user's facts live in rank_of(user)'s."""
+
+    def _shard(self, user_id: str | None) -> Shard:
+        """The shard of a user's engine (the first for requests without a user)."""
+        return self._shards[rank_of(user_id, len(self._shards)) if user_id else 0]
+
+    def _shard_of(self, handle: object) -> Shard:
+        """The shard of a handle's user (resolve() refuses what is not a handle)."""
+        return self._shard(handle.user_id if isinstance(handle, MemoryHandle) else None)
+
+    # The first shard's parts: the whole engine without data parallelism (tests use them).
+    _planner = property(lambda self: self._shards[0].planner)
+    _writer = property(lambda self: self._shards[0].writer)
+    _preambles = property(lambda self: self._shards[0].preambles)
+    _residency = property(lambda self: self._shards[0].residency)
+
+    # ---- write path --------------------------------------------------------------------
+    def add_facts(self, user_id: str, texts: Sequence[str],
+                  contexts: Sequence[Context] | None = None, *,
+                  fact_ids: Sequence[FactId] | None = None, window: int | None = None,
+                  encode: bool = True, key_scale: float | tuple[float, ...] | None = None
+                  ) -> list[FactId]:
+        """Register facts and encode their KV once (batched); returns their ids, in order.
+
+        Args:
+            user_id: owner of the facts.
+            texts: fact texts.
+            contexts: per fact, what it is encoded after (Context-Window Encoding): the
+                text that preceded it (its last `window` tokens are kept), a RunContext
+                (facts added together; inferscale_engine.prompting.contexts), or None.
+            fact_ids: ids to use (e.g. a durable store's); default: the engine numbers them.
+            window: tokens of context to keep (default EngineConfig.context_window_tokens).
+            encode: False registers the facts only; their KV is built on first use.
+            key_scale: key temperature of these facts (default EngineConfig.key_scale).
+
+        Raises:
+            InvalidFactError: a text is empty, not a string, or too long. Nothing is stored.
+            SlabFullError: the facts do not fit even after eviction. Nothing is stored.
+        """
+        user_id = check_user_id(user_id)
+        if isinstance(texts, str) or not isinstance(texts, Sequence):
+            raise InvalidFactError(f"texts must be a list of strings, got {type(texts).__name__}")
+        texts = [check_text(t, f"texts[{i}]") for i, t in enumerate(texts)]
+        token_ids = [self.tokenize_fact(t) for t in texts]
+        with self._lock:
+            ids = self._new_fact_ids(fact_ids, len(texts))
+            self.add_tokenized_facts([Fact(i, user_id, t, toks) for i, t, toks in
+                                      zip(ids, texts, token_ids, strict=True)],
+                                     contexts, window=window, encode=encode,
+                                     key_scale=key_scale)
+        return ids
+
+    def add_tokenized_facts(self, facts: Sequence[Fact],
+                            contexts: Sequence[Context] | None = None, *,
+                            window: int | None = None, encode: bool = True,
+                            key_scale: float | tuple[float, ...] | None = None) -> None:
+        """Register facts whose ids and token ids are already known (a durable store's).
+
+        The engine encodes exactly `fact.token_ids` (tokenize them with tokenize_fact). All
+        facts must be one user's.
+
+        Raises:
+            InvalidFactError: ids already registered, mixed users, or contexts of another
+                length. Nothing is stored.
+            SlabFullError: the facts do not fit even after eviction. Nothing is stored.
+        """
+        users = {check_user_id(f.user_id) for f in facts}
+        if len(users) > 1:
+            raise InvalidFactError(f"facts of {len(users)} users in one call; add each user's "
+                                   "facts separately")
+        contexts = list(contexts) if contexts is not None else [None] * len(facts)
+        if len(contexts) != len(facts):
+            raise InvalidFactError(f"{len(contexts)} contexts for {len(facts)} facts; pass one "
+                                   "context (or None) per fact")
+        window = self._window(window)
+        for fact in facts:
+            if not fact.token_ids:
+                raise InvalidFactError(f"fact {fact.fact_id} has no token ids")
+            self._check_length(fact.token_ids, fact.text)
+        scale = self._key_scale if key_scale is None else key_scale_tuple(key_scale,
+                                                                      self._num_layers)
+        known = {f.text: tuple(f.token_ids) for f in facts}  # a run's facts, tokenized once
+        (user_id,) = users or {""}  # one user, its id normalized
+        records = [FactRecord(Fact(f.fact_id, user_id, f.text,
+                                   tuple(f.token_ids)), self._context_tokens(c, window, known),
+                              key_scale=scale)
+                   for f, c in zip(facts, contexts, strict=True)]
+        with self._lock:
+            self._check_open()
+            if clash := [r.fact.fact_id for r in records if r.fact.fact_id in self._facts]:
+                raise InvalidFactError(f"fact ids {clash[:5]} are already registered")
+            self._next_fact_id = max([self._next_fact_id - 1,
+                                      *(r.fact.fact_id for r in records)]) + 1
+            if encode and records:
+                self._shard(records[0].fact.user_id).writer.make_resident(
+                    records, self.prompts.preamble(), {r.fact.fact_id for r in records})
+            for record in records:
+                self._facts[record.fact.fact_id] = record
+
+    def tokenize_fact(self, text: str, *, check_length: bool = True) -> tuple[int, ...]:
+        """A fact's token ids as they appear in prompts (stored once, encoded as they are).
+
+        Raises:
+            InvalidFactError: the text has nothing visible, or (check_length) it exceeds
+                max_fact_tokens.
+        """
+        text = check_text(text, "a fact")
+        ids = self.prompts.fact_ids(text)
+        if check_length:
+            self._check_length(ids, text)
+        return ids
+
+    def _check_length(self, token_ids: Sequence[int], text: str) -> None:
+        if len(token_ids) > self.config.max_fact_tokens:
+            raise InvalidFactError(
+                f"a fact has {len(token_ids)} tokens, over max_fact_tokens="
+                f"{self.config.max_fact_tokens}; split it (Memory splits turns) or raise "
+                f"EngineConfig.max_fact_tokens: {text[:60]!r}...")
+
+    def split_text(self, text: str) -> list[str]:
+        """`text` cut into pieces that each fit in one fact (max_fact_tokens), in order."""
+        limit = self.config.max_fact_tokens
+        if len(self.prompts.fact_ids(text)) <= limit:
+            return [text]
+        token_ids = self.prompts.encode(text)
+        # Room for the fact format, and for a cut piece tokenizing a little longer on its own.
+        step = max(1, limit - len(self.prompts.fact_ids("")) - 8)
+        return [self.tokenizer.decode(token_ids[i:i + step])
+                for i in range(0, len(token_ids), step)]
+
+    def _new_fact_ids(self, fact_ids: Sequence[FactId] | None, count: int) -> list[FactId]:
+        if fact_ids is None:
+            return [FactId(self._next_fact_id + i) for i in range(count)]
+        ids = [FactId(int(f)) for f in fact_ids]
+        if len(ids) != count or len(set(ids)) != count:
+            raise InvalidFactError("fact_ids must hold one distinct id per text")
+        return ids
+
+    def _window(self, window: int | None) -> int:
+        window = self.config.context_window_tokens if window is None else window
+        if not 0 <= window <= self.config.context_window_tokens:
+            raise InvalidFactError(f"window must be in [0, {self.config.context_window_tokens}] "
+                                   "(EngineConfig.context_window_tokens)")
+        return window
+
+    def _context_tokens(self, context: object, window: int,
+                        known: Mapping[str, tuple[int, ...]]) -> tuple[int, ...]:
+        return context_tokens(context, window, self.prompts.encode,
+                              lambda text: known.get(text) or self.prompts.fact_ids(text),
+                              limit=window + self.config.context_run_tokens)
+
+    # ---- read path ---------------------------------------------------------------------
+    def generate(self, handle: MemoryHandle | None, messages: Messages | str,
+                 sampling: Any = None, mode: str = "kv", *, layout: Layout | None = None,
+                 tools: Sequence[Mapping[str, Any]] | None = None) -> Generation:
+        """Answer `messages` with the handle's facts in the memory block.
+
+        Args:
+            handle: facts to use (None: no memory).
+            messages: chat messages (role/content dicts) or one user question.
+            sampling: vllm.SamplingParams (default: greedy, 64 tokens).
+            mode: 'kv' injects the facts' stored KV; 'text' prefills them as text.
+            layout: where facts go and which are repaired as text (default:
+                EngineConfig.layout); text mode uses the same layout, all prefilled.
+            tools: tool schemas (OpenAI function format), rendered by the model's own chat
+                template.
+
+        Raises:
+            HandleError: the handle is not a MemoryHandle or references another user's facts.
+            FactNotFoundError: a fact id is unknown.
+            ConfigError: `layout` repairs more facts than the handle has (r > k).
+        """
+        return self.generate_many([(handle, messages)], sampling, mode, layout=layout,
+                                  tools=tools)[0]
+
+    def generate_many(self, requests: Sequence[tuple[MemoryHandle | None, Messages | str]],
+                      sampling: Any = None, mode: str = "kv", *, layout: Layout | None = None,
+                      tools: Sequence[Mapping[str, Any]] | None = None) -> list[Generation]:
+        """generate() for many requests in one vLLM batch: prepare, run, collect."""
+        from vllm import SamplingParams
+
+        if mode not in ("kv", "text"):
+            raise InvalidRequestError(f"mode must be 'kv' or 'text', got {mode!r}")
+        if layout is not None and not isinstance(layout, Layout):
+            raise InvalidRequestError(f"layout must be a Layout, got {type(layout).__name__}")
+        sampling = sampling or SamplingParams(max_tokens=64, temperature=0.0)
+        if not isinstance(sampling, SamplingParams):
+            raise InvalidRequestError("sampling must be a vllm.SamplingParams, got "
+                                      f"{type(sampling).__name__}")
+        with self._lock:  # held through the run: vllm.LLM is not thread-safe
+            self._check_open()
+            shards = [self._shard_of(h) for h, _ in requests]
+            try:
+                resolved = [(shard.planner.resolve(h), as_messages(m))
+                            for shard, (h, m) in zip(shards, requests, strict=True)]
+                if layout is not None:  # an explicit r must fit every handle
+                    for records, _ in resolved:
+                        layout.check_handle_size(len(records))
+                pinned = {r.fact.fact_id for records, _ in resolved for r in records}
+                prepared = prepare_batch([s.planner for s in shards], [
+                    (handle, records, messages) for (handle, _), (records, messages) in zip(
+                        requests, resolved, strict=True)], sampling, mode, pinned,
+                    layout or self.config.layout, tools)
+            finally:
+                for shard in self._shards:
+                    shard.preambles.end_batch()
+            start = time.perf_counter()
+            try:
+                outputs = self._runner.run([p.prompt for p in prepared],
+                                           [p.params for p in prepared],
+                                           ranks=[s.rank for s in shards])
+            finally:  # references the scheduler did not take (a refused or aborted request)
+                PlanHandoff.discard(p.ref for p in prepared if p.ref)
+            latency_ms = (time.perf_counter() - start) * 1e3
+            return collect(prepared, outputs, latency_ms, self.counters)
+
+    def render_prompt(self, handle: MemoryHandle | None, messages: Messages | str, *,
+                      layout: Layout | None = None,
+                      tools: Sequence[Mapping[str, Any]] | None = None) -> MemoryPrompt:
+        """The prompt generate() would send for this handle and layout (no plan, no KV)."""
+        with self._lock:
+            self._check_open()
+            planner = self._shard_of(handle).planner
+            records = planner.resolve(handle)
+            chosen = layout or self.config.layout
+            injected, repaired = planner.arrange(handle, records, chosen)
+            return planner.build(as_messages(messages), injected, repaired, chosen, tools)
+
+    def prepare_request(self, handle: MemoryHandle, messages: Messages | str, *,
+                        layout: Layout | None = None,
+                        tools: Sequence[Mapping[str, Any]] | None = None
+                        ) -> tuple[MemoryPrompt, InjectionPlan]:
+        """The prompt and signed plan generate() would send in KV mode.
+
+        For clients that talk to vLLM themselves: send prompt.token_ids() with
+        cache_salt=plan.cache_salt and kv_transfer_params=plan.to_params().
+        """
+        with self._lock:
+            self._check_open()
+            shard = self._shard_of(handle)
+            records = shard.planner.resolve(handle)
+            if layout is not None:
+                layout.check_handle_size(len(records))
+            injected, repaired = shard.planner.arrange(handle, records,
+                                                       layout or self.config.layout)
+            pinned = {r.fact.fact_id for r in records}
+            if not shard.planner.ready_for_kv(injected, pinned):
+                raise SlabFullError("the handle's facts do not fit in the slab")
+            prompt = shard.planner.build(as_messages(messages), injected, repaired,
+                                         layout or self.config.layout, tools)
+            try:
+                return prompt, shard.planner.plan(handle, prompt, injected, pinned)
+            finally:
+                shard.preambles.end_batch()
+
+    def parse_tool_calls(self, text: str, tools: Sequence[Mapping[str, Any]],
+                         parser: str = "hermes") -> tuple[str, list[ToolCall]]:
+        """The answer without its tool calls, and the calls, read by vLLM's tool parser.
+
+        A bare JSON object naming an offered tool counts as a call too.
+        """
+        return parse_tool_calls(self.tokenizer, parser, text, tools)
+
+    def prepare_completion(self, handle: MemoryHandle, prompt_token_ids: Sequence[int], *,
+                           layout: Layout | None = None
+                           ) -> tuple[MemoryPrompt, InjectionPlan]:
+        """A raw completion prompt with the handle's facts in front of it, and its plan.
+
+        [memory header][fact_1]..[fact_k][repaired facts][prompt]: there is no chat template,
+        so the preamble is the configured system prompt's tokens alone.
+        """
+        with self._lock:
+            self._check_open()
+            shard = self._shard_of(handle)
+            records = shard.planner.resolve(handle)
+            chosen = layout or self.config.layout
+            injected, repaired = shard.planner.arrange(handle, records, chosen)
+            pinned = {r.fact.fact_id for r in records}
+            if not shard.planner.ready_for_kv(injected, pinned):
+                raise SlabFullError("the handle's facts do not fit in the slab")
+            prompt = MemoryPrompt(self.prompts.encode(self.config.system_prompt),
+                                  tuple(r.fact.token_ids for r in injected),
+                                  tuple(prompt_token_ids),
+                                  tuple(r.fact.token_ids for r in repaired))
+            try:
+                return prompt, shard.planner.plan(handle, prompt, injected, pinned)
+            finally:
+                shard.preambles.end_batch()
+
+    def text_pieces(self, generation: Generation) -> list[str]:
+        """The answer as per-token text pieces whose concatenation is exactly its text."""
+        return text_pieces(self.tokenizer, generation)
+
+    # ---- management --------------------------------------------------------------------
+    def get_facts(self, user_id: str) -> list[Fact]:
+        """All facts of a user, oldest first."""
+        user_id = check_user_id(user_id)
+        with self._lock:
+            return [r.fact for r in self._facts.values() if r.fact.user_id == user_id]
+
+    def is_resident(self, fact_id: FactId) -> bool:
+        """True if the fact's KV is in the slab now."""
+        with self._lock:
+            record = self._facts.get(fact_id)
+            if record is None:
+                raise FactNotFoundError(f"fact {fact_id} does not exist")
+            return record.resident
+
+    def delete(self, user_id: str, fact_ids: Sequence[FactId]) -> None:
+        """Delete facts and free their slab pages.
+
+        Raises:
+            FactNotFoundError / HandleError: an id is unknown or another user's; nothing is
+                deleted.
+        """
+        with self._lock:
+            self._check_open()
+            shard = self._shard(check_user_id(user_id))
+            records = shard.planner.resolve(MemoryHandle(user_id, tuple(fact_ids)))
+            shard.workers.free([r.slab_key for r in records if r.slab_key is not None])
+            for record in records:
+                shard.residency.release(record)
+                del self._facts[record.fact.fact_id]
+
+    def stats(self) -> EngineStats:
+        """App-side and per-worker counters."""
+        with self._lock:
+            self._check_open()
+            return EngineStats(len(self._facts),
+                               sum(s.residency.num_resident for s in self._shards),
+                               sum(s.residency.num_free_pages for s in self._shards),
+                               [w for s in self._shards for w in s.workers.stats()],
+                               dict(self.counters), len(self._shards))
+
+    @property
+    def workers(self) -> WorkerClient:
+        """Typed control calls on every vLLM worker of every engine, in that order."""
+        return self._runner.workers
+
+    def rank_of(self, user_id: str) -> int:
+        """The data-parallel engine that serves a user (0 without data parallelism)."""
+        return rank_of(check_user_id(user_id), len(self._shards))
+
+    @property
+    def llm(self) -> Any:
+        """The underlying vllm.LLM (for advanced use and tests)."""
+        return self._runner.llm
+
+    def close(self) -> None:
+        """Shut the vLLM engine down and free its memory; the object is unusable afterwards."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._runner.close()
+
+    @property
+    def closed(self) -> bool:
+        """True once close() was called."""
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosedError("the engine was closed; build a new Engine")
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+

@@ -1,0 +1,104 @@
+"""Data parallelism: one shard of the engine per vLLM engine, each user pinned to one of them.
+
+With EngineConfig.data_parallel_size = N, vLLM runs N engines (its own data parallelism, behind
+one AsyncLLM), each with its own paged KV cache, scheduler-side connector and workers, so each
+has its own slab. A user is pinned to engine rank_of(user_id, N) (a stable hash of the id): the
+user's save requests and reads go there (vLLM's data_parallel_rank), its facts' KV lives only in
+that engine's slab, and management calls reach only that engine's workers. A Shard is the
+app-side state of one engine: slab pages and LRU (Residency), the preambles in its slab, the
+save requests (FactWriter) and prompts and plans (RequestPlanner). With N = 1 there is one shard
+and nothing is routed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from inferscale_engine.config import ConnectorConfig, EngineConfig
+from inferscale_engine.facts import FactId
+from inferscale_engine.prompting.prompt import PromptBuilder
+from inferscale_engine.protocol.handoff import PlanHandoff
+from inferscale_engine.runtime.preambles import PreambleCache
+from inferscale_engine.runtime.read_path import RequestPlanner
+from inferscale_engine.runtime.residency import FactRecord, Residency, SlabAllocator
+from inferscale_engine.runtime.runner import Runner, WorkerClient
+from inferscale_engine.runtime.write_path import FactWriter
+
+
+def rank_of(user_id: str, num_ranks: int) -> int:
+    """The engine a user is pinned to: stable across processes and restarts (not hash())."""
+    if num_ranks == 1:
+        return 0
+    digest = hashlib.sha256(user_id.encode("utf-8", "surrogatepass")).digest()
+    return int.from_bytes(digest[:8], "little") % num_ranks
+
+
+class RankRunner:
+    """The runner as one data-parallel rank sees it: every request pinned to that engine."""
+
+    def __init__(self, runner: Runner, rank: int) -> None:
+        self._runner = runner
+        self.rank = rank
+        self.llm = runner.llm
+        self.in_process = False  # each data-parallel engine has a process of its own
+        self.workers = runner.workers_for(rank)
+        """Control calls on this engine's workers only."""
+
+    def run(self, prompts: list[Any], params: list[Any], use_tqdm: bool = False,
+            ranks: Sequence[int] | None = None) -> list[Any]:
+        """Run on this rank (a rank other than its own is a bug)."""
+        if ranks is not None and any(r != self.rank for r in ranks):
+            raise ValueError(f"rank {self.rank}'s runner was asked to run on ranks {set(ranks)}")
+        return self._runner.run(prompts, params, use_tqdm, ranks=[self.rank] * len(prompts))
+
+    def workers_for(self, rank: int) -> WorkerClient:
+        if rank != self.rank:
+            raise ValueError(f"rank {self.rank}'s runner has no workers of rank {rank}")
+        return self.workers
+
+    def close(self) -> None:
+        """The engine closes the runner it shares."""
+
+
+@dataclass(slots=True)
+class Shard:
+    """App-side state of one vLLM engine (see the module docstring)."""
+
+    rank: int
+    residency: Residency
+    writer: FactWriter
+    preambles: PreambleCache
+    planner: RequestPlanner
+    workers: WorkerClient
+
+
+def build_shards(config: EngineConfig, connector: ConnectorConfig, runner: Runner,
+                 prompts: PromptBuilder, facts: dict[FactId, FactRecord], secret: bytes,
+                 counters: Counter[str]) -> list[Shard]:
+    """One shard per engine, the configured preamble encoded into each engine's slab.
+
+    Slab keys are drawn from one counter, so a key names one entry in the whole deployment.
+    """
+    keys = itertools.count(1)
+    shards = []
+    # Plans go to an in-process scheduler by reference (handoff.py), otherwise signed (data
+    # parallelism runs on AsyncLLM, whose engines are never in this process).
+    local = config.plan_handoff and getattr(runner, "in_process", False)
+    for rank in range(config.data_parallel_size):
+        view: Runner = RankRunner(runner, rank) if config.data_parallel_size > 1 else runner
+        residency = Residency(SlabAllocator(connector.slab_pages, config.slab_page_tokens),
+                              keys)
+        writer = FactWriter(config, view, residency, secret, counters)
+        preambles = PreambleCache(writer, residency, view.workers, counters, prompts.preamble())
+        planner = RequestPlanner(config, prompts, facts, residency, writer, preambles, secret,
+                                 counters, PlanHandoff(secret) if local else None)
+        shards.append(Shard(rank, residency, writer, preambles, planner, view.workers))
+    for shard in shards:  # fail now, not on the first request
+        shard.preambles.key(prompts.preamble())
+        shard.preambles.end_batch()
+    return shards
