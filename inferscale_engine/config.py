@@ -97,8 +97,16 @@ class EngineConfig:
     """'evict': make room by evicting the least recently used facts' KV (facts stay known and
     are re-encoded when needed); 'error': raise SlabFullError."""
     on_evicted: str = "reencode"
-    """A request names facts whose KV was evicted: 'reencode' them first, or serve the request
-    in 'text' mode."""
+    """A request names facts whose KV left the slab: bring it back first (from host RAM or
+    disk, else by encoding them again: 'reencode'), or serve the request in 'text' mode."""
+    host_tier_bytes: int | None = None
+    """Pinned host RAM per worker for fact KV evicted from the slab (the warm tier): a fact
+    there comes back by a copy, not a prefill. None: a quarter of the RAM available at start,
+    at most 4x slab_capacity_bytes; 0: no host tier."""
+    disk_tier_path: str | None = None
+    """Folder of the cold tier: every encoded fact's KV is written there (one safetensors file
+    per fact and tensor-parallel rank) and loaded instead of re-encoded, after eviction and
+    after a restart. None: no disk tier."""
     key_scale: float | tuple[float, ...] = 1.0
     """Key temperature: stored fact keys are scaled by this (one value, or one per layer) when
     encoded; 1.0 keeps them exact. Fit one with `inferscale calibrate`."""
@@ -122,10 +130,16 @@ class EngineConfig:
         _positive(self, "max_model_len", "slab_capacity_bytes", "slab_page_tokens",
                   "max_fact_tokens", "save_batch_size", "tensor_parallel_size",
                   "data_parallel_size")
-        for name in ("context_window_tokens", "context_run_tokens"):
-            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int
-                                                                       ) or getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be an int >= 0, got {getattr(self, name)!r}")
+        for name in ("context_window_tokens", "context_run_tokens", "host_tier_bytes"):
+            value = getattr(self, name)
+            if name == "host_tier_bytes" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{name} must be an int >= 0, got {value!r}")
+        if self.disk_tier_path is not None and (not isinstance(self.disk_tier_path, str)
+                                                or not self.disk_tier_path.strip()):
+            raise ConfigError(f"disk_tier_path must be a folder path or None, got "
+                              f"{self.disk_tier_path!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got "
                               f"{self.gpu_memory_utilization}")
@@ -178,9 +192,16 @@ class ConnectorConfig:
     key_origin: str = "encoded"
     """Rotation stored keys keep: 'encoded' (the positions they were encoded at: one rounding
     when moved, bit-exact when not) or 'zero' (rotated to 0..n-1 at capture)."""
+    host_pages: int = 0
+    """Pages of the host-RAM tier (0: none)."""
+    disk_path: str | None = None
+    """Folder of the disk tier (None: none)."""
 
     def __post_init__(self) -> None:
         _positive(self, "slab_pages", "page_tokens", "max_positions")
+        if isinstance(self.host_pages, bool) or not isinstance(self.host_pages, int) or (
+                self.host_pages < 0):
+            raise ConfigError(f"host_pages must be an int >= 0, got {self.host_pages!r}")
         if self.key_origin not in ("encoded", "zero"):
             raise ConfigError(f"key_origin must be 'encoded' or 'zero', got {self.key_origin!r}")
 

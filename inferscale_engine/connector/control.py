@@ -66,6 +66,34 @@ class SlabControl:
         pairs = [paged.read(layer, index) for layer in range(paged.num_layers)]
         return (torch.stack([k for k, _ in pairs]).cpu(), torch.stack([v for _, v in pairs]).cpu())
 
+    def inferscale_demote(self, moves: list[tuple[int, int, list[int]]]) -> list[bool]:
+        """(slab key, host key, host pages): move entries to the host tier."""
+        return _worker_half().demote([(int(a), int(b), list(c)) for a, b, c in moves])
+
+    def inferscale_promote(self, moves: list[tuple[int, int, list[int]]]) -> list[bool]:
+        """(host key, slab key, pages): move host entries back into the slab."""
+        return _worker_half().promote([(int(a), int(b), list(c)) for a, b, c in moves])
+
+    def inferscale_persist(self, items: list[tuple[int, str, str, dict[str, str]]]
+                           ) -> list[bool]:
+        """(slab key, name, owner, meta): write entries to the disk tier."""
+        return _worker_half().persist([(int(k), str(n), str(o), dict(m))
+                                       for k, n, o, m in items])
+
+    def inferscale_load(self, items: list[tuple[str, str, dict[str, str], int, list[int]]]
+                        ) -> list[str]:
+        """(name, owner, meta, slab key, pages): read entries from the disk tier."""
+        return _worker_half().load([(str(n), str(o), dict(m), int(k), list(p))
+                                    for n, o, m, k, p in items])
+
+    def inferscale_forget(self, host_keys: list[int], names: list[str]) -> int:
+        """Drop host entries and delete disk files of deleted facts."""
+        return int(_worker_half().forget([int(k) for k in host_keys], [str(n) for n in names]))
+
+    def inferscale_flush_disk(self) -> None:
+        """Wait until queued disk writes are done."""
+        _worker_half().flush_disk()
+
     def inferscale_recent_loads(self) -> list[tuple[str, list[int]]]:
         """(request id, paged slots written) of the worker's last few injections."""
         return [(rid, slots.tolist()) for rid, slots in _worker_half().recent_loads]

@@ -39,14 +39,17 @@ class KVSlab:
     """Per-worker storage: keys (canonical positions) and values of every attention layer."""
 
     def __init__(self, num_layers: int, num_pages: int, page_tokens: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+                 head_dim: int, dtype: torch.dtype, device: torch.device,
+                 pin_memory: bool = False) -> None:
+        """pin_memory: page-locked host memory (a host tier beside a CUDA slab)."""
         num_rows = num_pages * page_tokens
         self.page_tokens = page_tokens
         self.num_pages = num_pages
         self.keys = torch.zeros(num_layers, num_rows, num_kv_heads, head_dim, dtype=dtype,
-                                device=device)
+                                device=device, pin_memory=pin_memory)
         """[L, num_rows, H, D]"""
-        self.values = torch.zeros_like(self.keys)
+        self.values = torch.zeros(num_layers, num_rows, num_kv_heads, head_dim, dtype=dtype,
+                                  device=device, pin_memory=pin_memory)
         """[L, num_rows, H, D]"""
         self.entries: dict[int, SlabEntry] = {}
         self.page_keys = np.zeros(num_pages, dtype=np.int64)

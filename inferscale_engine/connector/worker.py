@@ -26,6 +26,8 @@ from inferscale_engine.connector.paged import (
     strided_views,
 )
 from inferscale_engine.connector.slab import KVSlab, SlabEntry
+from inferscale_engine.connector.staging import Staging
+from inferscale_engine.connector.tiers import DiskRecord, DiskTier, HostTier
 from inferscale_engine.model.rope import RopeSpec, layer_rope_specs
 from inferscale_engine.protocol.plan import SYSTEM_OWNER
 
@@ -60,10 +62,14 @@ class InferScaleWorker:
         self._positions = np.arange(config.max_positions, dtype=np.int64)  # sliced per load
         self._cache_dtype = vllm_config.cache_config.cache_dtype
         self.slab: KVSlab | None = None
+        self.host: HostTier | None = None
+        """Demoted fact KV in pinned host memory (connector/tiers.py), if configured."""
+        self.disk: DiskTier | None = None
+        """Fact KV files on local disk, if configured."""
         self.paged: PagedKV | None = None
         self._rope: _Rope | None = None
         self._failed_block_ids: set[int] = set()
-        self._staging = _Staging(torch.device("cpu"))
+        self._staging = Staging(torch.device("cpu"))
         self.counters: Counter[str] = Counter()
         self._recent: deque[tuple[str, Int64s, int, int]] = deque(maxlen=8)
         """(request id, block table, first and end position) of the last loads."""
@@ -81,7 +87,11 @@ class InferScaleWorker:
         self.paged = _detect_layout(layers, self._num_kv_heads, self._head_dim, self._block_size)
         self.slab = KVSlab(len(layers), self._config.slab_pages, self._config.page_tokens,
                            self._num_kv_heads, self._head_dim, first.dtype, first.device)
-        self._staging = _Staging(first.device)
+        self._staging = Staging(first.device)
+        if self._config.host_pages:
+            self.host = HostTier(self.slab, self._config.host_pages)
+        if self._config.disk_path:
+            self.disk = DiskTier(self._config.disk_path, _tensor_parallel_rank(), self.counters)
         self._rope = _rope_tables(self._layer_specs, list(kv_caches), self._config.max_positions,
                                   first.device)
         self._check_zero_copy()
@@ -178,9 +188,65 @@ class InferScaleWorker:
         return sum(self.slab.entries.pop(k, None) is not None for k in slab_keys)
 
     def stats(self) -> dict[str, int]:
-        """Slab occupancy and counters."""
+        """Slab and host tier occupancy, and counters."""
         assert self.slab is not None
-        return {**self.slab.stats(), **self.counters}
+        host = self.host.slab.stats() if self.host is not None else {}
+        return {**self.slab.stats(), **{f"host_{k}": v for k, v in host.items()},
+                **self.counters}
+
+    # ---- tiers (control calls; connector/tiers.py) -----------------------------------
+    def demote(self, moves: list[tuple[int, int, list[int]]]) -> list[bool]:
+        """(slab key, host key, host pages) per entry: move it to host RAM; per move, done."""
+        assert self.slab is not None
+        if self.host is None:
+            return [False] * len(moves)
+        tokens = [self.host.demote(self.slab, *move) for move in moves]
+        self.counters["host_demotions"] += sum(map(bool, tokens))
+        self.counters["host_bytes_in"] += sum(tokens) * self.slab.bytes_per_token
+        return [bool(n) for n in tokens]
+
+    def promote(self, moves: list[tuple[int, int, list[int]]]) -> list[bool]:
+        """(host key, slab key, pages) per entry: move it back into the slab; per move, done."""
+        assert self.slab is not None
+        if self.host is None:
+            return [False] * len(moves)
+        tokens = [self.host.promote(self.slab, *move) for move in moves]
+        self.counters["host_promotions"] += sum(map(bool, tokens))
+        self.counters["host_bytes_out"] += sum(tokens) * self.slab.bytes_per_token
+        return [bool(n) for n in tokens]
+
+    def persist(self, items: list[tuple[int, str, str, dict[str, str]]]) -> list[bool]:
+        """(slab key, name, owner, meta) per entry: write it to the disk tier (queued)."""
+        assert self.slab is not None
+        if self.disk is None:
+            return [False] * len(items)
+        return [self.disk.persist(self.slab, key, DiskRecord(name, owner, meta))
+                for key, name, owner, meta in items]
+
+    def load(self, items: list[tuple[str, str, dict[str, str], int, list[int]]]) -> list[str]:
+        """(name, owner, meta, slab key, pages) per entry: read it from disk into the slab.
+
+        Per item '' (loaded) or why not: missing, corrupt, mismatch, stale (counted).
+        """
+        assert self.slab is not None
+        if self.disk is None:
+            return ["missing"] * len(items)
+        stream = self.host._stream if self.host is not None else None  # noqa: SLF001
+        results = [self.disk.load(self.slab, DiskRecord(name, owner, meta), key, pages, stream)
+                   for name, owner, meta, key, pages in items]
+        for result in results:
+            self.counters[f"disk_{result or 'loads'}"] += 1
+        return results
+
+    def forget(self, host_keys: list[int], names: list[str]) -> int:
+        """Drop host entries and delete disk files of deleted facts; how many existed."""
+        dropped = self.host.drop(host_keys) if self.host is not None else 0
+        return dropped + (self.disk.forget(names) if self.disk is not None else 0)
+
+    def flush_disk(self) -> None:
+        """Wait until every queued disk write is done."""
+        if self.disk is not None:
+            self.disk.flush()
 
     @property
     def recent_loads(self) -> list[tuple[str, np.ndarray]]:
@@ -301,82 +367,6 @@ class InferScaleWorker:
             self.counters["captures"] += 1
 
 
-class _Staging:
-    """Host buffers the step's load indices are written into, and how the kernel gets them.
-
-    On CUDA: two pinned host buffers used in turn. With `zero_copy` (the default where the
-    driver maps pinned memory for the device) the kernel reads the index straight from the
-    pinned buffer, so a step pays no copy call; otherwise one asynchronous copy into a device
-    buffer. A host buffer is written again two steps later, after waiting for the event
-    recorded after its step's launch (long finished by then). Elsewhere: plain numpy.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self._device = device
-        self._cuda = device.type == "cuda"
-        self.zero_copy = self._cuda
-        """The kernel reads the index from pinned host memory (set False where it cannot)."""
-        self._hosts = [torch.empty(0, dtype=torch.int64) for _ in range(2)]
-        self._host_arrays = [np.empty(0, dtype=np.int64) for _ in range(2)]  # the same memory
-        self._events: list[torch.cuda.Event | None] = [None, None]
-        self._stream: torch.cuda.Stream | None = None
-        self._device_index = (device.index if device.index is not None
-                              else torch.cuda.current_device()) if self._cuda else -1
-        self._turn = 0
-        self._device_buffer = torch.empty(0, dtype=torch.int64, device=device)
-        self._view = np.empty((4, 0), dtype=np.int64)
-
-    def host(self, num_tokens: int) -> np.ndarray:
-        """A writable [4, num_tokens] int64 buffer for this step (contiguous)."""
-        if not self._cuda:
-            self._view = np.empty((4, num_tokens), dtype=np.int64)
-            return self._view
-        self._turn ^= 1
-        event = self._events[self._turn]
-        if event is not None:
-            event.synchronize()
-        array = self._host_arrays[self._turn]
-        if array.size < 4 * num_tokens:
-            buffer = self._hosts[self._turn] = torch.empty(
-                max(4 * num_tokens, 2 * array.size), dtype=torch.int64, pin_memory=True)
-            array = self._host_arrays[self._turn] = buffer.numpy()
-        self._view = array[:4 * num_tokens].reshape(4, num_tokens)
-        return self._view
-
-    def index(self, num_tokens: int) -> torch.Tensor:
-        """The first num_tokens columns of this step's buffer as the kernel's [4, n] index.
-
-        The pinned host buffer itself (zero copy) or its copy on the device. Rows keep the
-        buffer's row stride (the kernels take it), so nothing is compacted.
-        """
-        # Sliced only when a load failed: every step fills all it asked for otherwise, and the
-        # slice costs as much as the tensor itself (~20 us each with cold caches).
-        whole = num_tokens == self._view.shape[1]
-        if not self._cuda or self.zero_copy:  # on CUDA the pinned buffer, at the same address
-            index = torch.from_numpy(self._view)
-            return index if whole else index[:, :num_tokens]
-        size = self._view.size
-        if self._device_buffer.numel() < size:
-            self._device_buffer = torch.empty(max(size, 2 * self._device_buffer.numel()),
-                                              dtype=torch.int64, device=self._device)
-        flat = self._device_buffer[:size]
-        flat.copy_(self._hosts[self._turn][:size], non_blocking=True)
-        index = flat.view(self._view.shape)
-        return index if whole else index[:, :num_tokens]
-
-    def launched(self) -> None:
-        """Mark this step's buffer in use until the work queued so far has run."""
-        if not self._cuda:
-            return
-        event = self._events[self._turn] = self._events[self._turn] or torch.cuda.Event()
-        # The current stream as a Stream object, built again only when it changes
-        # (torch.cuda.current_stream() builds one per call: tens of microseconds, cold).
-        raw = torch._C._cuda_getCurrentRawStream(self._device_index)
-        if self._stream is None or self._stream.cuda_stream != raw:
-            self._stream = torch.cuda.current_stream(self._device)
-        event.record(self._stream)
-
-
 _ROWS_BYTES, _CANONICAL_BYTES = attrgetter("rows_bytes"), attrgetter("canonical_bytes")
 _OWNER, _NUM_TOKENS = attrgetter("owner"), attrgetter("num_tokens")
 
@@ -429,3 +419,13 @@ def _detect_layout(layers: list[torch.Tensor], num_kv_heads: int, head_dim: int,
         return CpuPackedPagedKV(layers, isa)
     keys, values = zip(*(strided_views(t, num_kv_heads, head_dim) for t in layers))
     return StridedPagedKV(list(keys), list(values))
+
+
+def _tensor_parallel_rank() -> int:
+    """The worker's tensor-parallel rank (0 where vLLM's groups are not set up)."""
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except (AssertionError, ImportError, RuntimeError):
+        return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from inferscale_engine.config import ConnectorConfig, EngineConfig
@@ -89,8 +90,15 @@ def connector_config(config: EngineConfig, hf_config: Any) -> ConnectorConfig:
         raise UnsupportedModelError(
             f"slab_capacity_bytes={config.slab_capacity_bytes} cannot hold one page of "
             f"{config.slab_page_tokens} tokens ({bytes_per_token} bytes each); raise it")
+    host_bytes = config.host_tier_bytes
+    if host_bytes is None:  # the default: derived from the RAM available now
+        host_bytes = min(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4,
+                         4 * config.slab_capacity_bytes)
+    host_pages = host_bytes // (config.slab_page_tokens * bytes_per_token)
     return ConnectorConfig(num_pages, config.slab_page_tokens, config.max_model_len,
-                           config.key_origin)
+                           config.key_origin, host_pages,
+                           os.path.abspath(os.path.expanduser(config.disk_tier_path))
+                           if config.disk_tier_path else None)
 
 
 def load_tokenizer(config: EngineConfig) -> Any:

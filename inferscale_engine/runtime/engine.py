@@ -4,8 +4,7 @@ Write path (write_path.py): add_facts() encodes facts through batched vLLM "save
 ([preamble][<= W context tokens][fact], max_tokens=1); the connector keeps only the fact's KV.
 Read path (read_path.py): generate() prepares [preamble][fact_1]..[fact_k][rest] from token
 ids with a signed InjectionPlan and a salted prompt, runs the batch, collects the answers.
-Text mode sends the same token ids with no plan: the baseline of every benchmark and the
-fallback. The preambles' KV lives in the slab too (preambles.py).
+Text mode sends the same token ids with no plan (the baseline and the fallback).
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from inferscale_engine.runtime.read_path import Messages, as_messages, collect, 
 from inferscale_engine.runtime.residency import FactRecord
 from inferscale_engine.runtime.runner import Runner, VllmRunner, WorkerClient
 from inferscale_engine.runtime.shards import Shard, build_shards, rank_of
+from inferscale_engine.runtime.tiers import disk_fingerprint
 
 __all__ = ["Engine", "EngineStats", "Generation", "Messages"]
 
@@ -72,12 +72,13 @@ class Engine:
         if config.calibration is not None:
             scale = Calibration.load(config.calibration, self.fingerprint).key_scale
         self._key_scale = key_scale_tuple(scale, self._num_layers, ConfigError)
+        disk = disk_fingerprint(config, self.fingerprint)  # checked before vLLM starts
         self._runner = runner(config, connector)
         self._facts: dict[FactId, FactRecord] = {}
         self._next_fact_id = 1
         self.counters: Counter[str] = Counter()
         self._shards = build_shards(config, connector, self._runner, self.prompts, self._facts,
-                                    self._secret, self.counters)
+                                    self._secret, self.counters, disk)
         """One per vLLM engine (shards.py); a user's facts live in rank_of(user)'s."""
 
     def _shard(self, user_id: str | None) -> Shard:
@@ -316,22 +317,27 @@ class Engine:
         cache_salt=plan.cache_salt and kv_transfer_params=plan.to_params().
         """
         with self._lock:
-            self._check_open()
-            shard = self._shard_of(handle)
-            records = shard.planner.resolve(handle)
-            if layout is not None:
-                layout.check_handle_size(len(records))
-            injected, repaired = shard.planner.arrange(handle, records,
-                                                       layout or self.config.layout)
-            pinned = {r.fact.fact_id for r in records}
-            if not shard.planner.ready_for_kv(injected, pinned):
-                raise SlabFullError("the handle's facts do not fit in the slab")
+            shard, injected, repaired, pinned = self._resident(handle, layout)
             prompt = shard.planner.build(as_messages(messages), injected, repaired,
                                          layout or self.config.layout, tools)
             try:
                 return prompt, shard.planner.plan(handle, prompt, injected, pinned)
             finally:
                 shard.preambles.end_batch()
+
+    def _resident(self, handle: MemoryHandle, layout: Layout | None
+                  ) -> tuple[Shard, list[FactRecord], list[FactRecord], set[FactId]]:
+        """Shard, facts to inject (made resident, else SlabFullError), to repair, pins."""
+        self._check_open()
+        shard = self._shard_of(handle)
+        records = shard.planner.resolve(handle)
+        if layout is not None:
+            layout.check_handle_size(len(records))
+        injected, repaired = shard.planner.arrange(handle, records, layout or self.config.layout)
+        pinned = {r.fact.fact_id for r in records}
+        if not shard.planner.ready_for_kv(injected, pinned):
+            raise SlabFullError("the handle's facts do not fit in the slab")
+        return shard, injected, repaired, pinned
 
     def parse_tool_calls(self, text: str, tools: Sequence[Mapping[str, Any]],
                          parser: str = "hermes") -> tuple[str, list[ToolCall]]:
@@ -350,14 +356,7 @@ class Engine:
         so the preamble is the configured system prompt's tokens alone.
         """
         with self._lock:
-            self._check_open()
-            shard = self._shard_of(handle)
-            records = shard.planner.resolve(handle)
-            chosen = layout or self.config.layout
-            injected, repaired = shard.planner.arrange(handle, records, chosen)
-            pinned = {r.fact.fact_id for r in records}
-            if not shard.planner.ready_for_kv(injected, pinned):
-                raise SlabFullError("the handle's facts do not fit in the slab")
+            shard, injected, repaired, pinned = self._resident(handle, layout)
             prompt = MemoryPrompt(self.prompts.encode(self.config.system_prompt),
                                   tuple(r.fact.token_ids for r in injected),
                                   tuple(prompt_token_ids),
@@ -397,20 +396,20 @@ class Engine:
             self._check_open()
             shard = self._shard(check_user_id(user_id))
             records = shard.planner.resolve(MemoryHandle(user_id, tuple(fact_ids)))
-            shard.workers.free([r.slab_key for r in records if r.slab_key is not None])
+            shard.writer.forget(records, self.prompts.preamble())  # every tier
             for record in records:
-                shard.residency.release(record)
                 del self._facts[record.fact.fact_id]
 
     def stats(self) -> EngineStats:
         """App-side and per-worker counters."""
         with self._lock:
             self._check_open()
-            return EngineStats(len(self._facts),
-                               sum(s.residency.num_resident for s in self._shards),
-                               sum(s.residency.num_free_pages for s in self._shards),
-                               [w for s in self._shards for w in s.workers.stats()],
-                               dict(self.counters), len(self._shards))
+            shards = self._shards
+            return EngineStats(
+                len(self._facts), sum(s.residency.num_resident for s in shards),
+                sum(s.residency.num_free_pages for s in shards),
+                [w for s in shards for w in s.workers.stats()], dict(self.counters), len(shards),
+                sum(s.host.num_resident for s in shards))
 
     @property
     def workers(self) -> WorkerClient:

@@ -63,6 +63,8 @@ class EngineStats:
     counters: dict[str, int] = field(default_factory=dict)
     data_parallel_size: int = 1
     """Engines the workers belong to (each holds its own users' facts)."""
+    num_host_facts: int = 0
+    """Facts whose KV waits in the host-RAM tier."""
 
     @property
     def worker_totals(self) -> dict[str, int]:
@@ -80,7 +82,8 @@ class EngineStats:
                           for engine in engines) for name in names}
 
 
-_SUMMED = frozenset({"load_errors", "capture_errors", "captures_refused_stale"})
+_SUMMED = frozenset({"load_errors", "capture_errors", "captures_refused_stale",
+                     "disk_write_errors", "disk_corrupt", "disk_mismatch", "disk_stale"})
 
 
 def from_output(out: Any, mode: str, num_prompt_tokens: int, latency_ms: float) -> Generation:

@@ -208,11 +208,13 @@ class RequestPlanner:
                 [len(r.fact.token_ids) for r in missing], pinned,
                 self._config.on_slab_full == "evict"):
             return False
+        encoded = self._counters["encoded_facts"]
         try:
             self._writer.make_resident(missing, self._prompts.preamble(), pinned)
         except SlabFullError:
             return False
-        self._counters["reencoded_facts"] += len(missing)
+        self._counters["returned_facts"] += len(missing)  # from host RAM, disk or encoded
+        self._counters["reencoded_facts"] += self._counters["encoded_facts"] - encoded
         return True
 
     def plan(self, handle: MemoryHandle, prompt: MemoryPrompt, records: list[FactRecord],

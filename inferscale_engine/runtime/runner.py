@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 import uuid
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 from inferscale_engine.config import ConnectorConfig, EngineConfig
 from inferscale_engine.errors import ConfigError
 
+logger = logging.getLogger(__name__)
 _EXTENSION = "inferscale_engine.connector.control.SlabControl"
 
 
@@ -51,6 +53,31 @@ class WorkerClient:
     def read_slots(self, slots: list[int]) -> list[tuple[Any, Any]]:
         """Per worker, K and V in paged `slots` of every layer ([L, T, H, D], CPU)."""
         return self._call("inferscale_read_slots", list(slots))
+
+    def demote(self, moves: list[tuple[int, int, list[int]]]) -> list[list[bool]]:
+        """Per worker, which (slab key, host key, host pages) moves to host RAM were done."""
+        return self._call("inferscale_demote", moves) if moves else []
+
+    def promote(self, moves: list[tuple[int, int, list[int]]]) -> list[list[bool]]:
+        """Per worker, which (host key, slab key, pages) moves back into the slab were done."""
+        return self._call("inferscale_promote", moves) if moves else []
+
+    def persist(self, items: list[tuple[int, str, str, dict[str, str]]]) -> list[list[bool]]:
+        """Per worker, which (slab key, name, owner, meta) entries were queued for disk."""
+        return self._call("inferscale_persist", items) if items else []
+
+    def load(self, items: list[tuple[str, str, dict[str, str], int, list[int]]]
+             ) -> list[list[str]]:
+        """Per worker, per (name, owner, meta, slab key, pages): '' if loaded, else why not."""
+        return self._call("inferscale_load", items) if items else []
+
+    def forget(self, host_keys: list[int], names: list[str]) -> list[int]:
+        """Drop host entries and delete disk files; per worker, how many existed."""
+        return self._call("inferscale_forget", host_keys, names) if host_keys or names else []
+
+    def flush_disk(self) -> list[Any]:
+        """Wait on every worker until its queued disk writes are done."""
+        return self._call("inferscale_flush_disk")
 
     def recent_loads(self) -> list[list[tuple[str, list[int]]]]:
         """Per worker, (request id, paged slots written) of its last few injections."""
@@ -134,7 +161,8 @@ class VllmRunner:
             engine.step()
 
     def close(self) -> None:
-        """Shut vLLM down and free what an in-process engine leaves behind."""
+        """Finish queued disk writes, shut vLLM down, free what an in-process engine leaves."""
+        _flush_disk(self.workers)
         engine = self.llm.llm_engine
         shutdown = getattr(engine, "shutdown", None) or getattr(
             getattr(engine, "engine_core", None), "shutdown", None)
@@ -280,7 +308,8 @@ class AsyncRunner:
         return asyncio.run_coroutine_threadsafe(wrapped(), self._loop).result()
 
     def close(self) -> None:
-        """Nothing to do: the server owns the AsyncLLM and shuts it down."""
+        """Finish queued disk writes; the server owns the AsyncLLM and shuts it down."""
+        _flush_disk(self.workers)
 
 
 def _bind_cpu_ranks(world_size: int) -> None:
@@ -299,3 +328,11 @@ def _bind_cpu_ranks(world_size: int) -> None:
     size = len(cores) // world_size
     groups = [cores[i * size:(i + 1) * size] for i in range(world_size)]
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(",".join(map(str, g)) for g in groups)
+
+
+def _flush_disk(workers: WorkerClient) -> None:
+    """Let queued disk-tier writes finish before the workers go (a dead engine: nothing)."""
+    try:
+        workers.flush_disk()
+    except Exception:  # noqa: BLE001 - shutting down: never mask the reason for closing
+        logger.debug("disk tier flush at close failed", exc_info=True)

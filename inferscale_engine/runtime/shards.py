@@ -27,6 +27,7 @@ from inferscale_engine.runtime.preambles import PreambleCache
 from inferscale_engine.runtime.read_path import RequestPlanner
 from inferscale_engine.runtime.residency import FactRecord, Residency, SlabAllocator
 from inferscale_engine.runtime.runner import Runner, WorkerClient
+from inferscale_engine.runtime.tiers import HostResidency
 from inferscale_engine.runtime.write_path import FactWriter
 
 
@@ -71,6 +72,7 @@ class Shard:
 
     rank: int
     residency: Residency
+    host: HostResidency
     writer: FactWriter
     preambles: PreambleCache
     planner: RequestPlanner
@@ -79,10 +81,11 @@ class Shard:
 
 def build_shards(config: EngineConfig, connector: ConnectorConfig, runner: Runner,
                  prompts: PromptBuilder, facts: dict[FactId, FactRecord], secret: bytes,
-                 counters: Counter[str]) -> list[Shard]:
+                 counters: Counter[str], disk_fingerprint: str | None = None) -> list[Shard]:
     """One shard per engine, the configured preamble encoded into each engine's slab.
 
     Slab keys are drawn from one counter, so a key names one entry in the whole deployment.
+    disk_fingerprint: the model's identity for disk-tier entries (None: no disk tier).
     """
     keys = itertools.count(1)
     shards = []
@@ -93,11 +96,12 @@ def build_shards(config: EngineConfig, connector: ConnectorConfig, runner: Runne
         view: Runner = RankRunner(runner, rank) if config.data_parallel_size > 1 else runner
         residency = Residency(SlabAllocator(connector.slab_pages, config.slab_page_tokens),
                               keys)
-        writer = FactWriter(config, view, residency, secret, counters)
+        host = HostResidency(connector.host_pages, config.slab_page_tokens)
+        writer = FactWriter(config, view, residency, secret, counters, host, disk_fingerprint)
         preambles = PreambleCache(writer, residency, view.workers, counters, prompts.preamble())
         planner = RequestPlanner(config, prompts, facts, residency, writer, preambles, secret,
                                  counters, PlanHandoff(secret) if local else None)
-        shards.append(Shard(rank, residency, writer, preambles, planner, view.workers))
+        shards.append(Shard(rank, residency, host, writer, preambles, planner, view.workers))
     for shard in shards:  # fail now, not on the first request
         shard.preambles.key(prompts.preamble())
         shard.preambles.end_batch()

@@ -1,4 +1,4 @@
-"""The write path: encode facts once and keep their KV in the slab.
+"""The write path: fill slab pages with facts' KV, from the lower tiers or by encoding them.
 
 A fact is encoded by a vLLM "save" request, prompt [preamble][context tokens][fact],
 max_tokens=1, salted per user (plan.save_salt: its blocks never serve another user's
@@ -7,14 +7,19 @@ copies only the fact's K/V there (Context-Window Encoding). Facts whose contexts
 fact's context is the previous fact's context followed by the previous fact, as a run of
 facts added together has) share ONE save request: the last fact's prompt holds every earlier
 fact's prompt as a prefix, and causal attention makes each fact's K/V there the same as in its
-own request. Pages are allocated here, least recently used facts evicted when the slab is
-full; a batch is all or nothing.
+own request. With a disk tier every encoded fact is also written to disk.
+
+A fact whose KV left the slab comes back by a copy when it can: from host RAM if it was
+demoted there, else from its disk entry; only then is it encoded again (tiers.py). Pages are
+allocated here, least recently used facts evicted (demoted) when the slab is full; a batch is
+all or nothing.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from inferscale_engine.config import EngineConfig
 from inferscale_engine.facts import FactId
@@ -23,27 +28,48 @@ from inferscale_engine.protocol.save_plan import SavePlan, SaveSpan
 from inferscale_engine.runtime.generation import RESULT_KEY
 from inferscale_engine.runtime.residency import FactRecord, Residency
 from inferscale_engine.runtime.runner import Runner
+from inferscale_engine.runtime.tiers import HostResidency, disk_identity
+
+
+@dataclass(slots=True)
+class _Fill:
+    """A record on its way into the slab: its pages and the slab key that will name them."""
+
+    record: FactRecord
+    key: int
+    pages: tuple[int, ...]
 
 
 class FactWriter:
-    """Allocates slab pages and runs the save requests that fill them."""
+    """Allocates slab pages and fills them: from host RAM, from disk, else by save requests."""
 
     def __init__(self, config: EngineConfig, runner: Runner, residency: Residency,
-                 secret: bytes, counters: Counter[str]) -> None:
+                 secret: bytes, counters: Counter[str], host: HostResidency | None = None,
+                 disk_fingerprint: str | None = None) -> None:
+        """Keep what the write path needs.
+
+        Args:
+            host: the host tier's pages (None: no host tier).
+            disk_fingerprint: the model's identity for disk entries (None: no disk tier).
+        """
         self._config = config
         self._runner = runner
         self._residency = residency
         self._secret = secret
         self._counters = counters
+        self._host = host or HostResidency(0, config.slab_page_tokens)
+        self._fingerprint = disk_fingerprint
 
     def make_resident(self, records: Sequence[FactRecord], preamble: Sequence[int],
                       pinned: set[FactId]) -> None:
-        """Give non-resident records slab pages (evicting LRU facts if allowed), encode them.
+        """Give non-resident records slab pages (evicting LRU facts if allowed) and fill them.
 
-        All or nothing: on failure no record becomes resident and no page stays allocated.
+        Each record comes back from host RAM if it waits there, else from its disk entry,
+        else it is encoded (and written to disk). All or nothing: on failure no record becomes
+        resident and no page stays allocated.
 
         Args:
-            records: facts to encode, each after `preamble` and its own context ids.
+            records: facts to make resident, each encoded after `preamble` and its context.
             pinned: facts that must not be evicted to make room (the batch being served).
 
         Raises:
@@ -53,30 +79,24 @@ class FactWriter:
         if not todo:
             return
         evict = self._config.on_slab_full == "evict"
-        allocated: list[tuple[FactRecord, int, tuple[int, ...]]] = []
+        fills: list[_Fill] = []
         try:
+            evicted: list[FactRecord] = []
             for record in todo:
-                pages, evicted = self._residency.allocate(len(record.fact.token_ids), pinned,
-                                                          evict)
-                self.free_records(evicted)
-                allocated.append((record, self._residency.next_slab_key(), pages))
-            prompts, plans = [], []
-            for run in _runs(allocated):
-                last = run[-1][0]
-                prompt = [*preamble, *last.context_ids, *last.fact.token_ids]
-                spans = tuple(SaveSpan(key, len(preamble) + len(r.context_ids),
-                                       len(r.fact.token_ids), pages) for r, key, pages in run)
-                plans.append(SavePlan(last.fact.user_id, spans, key_scale=last.key_scale
-                                      ).signed(self._secret, prompt))
-                prompts.append(prompt)
-            self.run_saves(plans, prompts)
+                pages, out = self._residency.allocate(len(record.fact.token_ids), pinned, evict)
+                evicted += out
+                fills.append(_Fill(record, self._residency.next_slab_key(), pages))
+            self.free_records(evicted)  # moved out before anything is written to their pages
+            empty = self._load(self._promote(fills), preamble)
+            if empty:
+                self._encode(empty, preamble)
         except BaseException:
-            for _, _, pages in allocated:
-                self._residency.free_pages(pages)
-            self._runner.workers.free([key for _, key, _ in allocated])
+            for fill in fills:
+                self._residency.free_pages(fill.pages)
+            self._runner.workers.free([fill.key for fill in fills])
             raise
-        for record, key, pages in allocated:
-            self._residency.admit(record, key, pages)
+        for fill in fills:
+            self._residency.admit(fill.record, fill.key, fill.pages)
 
     def save_preamble(self, owner: str, preamble: Sequence[int], pinned: set[FactId]
                       ) -> tuple[int, tuple[int, ...]]:
@@ -98,14 +118,42 @@ class FactWriter:
         return key, pages
 
     def free_records(self, records: Iterable[FactRecord]) -> None:
-        """Forget where these records' KV is and free their worker entries (evictions)."""
-        records = list(records)
+        """Move records evicted from the slab out of it.
+
+        Their KV is demoted to host RAM where it fits, else dropped (a disk entry stays); their
+        slab pages are forgotten.
+        """
+        records = [r for r in records if r.slab_key is not None]
+        if not records:
+            return
         keys = [r.slab_key for r in records if r.slab_key is not None]
+        moves, dropped = self._host.demote(records, iter(self._residency.next_slab_key, None))
+        workers = self._runner.workers
+        if dropped:
+            workers.forget(dropped, [])
+        done = _everywhere(workers.demote(moves), len(moves))
+        demoted = {r.host_key: r for r in records if r.host_key is not None}
+        for (_, host_key, _), ok in zip(moves, done, strict=True):
+            if not ok:  # some rank lacked the entry: drop what the others moved
+                self._host.release(demoted[host_key])
+                workers.forget([host_key], [])
         for record in records:
             self._residency.release(record)
-        if keys:
-            self._runner.workers.free(keys)
-            self._counters["evicted_facts"] += len(keys)
+        workers.free(keys)
+        self._counters["evicted_facts"] += len(keys)
+        self._counters["demoted_facts"] += sum(done)
+
+    def forget(self, records: Sequence[FactRecord], preamble: Sequence[int]) -> None:
+        """Deleted facts: free their slab entries, drop their host copies and disk files."""
+        workers = self._runner.workers
+        workers.free([r.slab_key for r in records if r.slab_key is not None])
+        host_keys = [r.host_key for r in records if r.host_key is not None]
+        names = ([disk_identity(r, preamble, self._fingerprint)[0] for r in records]
+                 if self._fingerprint is not None else [])
+        for record in records:
+            self._residency.release(record)
+            self._host.release(record)
+        workers.forget(host_keys, names)
 
     def run_saves(self, plans: list[SavePlan], prompts: list[list[int]]) -> None:
         """Run save requests in batches and check that every worker captured every fact.
@@ -135,28 +183,103 @@ class FactWriter:
         self._counters["encoded_facts"] += len(keys)
         self._counters["save_requests"] += len(plans)
 
+    # ---- filling pages ----------------------------------------------------------------
+    def _promote(self, fills: list[_Fill]) -> list[_Fill]:
+        """Bring records waiting in host RAM back into their pages; returns the rest.
 
-_Allocated = tuple[FactRecord, int, tuple[int, ...]]
+        A promotion that failed on some rank is undone everywhere, and its fill gets a fresh
+        slab key (the pages' claim under the old one is spent).
+        """
+        waiting = [f for f in fills if f.record.host_key is not None]
+        if not waiting:
+            return fills
+        moves = [(f.record.host_key or 0, f.key, list(f.pages)) for f in waiting]
+        workers = self._runner.workers
+        done = _everywhere(workers.promote(moves), len(moves))
+        promoted = set()
+        for fill, (host_key, _, _), ok in zip(waiting, moves, done, strict=True):
+            self._host.release(fill.record)
+            if ok:
+                self._counters["host_hits"] += 1
+                promoted.add(id(fill))
+                continue
+            workers.free([fill.key])
+            workers.forget([host_key], [])
+            fill.key = self._residency.next_slab_key()
+        return [f for f in fills if id(f) not in promoted]
+
+    def _load(self, fills: list[_Fill], preamble: Sequence[int]) -> list[_Fill]:
+        """Load records from the disk tier into their pages; returns those still empty.
+
+        A refused entry (missing, corrupt, of another model, preamble, context or key scale)
+        is never served: its record is encoded again, under a fresh slab key (counted).
+        """
+        if not fills or self._fingerprint is None:
+            return fills
+        items = []
+        for fill in fills:
+            name, meta = disk_identity(fill.record, preamble, self._fingerprint)
+            items.append((name, fill.record.fact.user_id, meta, fill.key, list(fill.pages)))
+        workers = self._runner.workers
+        results = workers.load(items)
+        empty = []
+        for i, fill in enumerate(fills):
+            reasons = {per_worker[i] for per_worker in results}
+            if reasons == {""}:
+                self._counters["disk_hits"] += 1
+                continue
+            self._counters["disk_misses"] += 1
+            self._counters["disk_refused"] += bool(reasons - {"", "missing"})
+            workers.free([fill.key])
+            fill.key = self._residency.next_slab_key()
+            empty.append(fill)
+        return empty
+
+    def _encode(self, fills: list[_Fill], preamble: Sequence[int]) -> None:
+        """Save requests for the fills (runs of chained facts share one); then disk entries."""
+        prompts, plans = [], []
+        for run in _runs(fills):
+            last = run[-1].record
+            prompt = [*preamble, *last.context_ids, *last.fact.token_ids]
+            spans = tuple(SaveSpan(f.key, len(preamble) + len(f.record.context_ids),
+                                   len(f.record.fact.token_ids), f.pages) for f in run)
+            plans.append(SavePlan(last.fact.user_id, spans, key_scale=last.key_scale
+                                  ).signed(self._secret, prompt))
+            prompts.append(prompt)
+        self.run_saves(plans, prompts)
+        if self._fingerprint is not None:
+            items = []
+            for fill in fills:
+                name, meta = disk_identity(fill.record, preamble, self._fingerprint)
+                items.append((fill.key, name, fill.record.fact.user_id, meta))
+            self._runner.workers.persist(items)
 
 
-def _runs(allocated: list[_Allocated]) -> list[list[_Allocated]]:
+def _everywhere(per_worker: list[list[bool]], num_items: int) -> list[bool]:
+    """Per item, True if every worker (tensor-parallel rank) did it."""
+    if not per_worker:
+        return [False] * num_items
+    return [all(done[i] for done in per_worker) for i in range(num_items)]
+
+
+def _runs(fills: list[_Fill]) -> list[list[_Fill]]:
     """Consecutive records split into runs whose contexts chain (see the module docstring).
 
     A record joins the run before it when its context is exactly that run's last context
     followed by that run's last fact, with the same key scale: then the run's last prompt
     contains every earlier prompt of the run as a prefix.
     """
-    runs: list[list[_Allocated]] = []
-    for item in allocated:
-        record = item[0]
+    runs: list[list[_Fill]] = []
+    for fill in fills:
+        record = fill.record
         if runs:
-            prev = runs[-1][-1][0]
+            prev = runs[-1][-1].record
             n = len(prev.context_ids)
             if (record.key_scale == prev.key_scale
                     and len(record.context_ids) == n + len(prev.fact.token_ids)
                     and record.context_ids[:n] == prev.context_ids
                     and record.context_ids[n:] == prev.fact.token_ids):
-                runs[-1].append(item)
+                runs[-1].append(fill)
                 continue
-        runs.append([item])
+        runs.append([fill])
     return runs

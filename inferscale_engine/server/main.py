@@ -2,7 +2,7 @@
 
     inferscale serve [MODEL | --model MODEL] [--host 127.0.0.1] [--port 8000] [--db PATH]
                      [--api-keys FILE] [--k 5] [--window 256] [--context-source similar|recent]
-                     [--run-tokens 512] [--slab-mib 256]
+                     [--run-tokens 512] [--slab-mib 256] [--host-tier-mib N] [--disk-tier DIR]
                      [--embedding-model NAME|DIR] [--dedupe-threshold 0.95|none]
                      [--half-scan-min-rows N] [--max-add-facts 1000]
                      [vLLM's own serve flags]
@@ -62,6 +62,12 @@ def our_parser() -> argparse.ArgumentParser:
                         help="R: with --context-source recent, facts added together are "
                              "encoded in runs of up to R tokens")
     parser.add_argument("--slab-mib", type=int, default=256, help="fact KV per worker (MiB)")
+    parser.add_argument("--host-tier-mib", type=int, default=None,
+                        help="pinned host RAM per worker for KV evicted from the slab (default: "
+                             "a quarter of the available RAM, at most 4 slabs; 0 = none)")
+    parser.add_argument("--disk-tier", default=None, metavar="FOLDER",
+                        help="write every fact's KV to FOLDER and load it from there after "
+                             "eviction or a restart instead of encoding it again")
     parser.add_argument("--embedding-model", default=DEFAULT_EMBEDDING_MODEL,
                         help="sentence-transformers name or folder (default: offline MiniLM)")
     parser.add_argument("--dedupe-threshold", type=_threshold, default=0.95,
@@ -133,6 +139,8 @@ def vllm_args(ours: argparse.Namespace, rest: list[str]) -> tuple[argparse.Names
         max_model_len=args.max_model_len or 4096, context_window_tokens=ours.window,
         context_run_tokens=ours.run_tokens, context_source=ours.context_source,
         slab_capacity_bytes=ours.slab_mib * 2**20,
+        host_tier_bytes=None if ours.host_tier_mib is None else ours.host_tier_mib * 2**20,
+        disk_tier_path=ours.disk_tier,
         enable_prefix_caching=args.enable_prefix_caching is not False,
         tensor_parallel_size=args.tensor_parallel_size,
         data_parallel_size=getattr(args, "data_parallel_size", 1) or 1,

@@ -20,6 +20,11 @@ _COUNTERS = {
     "injected_requests": "Requests with injected KV",
     "captured_tokens": "Fact tokens captured into the slab",
     "load_errors": "Injections that failed (vLLM recomputed those tokens)",
+    "host_bytes_in": "Bytes of fact KV demoted from the slab to host RAM",
+    "host_bytes_out": "Bytes of fact KV promoted from host RAM back into the slab",
+    "disk_bytes_written": "Bytes of fact KV written to the disk tier",
+    "disk_bytes_read": "Bytes of fact KV loaded from the disk tier",
+    "disk_write_errors": "Disk tier writes that failed (full disk, unwritable folder)",
 }
 _PLAN_COUNTERS = {  # counted by the connector's scheduler for every request, whatever its route
     "fallback_rejected": ("plans_rejected", "Plans the connector refused (malformed, forged "
@@ -30,7 +35,13 @@ _PLAN_COUNTERS = {  # counted by the connector's scheduler for every request, wh
 _ENGINE_COUNTERS = {
     "encoded_facts": "Facts encoded into the slab",
     "evicted_facts": "Facts whose KV was evicted (still durable)",
-    "reencoded_facts": "Evicted facts encoded again on use",
+    "reencoded_facts": "Facts encoded again on use (in no tier, or a refused disk entry)",
+    "returned_facts": "Facts brought back into the slab on use (from any tier, or encoded)",
+    "demoted_facts": "Facts evicted from the slab into host RAM",
+    "host_hits": "Facts brought back from host RAM (a copy, no prefill)",
+    "disk_hits": "Facts loaded from the disk tier (a read, no prefill)",
+    "disk_misses": "Facts the disk tier did not have, or refused",
+    "disk_refused": "Disk entries refused: corrupt, truncated, or of another model or context",
     "fallback_text_evicted": "Requests served as text because facts could not be resident",
     "repaired_facts": "Facts prefilled as text after the injected ones (suffix repair)",
 }
@@ -94,7 +105,12 @@ class MemoryMetrics:
                   "slab_free_pages": (stats.engine.num_free_pages, "Unallocated slab pages"),
                   "slab_tokens": (totals.get("num_tokens", 0), "Tokens stored in the slab"),
                   "slab_capacity_tokens": (totals.get("capacity_tokens", 0),
-                                           "Tokens the slab holds")}
+                                           "Tokens the slab holds"),
+                  "host_facts": (stats.engine.num_host_facts, "Facts whose KV waits in host RAM"),
+                  "host_tokens": (totals.get("host_num_tokens", 0),
+                                  "Tokens stored in the host-RAM tier"),
+                  "host_capacity_tokens": (totals.get("host_capacity_tokens", 0),
+                                           "Tokens the host-RAM tier holds")}
         for name, (value, text) in gauges.items():
             yield GaugeMetricFamily(f"inferscale_{name}", text, value=value)
         for name, text in _COUNTERS.items():

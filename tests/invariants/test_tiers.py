@@ -1,0 +1,182 @@
+"""KV tiers: a fact evicted from the slab comes back from host RAM or disk as the very KV it was.
+
+A fact demoted to host RAM and promoted back, or loaded from its disk entry (after eviction or a
+restart), injects bit-identical KV: the same answer with the same logprobs (|dlogprob| = 0) as
+before it left the slab. A corrupt, truncated or foreign disk entry is refused and the fact
+encoded again (counted), never served. A deleted fact leaves no entry in any tier.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from inferscale_engine.facts import MemoryHandle
+from inferscale_engine.model.check import kv_bytes_per_token
+from tests.conftest import FACTS, QUESTIONS, engine_config, greedy, running_engine
+
+pytestmark = pytest.mark.vllm
+
+PAGE_TOKENS = 16
+
+
+def _bytes(model: Path, tokens: int) -> int:
+    from transformers import AutoConfig
+
+    return tokens * kv_bytes_per_token(AutoConfig.from_pretrained(str(model)),
+                                       engine_config(model))
+
+
+def _fill(engine, user: str, count: int) -> list[int]:
+    """Facts of another user, enough to push everything else out of a small slab."""
+    texts = [f"{user} fact {i}: the meeting about project {i} is in room {i % 7}."
+             for i in range(count)]
+    return [f for lo in range(0, count, 4) for f in engine.add_facts(user, texts[lo:lo + 4])]
+
+
+def _answer(engine, user: str, ids) -> tuple:
+    out = engine.generate(MemoryHandle(user, tuple(ids)), QUESTIONS[0], greedy(6))
+    assert out.plan_status == "inject", out.plan_status
+    return out.token_ids, out.logprobs
+
+
+def _counter(engine, name: str) -> int:
+    return engine.stats().counters.get(name, 0)
+
+
+def test_host_and_disk_round_trips_inject_bit_identical_kv(tiny_models, tmp_path):
+    model = tiny_models["llama"]
+    # A slab of ~640 tokens (a preamble and about a dozen facts), a host tier of ~8 facts.
+    with running_engine(model, slab_capacity_bytes=_bytes(model, 640),
+                        host_tier_bytes=_bytes(model, 400),
+                        disk_tier_path=str(tmp_path / "disk")) as engine:
+        ids = engine.add_facts("alice", FACTS[:3])
+        reference = _answer(engine, "alice", ids)
+        _fill(engine, "bob", 12)  # alice's facts leave the slab for host RAM
+        assert not any(engine.is_resident(f) for f in ids)
+        assert engine.stats().num_host_facts >= 3
+        hits = _counter(engine, "host_hits")
+        assert _answer(engine, "alice", ids) == reference  # promoted from host RAM
+        assert _counter(engine, "host_hits") - hits == 3
+        _fill(engine, "carol", 30)  # out of the slab and out of host RAM: only disk has them
+        assert not any(engine.is_resident(f) for f in ids)
+        hits, encoded = _counter(engine, "disk_hits"), _counter(engine, "encoded_facts")
+        assert _answer(engine, "alice", ids) == reference  # loaded from disk
+        assert _counter(engine, "disk_hits") - hits == 3
+        assert _counter(engine, "encoded_facts") == encoded  # nothing was encoded again
+        totals = engine.stats().worker_totals
+        assert totals["host_bytes_in"] > 0 and totals["host_bytes_out"] > 0
+        assert totals["disk_bytes_read"] > 0 and totals["disk_writes"] >= 3 + 12 + 30
+
+
+def _restart(model, disk: Path, texts, contexts=None, **overrides):
+    """An engine over the same disk tier that registers `texts` under ids 1.. and encodes them."""
+    from inferscale_engine.facts import Fact
+
+    engine = running_engine(model, disk_tier_path=str(disk), **overrides)
+    eng = engine.__enter__()
+    facts = [Fact(i + 1, "alice", t, eng.tokenize_fact(t)) for i, t in enumerate(texts)]
+    eng.add_tokenized_facts(facts, contexts)
+    return engine, eng, [f.fact_id for f in facts]
+
+
+def test_a_restart_loads_kv_from_disk_instead_of_encoding_it(tiny_models, tmp_path):
+    model, disk = tiny_models["llama"], tmp_path / "disk"
+    first, engine, ids = _restart(model, disk, FACTS)
+    try:
+        reference = _answer(engine, "alice", ids)
+        assert _counter(engine, "encoded_facts") >= len(FACTS)
+    finally:
+        first.__exit__(None, None, None)
+    assert len(list(disk.glob("*.safetensors"))) == len(FACTS)
+    second, engine, ids = _restart(model, disk, FACTS)
+    try:
+        assert _counter(engine, "disk_hits") == len(FACTS)
+        assert _counter(engine, "encoded_facts") == 1  # the preamble only
+        assert _answer(engine, "alice", ids) == reference
+    finally:
+        second.__exit__(None, None, None)
+
+
+def _rewrite(path: Path, **meta: str) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as handle:
+        tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+        old = handle.metadata()
+    save_file(tensors, str(path), metadata={**old, **meta})
+
+
+def test_corrupt_truncated_and_foreign_entries_are_refused_and_reencoded(tiny_models,
+                                                                         tmp_path):
+    model, disk = tiny_models["llama"], tmp_path / "disk"
+    first, engine, ids = _restart(model, disk, FACTS[:4])
+    try:
+        reference = _answer(engine, "alice", ids)
+    finally:
+        first.__exit__(None, None, None)
+    files = sorted(disk.glob("*.safetensors"))
+    assert len(files) == 4
+    data = files[0].read_bytes()
+    files[0].write_bytes(data[:len(data) // 2])  # truncated
+    flipped = bytearray(files[1].read_bytes())
+    flipped[-5] ^= 0xFF  # a bit of the KV changed: the checksum refuses it
+    files[1].write_bytes(bytes(flipped))
+    _rewrite(files[2], model="another-model")  # another model's entry under this name
+    second, engine, ids = _restart(model, disk, FACTS[:4])
+    try:
+        assert _counter(engine, "disk_hits") == 1
+        assert _counter(engine, "disk_refused") == 3
+        totals = engine.stats().worker_totals
+        assert totals["disk_corrupt"] == 2 and totals["disk_mismatch"] == 1
+        assert _answer(engine, "alice", ids) == reference  # never the damaged KV
+    finally:
+        second.__exit__(None, None, None)
+
+
+def test_a_deleted_fact_leaves_no_entry_in_any_tier(tiny_models, tmp_path):
+    model, disk = tiny_models["llama"], tmp_path / "disk"
+    with running_engine(model, slab_capacity_bytes=_bytes(model, 640),
+                        host_tier_bytes=_bytes(model, 400), disk_tier_path=str(disk)) as engine:
+        ids = engine.add_facts("alice", FACTS)
+        others = _fill(engine, "bob", 12)  # some of alice's facts now wait in host RAM
+        engine.workers.flush_disk()
+        assert len(list(disk.glob("*.safetensors"))) == len(FACTS) + 12
+        engine.delete("alice", ids)
+        engine.delete("bob", others)
+        engine.workers.flush_disk()
+        assert list(disk.glob("*")) == []
+        stats = engine.stats()
+        assert stats.num_host_facts == 0 and stats.worker_totals["host_num_entries"] == 0
+        assert stats.worker_totals["num_entries"] == 1  # the preamble
+
+
+def test_eviction_under_concurrent_load_loses_no_request(tiny_models, tmp_path):
+    model = tiny_models["llama"]
+    # Room for the preamble and about a dozen facts of the 24 the 8 users have.
+    with running_engine(model, slab_capacity_bytes=_bytes(model, 256),
+                        host_tier_bytes=_bytes(model, 640),
+                        disk_tier_path=str(tmp_path / "disk")) as engine:
+        users = {f"user{i}": engine.add_facts(f"user{i}", FACTS[i % 3:i % 3 + 3])
+                 for i in range(8)}
+        references = {user: _answer(engine, user, ids) for user, ids in users.items()}
+        failures: list[BaseException] = []
+
+        def client(user: str) -> None:
+            try:
+                for _ in range(3):
+                    assert _answer(engine, user, users[user]) == references[user]
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                failures.append(exc)
+
+        threads = [threading.Thread(target=client, args=(user,)) for user in users]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert failures == []
+        counters = engine.stats().counters
+        assert counters["evicted_facts"] > 0 and counters["host_hits"] > 0
