@@ -121,13 +121,13 @@ class ServedFacts:
                 del self._facts[fact_id]
 
     def release_all(self) -> None:
-        """Forget every fact, freeing its KV in a shared engine (Memory.close)."""
+        """Forget every fact, freeing its KV in a shared engine (Memory.close; disk kept)."""
         by_user: dict[str, list[FactId]] = defaultdict(list)
         for fact in self._facts.values():
             by_user[fact.user_id].append(fact.fact_id)
         try:
             for user_id, ids in by_user.items():
-                self._engine.delete(user_id, ids)
+                self._engine.delete(user_id, ids, keep_disk=True)
         finally:
             self._facts.clear()
 

@@ -174,7 +174,8 @@ class Engine:
                                       *(r.fact.fact_id for r in records)]) + 1
             if encode and records:
                 self._shard(records[0].fact.user_id).writer.make_resident(
-                    records, self.prompts.preamble(), {r.fact.fact_id for r in records})
+                    records, self.prompts.preamble(), {r.fact.fact_id for r in records},
+                    skip_on_disk=True)  # a disk entry is KV enough: loaded on first use
             for record in records:
                 self._facts[record.fact.fact_id] = record
 
@@ -385,8 +386,8 @@ class Engine:
                 raise FactNotFoundError(f"fact {fact_id} does not exist")
             return record.resident
 
-    def delete(self, user_id: str, fact_ids: Sequence[FactId]) -> None:
-        """Delete facts and free their slab pages.
+    def delete(self, user_id: str, fact_ids: Sequence[FactId], keep_disk: bool = False) -> None:
+        """Delete facts, their KV in every tier (keep_disk: not their disk entries).
 
         Raises:
             FactNotFoundError / HandleError: an id is unknown or another user's; nothing is
@@ -396,7 +397,7 @@ class Engine:
             self._check_open()
             shard = self._shard(check_user_id(user_id))
             records = shard.planner.resolve(MemoryHandle(user_id, tuple(fact_ids)))
-            shard.writer.forget(records, self.prompts.preamble())  # every tier
+            shard.writer.forget(records, self.prompts.preamble(), keep_disk)
             for record in records:
                 del self._facts[record.fact.fact_id]
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from inferscale_engine.config import EngineConfig
 from inferscale_engine.facts import FactId
@@ -61,7 +62,7 @@ class FactWriter:
         self._fingerprint = disk_fingerprint
 
     def make_resident(self, records: Sequence[FactRecord], preamble: Sequence[int],
-                      pinned: set[FactId]) -> None:
+                      pinned: set[FactId], skip_on_disk: bool = False) -> None:
         """Give non-resident records slab pages (evicting LRU facts if allowed) and fill them.
 
         Each record comes back from host RAM if it waits there, else from its disk entry,
@@ -71,11 +72,14 @@ class FactWriter:
         Args:
             records: facts to make resident, each encoded after `preamble` and its context.
             pinned: facts that must not be evicted to make room (the batch being served).
+            skip_on_disk: leave out records whose disk entries exist (registering stored facts
+                at start-up: their KV is loaded on first use, nothing is encoded now).
 
         Raises:
             SlabFullError: they do not fit even after eviction.
         """
-        todo = [r for r in records if not r.resident]
+        todo = [r for r in records if not r.resident
+                and not (skip_on_disk and self._on_disk(r, preamble))]
         if not todo:
             return
         evict = self._config.on_slab_full == "evict"
@@ -143,13 +147,14 @@ class FactWriter:
         self._counters["evicted_facts"] += len(keys)
         self._counters["demoted_facts"] += sum(done)
 
-    def forget(self, records: Sequence[FactRecord], preamble: Sequence[int]) -> None:
+    def forget(self, records: Sequence[FactRecord], preamble: Sequence[int],
+               keep_disk: bool = False) -> None:
         """Deleted facts: free their slab entries, drop their host copies and disk files."""
         workers = self._runner.workers
         workers.free([r.slab_key for r in records if r.slab_key is not None])
         host_keys = [r.host_key for r in records if r.host_key is not None]
         names = ([disk_identity(r, preamble, self._fingerprint)[0] for r in records]
-                 if self._fingerprint is not None else [])
+                 if self._fingerprint is not None and not keep_disk else [])
         for record in records:
             self._residency.release(record)
             self._host.release(record)
@@ -184,6 +189,15 @@ class FactWriter:
         self._counters["save_requests"] += len(plans)
 
     # ---- filling pages ----------------------------------------------------------------
+    def _on_disk(self, record: FactRecord, preamble: Sequence[int]) -> bool:
+        """True if every tensor-parallel rank has the record's disk entry (loads check it)."""
+        if self._fingerprint is None or self._config.disk_tier_path is None:
+            return False
+        name, _ = disk_identity(record, preamble, self._fingerprint)
+        folder = Path(self._config.disk_tier_path).expanduser()
+        return all((folder / f"{name}.r{rank}.safetensors").exists()
+                   for rank in range(self._config.tensor_parallel_size))
+
     def _promote(self, fills: list[_Fill]) -> list[_Fill]:
         """Bring records waiting in host RAM back into their pages; returns the rest.
 

@@ -92,10 +92,12 @@ def test_a_restart_loads_kv_from_disk_instead_of_encoding_it(tiny_models, tmp_pa
         first.__exit__(None, None, None)
     assert len(list(disk.glob("*.safetensors"))) == len(FACTS)
     second, engine, ids = _restart(model, disk, FACTS)
-    try:
-        assert _counter(engine, "disk_hits") == len(FACTS)
+    try:  # registered, nothing encoded: each fact's KV comes from disk on first use
         assert _counter(engine, "encoded_facts") == 1  # the preamble only
+        assert not any(engine.is_resident(f) for f in ids)
         assert _answer(engine, "alice", ids) == reference
+        assert _counter(engine, "disk_hits") == len(FACTS)
+        assert _counter(engine, "encoded_facts") == 1
     finally:
         second.__exit__(None, None, None)
 
@@ -128,11 +130,12 @@ def test_corrupt_truncated_and_foreign_entries_are_refused_and_reencoded(tiny_mo
     _rewrite(files[2], model="another-model")  # another model's entry under this name
     second, engine, ids = _restart(model, disk, FACTS[:4])
     try:
+        assert _answer(engine, "alice", ids) == reference  # never the damaged KV
         assert _counter(engine, "disk_hits") == 1
         assert _counter(engine, "disk_refused") == 3
+        assert _counter(engine, "encoded_facts") == 1 + 3  # the preamble, the refused three
         totals = engine.stats().worker_totals
         assert totals["disk_corrupt"] == 2 and totals["disk_mismatch"] == 1
-        assert _answer(engine, "alice", ids) == reference  # never the damaged KV
     finally:
         second.__exit__(None, None, None)
 
@@ -180,3 +183,27 @@ def test_eviction_under_concurrent_load_loses_no_request(tiny_models, tmp_path):
         assert failures == []
         counters = engine.stats().counters
         assert counters["evicted_facts"] > 0 and counters["host_hits"] > 0
+
+
+def test_a_memory_restarts_from_disk_and_a_reset_user_leaves_no_file(tiny_models, tmp_path):
+    from inferscale_engine.memory import Memory
+    from tests.engine.memory.memory_support import HashEmbedder
+
+    model, disk, db = tiny_models["llama"], tmp_path / "disk", tmp_path / "memory.db"
+    with running_engine(model, disk_tier_path=str(disk)) as engine:
+        with Memory(engine, db, HashEmbedder(), progress_bar=False) as memory:
+            memory.add(user_id="alice", texts=FACTS[:3])
+            memory.add(user_id="bob", texts=FACTS[3:])
+            reference = memory.generate(user_id="alice", query=QUESTIONS[0], k=3,
+                                        sampling=greedy(6))
+    assert len(list(disk.glob("*.safetensors"))) == len(FACTS)
+    with running_engine(model, disk_tier_path=str(disk)) as engine:
+        with Memory(engine, db, HashEmbedder(), progress_bar=False) as memory:  # startup encode
+            assert engine.stats().counters.get("encoded_facts") == 1  # the preamble only
+            again = memory.generate(user_id="alice", query=QUESTIONS[0], k=3,
+                                    sampling=greedy(6))
+            assert (again.token_ids, again.logprobs) == (reference.token_ids, reference.logprobs)
+            assert engine.stats().counters["disk_hits"] == 3
+            memory.reset(user_id="alice")
+            engine.workers.flush_disk()
+            assert len(list(disk.glob("*.safetensors"))) == len(FACTS) - 3  # bob's remain

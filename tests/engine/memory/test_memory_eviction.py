@@ -1,5 +1,6 @@
 """Slab pressure: a slab sized for 100 facts serves requests over 1,000 facts. Evicted facts stay
-durable and are re-encoded on demand; the outputs equal those of an engine whose slab never
+durable and, with no lower KV tier (host_tier_bytes=0; tiers: test_tiers.py), are re-encoded on
+demand; the outputs equal those of an engine whose slab never
 evicts (same database, restarted, each fact encoded on first use), and the counters add up with
 the worker's."""
 
@@ -48,7 +49,7 @@ def ask(memory, subset):
 def test_small_slab_serves_many_facts_exactly_and_counts_every_eviction(tiny_models, tmp_path):
     model, db = tiny_models["qwen2"], tmp_path / "evict.db"
     rng = random.Random(11)
-    settings = dict(system_prompt=SHORT_SYSTEM_PROMPT, max_model_len=2048)
+    settings = dict(system_prompt=SHORT_SYSTEM_PROMPT, max_model_len=2048, host_tier_bytes=0)
     start = time.perf_counter()
     with running_engine(model, slab_capacity_bytes=slab_bytes(model, SLAB_FACTS),
                         **settings) as engine:
