@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> dict:
                                 "encode" if mode == "encode" else "lazy")
         entry = results[mode]
         print(f"{mode}: open {entry['open_seconds']:.1f} s, first request "
-              f"{entry['first_request_ms']['median']:.1f} ms (median), second "
-              f"{entry['second_request_ms']['median']:.1f} ms", flush=True)
+              f"{entry['first_request_ms']['median_ms']:.1f} ms (median), second "
+              f"{entry['second_request_ms']['median_ms']:.1f} ms", flush=True)
     disk_bytes = sum(p.stat().st_size for p in disk.glob("*.safetensors"))
     record = {"benchmark": "restart", "config": vars(args), "environment": environment(),
               "build": built, "disk_files": len(list(disk.glob("*.safetensors"))),

@@ -200,7 +200,7 @@ class DiskTier:
             try:
                 if item is None:
                     return
-                self._write(*item)
+                self._write(*item)  # never raises: a failed write is counted
             finally:
                 self._queue.task_done()
 
@@ -214,7 +214,11 @@ class DiskTier:
             os.replace(partial, path)  # a crash never leaves a half-written entry in place
             self._counters["disk_bytes_written"] += path.stat().st_size
             self._counters["disk_writes"] += 1
-        except OSError as exc:  # full disk, unwritable folder: the fact stays in the upper tiers
+        except Exception as exc:  # noqa: BLE001 - full disk, lost folder (safetensors raises
+            # its own error type): counted; the fact stays in the upper tiers, the writer lives
             self._counters["disk_write_errors"] += 1
             logger.warning("InferScale: disk tier cannot write %s: %s", path, exc)
-            partial.unlink(missing_ok=True)
+            try:
+                partial.unlink(missing_ok=True)
+            except OSError:
+                pass

@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from inferscale_engine.config import ConnectorConfig, EngineConfig
-from inferscale_engine.errors import UnsupportedModelError
+from inferscale_engine.errors import ConfigError, UnsupportedModelError
 from inferscale_engine.model.rope import RopeSpec, layer_rope_specs
 
 
@@ -90,10 +90,15 @@ def connector_config(config: EngineConfig, hf_config: Any) -> ConnectorConfig:
         raise UnsupportedModelError(
             f"slab_capacity_bytes={config.slab_capacity_bytes} cannot hold one page of "
             f"{config.slab_page_tokens} tokens ({bytes_per_token} bytes each); raise it")
+    page = os.sysconf("SC_PAGE_SIZE")
     host_bytes = config.host_tier_bytes
     if host_bytes is None:  # the default: derived from the RAM available now
-        host_bytes = min(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4,
-                         4 * config.slab_capacity_bytes)
+        host_bytes = min(os.sysconf("SC_AVPHYS_PAGES") * page // 4, 4 * config.slab_capacity_bytes)
+    elif host_bytes * config.tensor_parallel_size > os.sysconf("SC_PHYS_PAGES") * page:
+        raise ConfigError(
+            f"host_tier_bytes={host_bytes} per worker x {config.tensor_parallel_size} workers "
+            f"is more than this machine's RAM ({os.sysconf('SC_PHYS_PAGES') * page} bytes); "
+            "lower it, or leave it None for a quarter of the available RAM")
     host_pages = host_bytes // (config.slab_page_tokens * bytes_per_token)
     return ConnectorConfig(num_pages, config.slab_page_tokens, config.max_model_len,
                            config.key_origin, host_pages,

@@ -207,3 +207,39 @@ def test_a_memory_restarts_from_disk_and_a_reset_user_leaves_no_file(tiny_models
             memory.reset(user_id="alice")
             engine.workers.flush_disk()
             assert len(list(disk.glob("*.safetensors"))) == len(FACTS) - 3  # bob's remain
+
+
+def test_tier_faults_are_clear_errors_at_start_or_counted_while_serving(tiny_models, tmp_path):
+    from inferscale_engine.errors import ConfigError
+    from inferscale_engine.runtime.engine import Engine
+
+    model = tiny_models["llama"]
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ConfigError, match="disk_tier_path .* cannot be written"):
+        Engine(engine_config(model, disk_tier_path=str(blocker / "disk")))
+    with pytest.raises(ConfigError, match="more than this machine's RAM"):
+        Engine(engine_config(model, host_tier_bytes=2**60))
+    disk = tmp_path / "disk"
+    with running_engine(model, slab_capacity_bytes=_bytes(model, 256), host_tier_bytes=0,
+                        disk_tier_path=str(disk)) as engine:
+        ids = engine.add_facts("alice", FACTS[:2])
+        reference = _answer(engine, "alice", ids)
+        engine.workers.flush_disk()
+        for path in disk.glob("*.safetensors"):  # a vanished entry: encoded again, counted
+            path.unlink()
+        _fill(engine, "bob", 12)
+        encoded = _counter(engine, "encoded_facts")
+        assert _answer(engine, "alice", ids) == reference
+        assert _counter(engine, "encoded_facts") - encoded == 2
+        assert _counter(engine, "disk_misses") >= 2
+        # The folder is gone while serving (a full or lost disk): writes fail, are counted,
+        # and serving goes on from the upper tiers.
+        for path in disk.iterdir():
+            path.unlink()
+        disk.rmdir()
+        disk.write_text("the disk tier's folder is now a file")
+        more = engine.add_facts("carol", FACTS[2:4])
+        engine.workers.flush_disk()
+        assert engine.stats().worker_totals["disk_write_errors"] >= 2
+        assert _answer(engine, "carol", more)[0]
