@@ -143,6 +143,10 @@ def test_tenant_keys_reach_only_tenant_routes(server, http):
     assert http.get("/v1/no-such-route", headers=auth("a")).status_code == 404
     admin = http.get("/metrics", headers=auth("admin"))
     assert admin.status_code == 200 and "inferscale_facts" in admin.text
+    assert metric(server, "inferscale_host_capacity_tokens") > 0  # the host tier, on by default
+    for name in ("inferscale_host_hits_total", "inferscale_disk_hits_total",
+                 "inferscale_demoted_facts_total", "inferscale_host_bytes_in_total"):
+        assert f"\n{name} " in admin.text, name
     assert metric(server, 'inferscale_refused_requests_total{status="403"}') >= 6
 
 
