@@ -16,6 +16,7 @@ import contextvars
 import json
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -154,20 +155,21 @@ class _Seam:
             scope = self._inferscale.scope(request, raw_request)
         except HttpError as exc:
             return self._error(exc.message, exc.status, exc.kind)  # type: ignore[attr-defined]
-        # Large memory adds wait between their chunks while a chat is served (memory/gate.py).
-        interactive = self._inferscale.memory.interactive()
-        interactive.__enter__()
+        # Large memory adds wait between their chunks while a chat is served (memory/gate.py),
+        # a streamed one until its last chunk.
+        serving = ExitStack()
+        serving.enter_context(self._inferscale.memory.interactive())
         token = _SCOPE.set(scope)
         try:
             result = await create(request, raw_request)
         except BaseException:
-            interactive.__exit__(None, None, None)
+            serving.close()
             raise
         finally:
             _SCOPE.reset(token)
         if hasattr(result, "__aiter__"):
-            return self._stream(scope, raw_request, result, interactive)
-        interactive.__exit__(None, None, None)
+            return self._stream(scope, raw_request, result, serving)
+        serving.close()
         if hasattr(result, "choices"):
             final = getattr(result, "kv_transfer_params", None)
             result.kv_transfer_params = None
@@ -176,15 +178,13 @@ class _Seam:
         return result
 
     async def _stream(self, scope: RequestScope, raw_request: Any,
-                      chunks: AsyncIterator[str], interactive: Any) -> AsyncIterator[str]:
-        try:
+                      chunks: AsyncIterator[str], serving: ExitStack) -> AsyncIterator[str]:
+        with serving:
             report(scope, raw_request, None)
             pieces: list[str] = []
             async for chunk in chunks:
                 pieces.append(_delta_text(chunk))
                 yield chunk
-        finally:
-            interactive.__exit__(None, None, None)
         self._inferscale.write_back(scope.options, scope.question, "".join(pieces))
 
     async def _prepare(self, scope: RequestScope, engine_input: Any, **kwargs: Any) -> Any:
