@@ -27,6 +27,10 @@ class EngineConfig:
     """Tokenizer folder; defaults to `model`."""
     dtype: str = "auto"
     """Model and KV dtype: auto, float32, bfloat16 or float16."""
+    kv_cache_dtype: str = "auto"
+    """vLLM's paged KV cache: 'auto' (the model dtype) or fp8 ('fp8' = 'fp8_e4m3', 'fp8_e5m2';
+    vLLM's CPU backend): twice the tokens per GiB. The slab keeps the model dtype; injected KV
+    is quantized by vLLM's own cache write, as the model's own is."""
     max_model_len: int = 4096
     """Longest prompt + answer, in tokens."""
     slab_capacity_bytes: int = 256 * 2**20
@@ -150,7 +154,8 @@ class EngineConfig:
                 f"{self.max_fact_tokens} + {self.context_window_tokens} + "
                 f"{self.context_run_tokens}) must be below max_model_len ({self.max_model_len}): "
                 "a save prompt holds them all; lower one of them")
-        for name, allowed in (("key_origin", ("encoded", "zero")),
+        for name, allowed in (("kv_cache_dtype", ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")),
+                              ("key_origin", ("encoded", "zero")),
                               ("context_source", ("similar", "recent")),
                               ("on_slab_full", ("evict", "error")),
                               ("on_evicted", ("reencode", "text"))):

@@ -12,7 +12,8 @@ any kernel block size. Two layouts:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -62,14 +63,61 @@ class PagedKV(Protocol):
         ...
 
 
-class CpuPackedPagedKV:
-    """vLLM CPU_ATTN layout: per layer [num_blocks, H, block_size, 2 * D], K/V packed per ISA."""
+@dataclass(frozen=True, slots=True)
+class Fp8Cache:
+    """An fp8 KV cache: vLLM's name for it, the float8 type its bytes hold, per-layer scales."""
 
-    def __init__(self, kv_caches: list[torch.Tensor], isa: str) -> None:
+    name: str
+    """kv_cache_dtype as vLLM spells it: fp8 (e4m3), fp8_e4m3 or fp8_e5m2."""
+    dtype: torch.dtype
+    k_scales: tuple[float, ...]
+    v_scales: tuple[float, ...]
+
+    def decode(self, raw: torch.Tensor, scale: float) -> torch.Tensor:
+        """The float32 values of cache bytes (as vLLM's attention reads them)."""
+        return raw.view(self.dtype).to(torch.float32) * scale
+
+    @classmethod
+    def of(cls, cache_dtype: str | None, vllm_config: Any, layer_names: list[str]
+           ) -> Fp8Cache | None:
+        """The fp8 cache vLLM runs (None: the model dtype), with each layer's k/v scales.
+
+        Raises:
+            NotImplementedError: another quantized cache dtype.
+        """
+        if cache_dtype in ("auto", None):
+            return None
+        if cache_dtype not in _FP8_TYPES:
+            raise NotImplementedError(f"kv_cache_dtype {cache_dtype!r} is not supported; use "
+                                      f"'auto' or one of {sorted(_FP8_TYPES)}")
+        layers = vllm_config.compilation_config.static_forward_context
+        k_scales = tuple(float(getattr(layers.get(n), "_k_scale_float", 1.0))
+                         for n in layer_names)
+        v_scales = tuple(float(getattr(layers.get(n), "_v_scale_float", 1.0))
+                         for n in layer_names)
+        return cls(cache_dtype, _FP8_TYPES[cache_dtype], k_scales, v_scales)
+
+
+_FP8_TYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
+              "fp8_e5m2": torch.float8_e5m2}
+"""vLLM's fp8 cache dtypes and the float8 type their bytes hold ('fp8' is e4m3)."""
+
+
+class CpuPackedPagedKV:
+    """vLLM CPU_ATTN layout: per layer [num_blocks, H, block_size, 2 * D], K/V packed per ISA.
+
+    With an fp8 cache (`fp8`) the cache holds fp8 bytes: what is read is decoded with the
+    layer's scales, and what is injected is quantized by vLLM's own write op, exactly as the
+    model's own keys and values are.
+    """
+
+    def __init__(self, kv_caches: list[torch.Tensor], isa: str, fp8: Fp8Cache | None = None
+                 ) -> None:
         num_blocks, num_heads, block_size, two_d = kv_caches[0].shape
         self.num_layers = len(kv_caches)
         self._kv_caches = kv_caches
         self._isa = isa
+        self._fp8 = fp8
         self._block_size = block_size
         self._num_heads = num_heads
         self._head_dim = two_d // 2
@@ -82,45 +130,58 @@ class CpuPackedPagedKV:
         return key_cache, value_cache
 
     def _write(self, kv: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor,
-               values: torch.Tensor) -> None:
+               values: torch.Tensor, layer: int | None = None) -> None:
+        """VLLM's cache write (quantizing with `layer`'s scales; None: scale 1, the probe)."""
         from vllm import _custom_ops as ops
 
         key_cache, value_cache = self._split(kv)
+        fp8 = self._fp8
+        scales = (1.0, 1.0) if fp8 is None or layer is None else (fp8.k_scales[layer],
+                                                                 fp8.v_scales[layer])
         ops.cpu_attn_reshape_and_cache(keys.contiguous(), values.contiguous(), key_cache,
-                                       value_cache, slots, self._isa)
+                                       value_cache, slots, self._isa, k_scale=scales[0],
+                                       v_scale=scales[1],
+                                       kv_cache_dtype=fp8.name if fp8 else "auto")
+
+    def _decode(self, raw: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return raw if self._fp8 is None else self._fp8.decode(raw, scale)
 
     def _probe(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Learn where (offset, dim) of K and V land inside one [block, head] slab.
 
-        Writes the (offset, dim) index of every element through vLLM's write op, one base-16
-        digit per pass (exact in every float dtype), into block 1 of a 2-block scratch cache,
-        and reads the digits back; a last pass marks which elements hold V.
+        Writes the (offset, dim) index of every element through vLLM's write op, one digit per
+        pass (base 16, or base 4 in an fp8 cache: exact in every float dtype), into block 1 of
+        a 2-block scratch cache, and reads the digits back; a last pass marks which elements
+        hold V.
 
         Returns:
             key_index, value_index: [block_size, D] int64 offsets into the block-head slab of
             2 * block_size * D elements.
         """
         bs, heads, dim = self._block_size, self._num_heads, self._head_dim
+        bits = 2 if self._fp8 else 4
         scratch = torch.empty(2, heads, bs, 2 * dim, dtype=dtype)
+        unset = (torch.tensor([-1.0]).to(self._fp8.dtype).view(dtype)
+                 if self._fp8 else torch.tensor([-1], dtype=dtype))  # reads back as -1
         index = torch.arange(bs * dim, dtype=torch.int64).view(bs, 1, dim).expand(bs, heads, dim)
         slots = torch.arange(bs, 2 * bs, dtype=torch.int64)
         recovered = torch.zeros(heads, 2 * bs * dim, dtype=torch.int64)
-        num_digits = -(-(bs * dim - 1).bit_length() // 4)
+        num_digits = -(-(bs * dim - 1).bit_length() // bits)
+        written = torch.float32 if self._fp8 else dtype
         for digit in range(num_digits + 1):
-            scratch.fill_(-1)
+            scratch.copy_(unset.expand_as(scratch))
             if digit < num_digits:
-                keys = values = ((index >> (4 * digit)) & 15).to(dtype)
+                keys = values = ((index >> (bits * digit)) & (2**bits - 1)).to(written)
             else:  # marker pass: K = 0, V = 1
-                keys, values = torch.zeros(bs, heads, dim, dtype=dtype), torch.ones(
-                    bs, heads, dim, dtype=dtype)
+                keys, values = torch.zeros(bs, heads, dim, dtype=written), torch.ones(
+                    bs, heads, dim, dtype=written)
             self._write(scratch, slots, keys, values)
-            untouched = torch.full_like(scratch[0], -1)
-            got = scratch[1].reshape(heads, -1).to(torch.int64)
-            if (got < 0).any() or not torch.equal(scratch[0], untouched):
+            got = self._decode(scratch[1].reshape(heads, -1)).to(torch.int64)
+            if (got < 0).any() or not (self._decode(scratch[0]) == -1).all():
                 raise RuntimeError("CPU KV layout probe: the write op did not fill exactly one "
                                    "block; this vLLM version's CPU layout is not supported")
             if digit < num_digits:
-                recovered |= got << (4 * digit)
+                recovered |= got << (bits * digit)
             else:
                 holds_value = got[0] == 1
         if not all(torch.equal(recovered[h], recovered[0]) for h in range(heads)):
@@ -135,7 +196,7 @@ class CpuPackedPagedKV:
         return key_index.view(bs, dim), value_index.view(bs, dim)
 
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V of `slots` in one layer: [T, H, D] each."""
+        """K, V of `slots` in one layer: [T, H, D] each (decoded from an fp8 cache)."""
         kv = self._kv_caches[layer]
         flat = kv.view(kv.shape[0], self._num_heads, -1)
         blocks = (slots // self._block_size)[:, None, None]
@@ -143,17 +204,21 @@ class CpuPackedPagedKV:
         heads = torch.arange(self._num_heads)[None, :, None]
         keys = flat[blocks, heads, self._key_index[offsets][:, None, :]]
         values = flat[blocks, heads, self._value_index[offsets][:, None, :]]
-        return keys, values
+        if self._fp8 is None:
+            return keys, values
+        return (self._fp8.decode(keys, self._fp8.k_scales[layer]),
+                self._fp8.decode(values, self._fp8.v_scales[layer]))
 
     def inject_(self, slab: KVSlab, index: torch.Tensor, rope: RopeTables) -> None:
         """Slab rows -> paged slots through vLLM's own cache-write op, one call per layer."""
         src_rows, dst_slots, from_positions, to_positions = index.unbind(0)
+        out_dtype = slab.keys.dtype if self._fp8 else self._kv_caches[0].dtype
         keys = reference.rotate_layers(slab.keys[:, src_rows], from_positions, to_positions,
                                        rope.cos, rope.sin, rope.style, rope.layer_tables,
-                                       self._kv_caches[0].dtype)  # [L, T, H, D], all layers
+                                       out_dtype)  # [L, T, H, D], all layers
         values = slab.values[:, src_rows]
         for layer, kv in enumerate(self._kv_caches):
-            self._write(kv, dst_slots, keys[layer], values[layer])
+            self._write(kv, dst_slots, keys[layer], values[layer], layer)
 
     def capture_(self, slab: KVSlab, index: torch.Tensor, rope: RopeTables) -> None:
         """Paged slots -> slab rows, gathered with the probed index."""

@@ -12,7 +12,7 @@ import logging
 from collections import Counter, deque
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ from inferscale_engine.config import ConnectorConfig
 from inferscale_engine.connector.metadata import CaptureSpec, InferScaleMetadata, Int64s, LoadSpec
 from inferscale_engine.connector.paged import (
     CpuPackedPagedKV,
+    Fp8Cache,
     PagedKV,
     StridedPagedKV,
     strided_views,
@@ -61,6 +62,8 @@ class InferScaleWorker:
         self._block_offsets = np.arange(self._block_size, dtype=np.int64)
         self._positions = np.arange(config.max_positions, dtype=np.int64)  # sliced per load
         self._cache_dtype = vllm_config.cache_config.cache_dtype
+        self._model_dtype = cast(torch.dtype, model_config.dtype)  # resolved by vLLM
+        self._vllm_config = vllm_config
         self.slab: KVSlab | None = None
         self.host: HostTier | None = None
         """Demoted fact KV in pinned host memory (connector/tiers.py), if configured."""
@@ -76,17 +79,24 @@ class InferScaleWorker:
 
     # ---- set-up ------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        """Detect the paged layout, allocate the slab and the RoPE tables."""
-        if self._cache_dtype not in ("auto", None):
-            raise NotImplementedError(
-                f"kv_cache_dtype {self._cache_dtype!r}: InferScale stores and injects KV in the "
-                "model dtype; quantized (fp8) KV caches are not supported. Use the default "
-                "kv_cache_dtype='auto'.")
+        """Detect the paged layout, allocate the slab and the RoPE tables.
+
+        With an fp8 cache the slab holds the model dtype: captured KV is decoded with the
+        layer's scales, and injected KV is quantized by vLLM's own cache write.
+        """
         layers = list(kv_caches.values())
         first = layers[0]
-        self.paged = _detect_layout(layers, self._num_kv_heads, self._head_dim, self._block_size)
+        fp8 = Fp8Cache.of(self._cache_dtype, self._vllm_config, list(kv_caches))
+        if fp8 is not None and first.device.type != "cpu":
+            raise NotImplementedError(
+                f"kv_cache_dtype {self._cache_dtype!r}: fp8 KV caches are supported with vLLM's "
+                "CPU backend; on GPUs InferScale's kernels do not quantize yet. Use "
+                "kv_cache_dtype='auto'.")
+        self.paged = _detect_layout(layers, self._num_kv_heads, self._head_dim, self._block_size,
+                                    fp8, self._model_dtype)
+        slab_dtype = self._model_dtype if fp8 is not None else first.dtype
         self.slab = KVSlab(len(layers), self._config.slab_pages, self._config.page_tokens,
-                           self._num_kv_heads, self._head_dim, first.dtype, first.device)
+                           self._num_kv_heads, self._head_dim, slab_dtype, first.device)
         self._staging = Staging(first.device)
         if self._config.host_pages:
             self.host = HostTier(self.slab, self._config.host_pages)
@@ -407,7 +417,8 @@ def _rope_tables(specs: tuple[RopeSpec, ...], layer_names: list[str], num_positi
 
 
 def _detect_layout(layers: list[torch.Tensor], num_kv_heads: int, head_dim: int,
-                   block_size: int) -> PagedKV:
+                   block_size: int, fp8: Fp8Cache | None = None,
+                   model_dtype: torch.dtype | None = None) -> PagedKV:
     """Pick the paged layout of the running attention backend."""
     first = layers[0]
     if first.device.type == "cpu":
@@ -415,8 +426,9 @@ def _detect_layout(layers: list[torch.Tensor], num_kv_heads: int, head_dim: int,
 
         if first.dim() != 4 or first.shape[1] != num_kv_heads or first.shape[3] != 2 * head_dim:
             raise NotImplementedError(f"unexpected CPU KV cache shape {tuple(first.shape)}")
-        isa = _get_attn_isa(first.dtype, first.shape[2], head_dim, "auto")
-        return CpuPackedPagedKV(layers, isa)
+        isa = _get_attn_isa(model_dtype or first.dtype, first.shape[2], head_dim,
+                            fp8.name if fp8 else "auto")
+        return CpuPackedPagedKV(layers, isa, fp8)
     keys, values = zip(*(strided_views(t, num_kv_heads, head_dim) for t in layers))
     return StridedPagedKV(list(keys), list(values))
 

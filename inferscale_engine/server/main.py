@@ -136,6 +136,7 @@ def vllm_args(ours: argparse.Namespace, rest: list[str]) -> tuple[argparse.Names
         args.served_model_name = [os.path.basename(os.path.normpath(str(model)))]
     config = EngineConfig(
         model=str(model), dtype=args.dtype if args.dtype != "auto" else dtype,
+        kv_cache_dtype=args.kv_cache_dtype or "auto",
         max_model_len=args.max_model_len or 4096, context_window_tokens=ours.window,
         context_run_tokens=ours.run_tokens, context_source=ours.context_source,
         slab_capacity_bytes=ours.slab_mib * 2**20,
