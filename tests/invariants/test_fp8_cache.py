@@ -3,8 +3,10 @@
 The slab keeps the model dtype (captured KV decoded with the layer's scales); injection rotates
 in fp32 and lets vLLM's own cache write quantize, exactly as it quantizes the model's own keys:
 * a fact injected where it was encoded reproduces a plain prefill bit for bit (|dlogprob| = 0);
-* a moved fact's keys are within 1 fp8 ulp of a fresh prefill's keys, quantized, at the new
-  positions (the dequantized keys carry the rounding of their first quantization).
+* a moved fact's keys are within sqrt(2) + 2 fp8 ulps (of their rotation pair's magnitude; 2
+  measured) of a fresh prefill's keys at the new positions as vLLM writes them: the stored
+  keys carry one rounding, the moved ones a second (vLLM's CPU write rounds toward zero), the
+  fresh ones one. Not 1 ulp: the cache holds rotated, rounded keys only.
 """
 
 from __future__ import annotations
