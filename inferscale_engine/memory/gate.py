@@ -32,6 +32,11 @@ class InteractiveGate:
         self._active = 0
         self._idle = threading.Condition()
 
+    @property
+    def chunk_s(self) -> float:
+        """The time budget of one chunk of bulk work (how long an interactive call may wait)."""
+        return self._chunk_s
+
     @contextmanager
     def interactive(self) -> Iterator[None]:
         """Mark an interactive call for the duration of the block (nesting is fine)."""

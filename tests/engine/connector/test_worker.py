@@ -28,6 +28,7 @@ def make_worker() -> InferScaleWorker:
                             num_key_value_heads=1, architectures=["LlamaForCausalLM"])
     vllm_config = SimpleNamespace(
         model_config=SimpleNamespace(hf_config=hf_config, max_model_len=4096,
+                                     dtype=torch.float32,
                                      get_num_kv_heads=lambda parallel: 1,
                                      get_head_size=lambda: 8),
         parallel_config=None,
