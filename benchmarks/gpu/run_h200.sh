@@ -28,7 +28,9 @@
 # 16 and 64 tokens), search_probe (search phases at 10k/100k/300k/1M facts, float32 vs float16 scan), throughput (k=50, N up to 128, text / kv / resident, MP=1), aligned (kv vs resident, fact sets
 # ending on a block boundary and not; DRAWS, MODES, BLOCK_SIZE), floor (floor_probe.py: TTFT of kv
 # with the plan check, the load or both switched off, vs resident; MODELS, KS, VARIANTS), tp2
-# (kind nvidia-h200-x2: the TP=2 invariants, ttft.py and throughput.py at TP=2, tagged tp2).
+# (kind nvidia-h200-x2: the TP=2 invariants, ttft.py and throughput.py at TP=2, tagged tp2),
+# tiers (benchmarks/tiers.py: tiered fact KV at 10x the slab), ab_old (ttft.py of this tree vs
+# another commit's carried in .device/old, alternating).
 # FAMILY_MODELS picks a subset of the families, e.g. FAMILY_MODELS="qwen3-30b-a3b mixtral-8x7b".
 # The MoE families need vLLM 0.26's _moe_C_stable_libtorch.abi3.so, which the bundle drops. Pack
 # it once (40 MiB) and carry .device/moe with the first families command (after the bundle's):
@@ -184,6 +186,16 @@ for step in "$@"; do
       timeout 400 python3 -m pytest tests/invariants/test_tensor_parallel.py -q -s -p no:cacheprovider 2>&1 | grep -E "TP=2|passed|failed|^E " | head -12
       timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --tensor-parallel-size 2 --ks 0,25,50,100 --embedder none --warmup 4 --vllm-arg disable_custom_all_reduce=true --tag h200-tp2 2>&1 | grep -vE "$quiet" | tail -8
       timeout 500 python3 benchmarks/throughput.py --model llama-3.1-8b --tensor-parallel-size 2 --multiprocessing --concurrency 1,8,32,64 --repeats 2 --vllm-arg disable_custom_all_reduce=true --tag h200-tp2 2>&1 | grep -vE "$quiet" | tail -10 ;;
+    tiers)  # issue 44's scale benchmark: fact KV many times the slab, Zipf users, k=50
+      # (USERS, FACTS, SLAB_MIB, HOST_MIB, REQUESTS, ARMS; the disk tier writes under /tmp)
+      timeout 590 python3 benchmarks/tiers.py --model llama-3.1-8b --users ${USERS:-80} --facts-per-user ${FACTS:-50} --k 50 --slab-mib ${SLAB_MIB:-1280} --host-tier-mib ${HOST_MIB:-4096} --requests ${REQUESTS:-1500} --warmup 200 --kv-cache-gib 16 --cudagraph-sizes $graphs --arms ${ARMS:-resident,reencode,host,disk} --disk-folder /tmp/inferscale-tiers --plot --tag h200 2>&1 | grep -vE "$quiet" | tail -16 ;;
+    ab_old)  # kv/resident at k=50,100: this tree vs OLD (a `git archive` of another commit's
+      # inferscale_engine and benchmarks, e.g. 43ae860 with its run-time-compiled C helpers, in
+      # .device/old), alternating old, new, new, old on one machine
+      for side in old new new old; do
+        dir=$PWD; [ $side = old ] && dir=$PWD/${OLD:-.device/old}
+        (cd "$dir" && PYTHONPATH=/tmp/site:$dir timeout 280 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 50,100 --embedder none --warmup 4 --repeats ${REPEATS:-20} --facts synthetic --tag h200-ab-$side 2>&1 | grep -vE "$quiet" | tail -4)
+      done ;;
     *) echo "unknown step $step" ;;
   esac
 done
