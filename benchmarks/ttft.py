@@ -82,6 +82,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="auto | none | a sentence-transformers model (retrieval timing)")
     parser.add_argument("--slab-mib", type=int, default=4096)
     parser.add_argument("--kv-cache-gib", type=float, default=None)
+    parser.add_argument("--kv-cache-dtype", default="auto",
+                        help="vLLM's paged KV cache dtype: auto or fp8 (e4m3)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="vLLM tensor parallelism (results are tagged by --tag)")
     parser.add_argument("--multiprocessing", action="store_true",
@@ -125,6 +127,7 @@ def build_engine(args: argparse.Namespace):
         max_model_len=fit_max_model_len(model, args.max_model_len),
         slab_capacity_bytes=args.slab_mib * 2**20, context_window_tokens=0,
         block_size=args.block_size, kv_cache_memory_bytes=kv_bytes,
+        kv_cache_dtype=args.kv_cache_dtype,
         enforce_eager=True if args.enforce_eager else None, max_fact_tokens=128,
         multiprocessing=args.multiprocessing,
         tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
@@ -310,8 +313,9 @@ def main(argv: list[str] | None = None) -> dict:
     block_size = block_size_of(engine)
     record = {
         "benchmark": "ttft", "config": vars(args), "engine_config": {
-            f: getattr(config, f) for f in ("model", "dtype", "load_format", "max_model_len",
-                                            "block_size", "enforce_eager", "key_origin")},
+            f: getattr(config, f) for f in ("model", "dtype", "kv_cache_dtype", "load_format",
+                                            "max_model_len", "block_size", "enforce_eager",
+                                            "key_origin")},
         "environment": environment(), "ingest_seconds": ingest_s, "num_facts": len(facts),
         "fact_tokens_median": fact_lengths[len(facts) // 2],
         "aligned_to": align, "summary": summary, "raw_ms": raw, "raw_engine_ttft_ms": engine_ttft,

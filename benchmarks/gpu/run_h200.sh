@@ -29,7 +29,8 @@
 # ending on a block boundary and not; DRAWS, MODES, BLOCK_SIZE), floor (floor_probe.py: TTFT of kv
 # with the plan check, the load or both switched off, vs resident; MODELS, KS, VARIANTS), tp2
 # (kind nvidia-h200-x2: the TP=2 invariants, ttft.py and throughput.py at TP=2, tagged tp2),
-# tiers (benchmarks/tiers.py: tiered fact KV at 10x the slab), ab_old (ttft.py of this tree vs
+# tiers (benchmarks/tiers.py: tiered fact KV at 10x the slab), fp8 (ttft.py with an fp8 KV
+# cache), ab_old (ttft.py of this tree vs
 # another commit's carried in .device/old, alternating).
 # FAMILY_MODELS picks a subset of the families, e.g. FAMILY_MODELS="qwen3-30b-a3b mixtral-8x7b".
 # The MoE families need vLLM 0.26's _moe_C_stable_libtorch.abi3.so, which the bundle drops. Pack
@@ -189,6 +190,8 @@ for step in "$@"; do
     tiers)  # issue 44's scale benchmark: fact KV many times the slab, Zipf users, k=50
       # (USERS, FACTS, SLAB_MIB, HOST_MIB, REQUESTS, ARMS; the disk tier writes under /tmp)
       timeout 590 python3 benchmarks/tiers.py --model llama-3.1-8b --users ${USERS:-80} --facts-per-user ${FACTS:-50} --k 50 --slab-mib ${SLAB_MIB:-1280} --host-tier-mib ${HOST_MIB:-4096} --requests ${REQUESTS:-1500} --warmup 200 --kv-cache-gib 16 --cudagraph-sizes $graphs --arms ${ARMS:-resident,reencode,host,disk} --disk-folder /tmp/inferscale-tiers --plot --tag h200 2>&1 | grep -vE "$quiet" | tail -16 ;;
+    fp8)  # TTFT text / kv / resident with vLLM's fp8 KV cache, Llama-3.1-8B, k=0..100
+      timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --kv-cache-dtype fp8 --ks ${KS:-0,25,50,100} --embedder none --warmup 4 --facts synthetic --plot --tag h200-fp8 2>&1 | grep -vE "$quiet" | tail -8 ;;
     ab_old)  # kv/resident at k=50,100: this tree vs OLD (a `git archive` of another commit's
       # inferscale_engine and benchmarks, e.g. 43ae860 with its run-time-compiled C helpers, in
       # .device/old), alternating old, new, new, old on one machine

@@ -222,14 +222,7 @@ class CpuPackedPagedKV:
 
     def capture_(self, slab: KVSlab, index: torch.Tensor, rope: RopeTables) -> None:
         """Paged slots -> slab rows, gathered with the probed index."""
-        dst_rows, src_slots, from_positions, to_positions = index.unbind(0)
-        moves = reference.layer_rotations(from_positions, to_positions, rope.cos, rope.sin,
-                                          rope.layer_tables, self.num_layers)
-        for layer, move in enumerate(moves):
-            keys, values = self.read(layer, src_slots)
-            slab.keys[layer, dst_rows] = reference.apply_rotation(keys, *move, rope.style,
-                                                                  slab.keys.dtype)
-            slab.values[layer, dst_rows] = values.to(slab.values.dtype)
+        _capture_read(self, slab, index, rope)
 
 
 class StridedPagedKV:
@@ -237,14 +230,27 @@ class StridedPagedKV:
 
     On CUDA the Triton kernels move all layers in one launch; elsewhere (or with
     use_triton=False) the plain-torch reference does, one layer at a time.
+
+    With an fp8 cache (`fp8`) the views hold fp8 bytes: keys are rotated in the slab's dtype
+    and written through vLLM's own CUDA cache write (`reshape_and_cache_flash`, quantizing
+    with each layer's scales, as a prefill writes them), one call per layer; what is read is
+    decoded with the same scales.
     """
 
     def __init__(self, key_caches: list[torch.Tensor], value_caches: list[torch.Tensor],
-                 use_triton: bool | None = None) -> None:
+                 use_triton: bool | None = None, fp8: Fp8Cache | None = None) -> None:
         self.num_layers = len(key_caches)
         self.key_caches = key_caches
         self.value_caches = value_caches
         self._block_size = key_caches[0].shape[1]
+        self._fp8 = fp8
+        self._scales: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if fp8 is not None:
+            use_triton = False
+            device = key_caches[0].device
+            self._scales = [(torch.tensor(k, dtype=torch.float32, device=device),
+                             torch.tensor(v, dtype=torch.float32, device=device))
+                            for k, v in zip(fp8.k_scales, fp8.v_scales, strict=True)]
         if use_triton is None:
             use_triton = key_caches[0].device.type == "cuda"
         self._pointers = None
@@ -259,12 +265,20 @@ class StridedPagedKV:
         """K, V of `slots` in one layer: [T, H, D] each."""
         slots = slots.to(self.key_caches[layer].device)
         blocks, offsets = slots // self._block_size, slots % self._block_size
-        return self.key_caches[layer][blocks, offsets], self.value_caches[layer][blocks, offsets]
+        keys = self.key_caches[layer][blocks, offsets]
+        values = self.value_caches[layer][blocks, offsets]
+        if self._fp8 is None:
+            return keys, values
+        return (self._fp8.decode(keys, self._fp8.k_scales[layer]),
+                self._fp8.decode(values, self._fp8.v_scales[layer]))
 
     def inject_(self, slab: KVSlab, index: torch.Tensor, rope: RopeTables) -> None:
         """Slab rows -> paged slots of every layer."""
         if self._pointers is not None:
             self._mover(slab, rope).inject(index)
+            return
+        if self._fp8 is not None:
+            self._inject_fp8(slab, index.to(slab.keys.device), rope)
             return
         rows, slots, from_positions, to_positions = index.unbind(0)
         reference.inject_(self.key_caches, self.value_caches, slab.keys, slab.values, rows,
@@ -276,10 +290,27 @@ class StridedPagedKV:
         if self._pointers is not None:
             self._mover(slab, rope).capture(index)
             return
+        if self._fp8 is not None:
+            _capture_read(self, slab, index.to(slab.keys.device), rope)
+            return
         rows, slots, from_positions, to_positions = index.unbind(0)
         reference.capture_(self.key_caches, self.value_caches, slab.keys, slab.values, slots,
                            rows, from_positions, to_positions, rope.cos, rope.sin, rope.style,
                            rope.layer_tables)
+
+    def _inject_fp8(self, slab: KVSlab, index: torch.Tensor, rope: RopeTables) -> None:
+        from vllm import _custom_ops as ops
+
+        assert self._fp8 is not None
+        src_rows, dst_slots, from_positions, to_positions = index.unbind(0)
+        keys = reference.rotate_layers(slab.keys[:, src_rows], from_positions, to_positions,
+                                       rope.cos, rope.sin, rope.style, rope.layer_tables,
+                                       slab.keys.dtype)  # [L, T, H, D], all layers
+        values = slab.values[:, src_rows]
+        for layer, (k_scale, v_scale) in enumerate(self._scales):
+            ops.reshape_and_cache_flash(keys[layer], values[layer], self.key_caches[layer],
+                                        self.value_caches[layer], dst_slots, self._fp8.name,
+                                        k_scale, v_scale)
 
     def _mover(self, slab: KVSlab, rope: RopeTables) -> BoundMover:
         """The kernels bound to this slab and these tables (built at the first move)."""
@@ -292,6 +323,19 @@ class StridedPagedKV:
             self._bound_mover = BoundMover(self._pointers, slab.keys, slab.values, rope.cos,
                                            rope.sin, rope.style, rope.layer_tables)
         return self._bound_mover
+
+
+def _capture_read(paged: PagedKV, slab: KVSlab, index: torch.Tensor, rope: RopeTables
+                  ) -> None:
+    """Paged slots -> slab rows through `paged.read` (decoded), keys rotated per layer."""
+    dst_rows, src_slots, from_positions, to_positions = index.unbind(0)
+    moves = reference.layer_rotations(from_positions, to_positions, rope.cos, rope.sin,
+                                      rope.layer_tables, paged.num_layers)
+    for layer, move in enumerate(moves):
+        keys, values = paged.read(layer, src_slots)
+        slab.keys[layer, dst_rows] = reference.apply_rotation(keys, *move, rope.style,
+                                                              slab.keys.dtype)
+        slab.values[layer, dst_rows] = values.to(slab.values.dtype)
 
 
 def strided_views(kv: torch.Tensor, num_kv_heads: int, head_dim: int

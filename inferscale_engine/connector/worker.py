@@ -87,17 +87,14 @@ class InferScaleWorker:
         layers = list(kv_caches.values())
         first = layers[0]
         fp8 = Fp8Cache.of(self._cache_dtype, self._vllm_config, list(kv_caches))
-        if fp8 is not None and first.device.type != "cpu":
-            raise NotImplementedError(
-                f"kv_cache_dtype {self._cache_dtype!r}: fp8 KV caches are supported with vLLM's "
-                "CPU backend; on GPUs InferScale's kernels do not quantize yet. Use "
-                "kv_cache_dtype='auto'.")
         self.paged = _detect_layout(layers, self._num_kv_heads, self._head_dim, self._block_size,
                                     fp8, self._model_dtype)
         slab_dtype = self._model_dtype if fp8 is not None else first.dtype
         self.slab = KVSlab(len(layers), self._config.slab_pages, self._config.page_tokens,
                            self._num_kv_heads, self._head_dim, slab_dtype, first.device)
         self._staging = Staging(first.device)
+        if fp8 is not None:  # vLLM's cache write takes device indices (no zero-copy kernel)
+            self._staging.zero_copy = False
         if self._config.host_pages:
             self.host = HostTier(self.slab, self._config.host_pages)
         if self._config.disk_path:
@@ -430,7 +427,7 @@ def _detect_layout(layers: list[torch.Tensor], num_kv_heads: int, head_dim: int,
                             fp8.name if fp8 else "auto")
         return CpuPackedPagedKV(layers, isa, fp8)
     keys, values = zip(*(strided_views(t, num_kv_heads, head_dim) for t in layers))
-    return StridedPagedKV(list(keys), list(values))
+    return StridedPagedKV(list(keys), list(values), fp8=fp8)
 
 
 def _tensor_parallel_rank() -> int:
