@@ -26,7 +26,7 @@ from inferscale_engine.errors import (
     InvalidRequestError,
 )
 from inferscale_engine.facts import Fact, MemoryHandle
-from inferscale_engine.memory import ingest
+from inferscale_engine.memory import filters, ingest
 from inferscale_engine.memory.answering import MemoryServing
 from inferscale_engine.memory.config import (
     DEFAULT_DB_PATH,
@@ -139,8 +139,12 @@ class Memory(MemoryServing):
     # ---- write verbs -------------------------------------------------------------------
     def add(self, *, user_id: str, texts: Sequence[str] | None = None,
             messages: Sequence[Mapping[str, str]] | None = None, session_id: str | None = None,
-            metadata: Mapping[str, Any] | None = None) -> list[AddResult]:
+            metadata: Mapping[str, Any] | None = None, dedupe: bool = True
+            ) -> list[AddResult]:
         """Remember facts, or a conversation's turns; one result per fact, in order.
+
+        dedupe=False stores every fact, also one that repeats a stored fact (stores keyed by
+        something other than the text, such as LangGraph's).
 
         With `messages`, every turn is recorded in the session and the content of each user or
         assistant turn becomes a fact encoded after the session's turns before it (their last W
@@ -167,7 +171,7 @@ class Memory(MemoryServing):
         with self._lock:
             self._check_open()
             matches = ingest.find_duplicates(
-                self._index, user_id, vectors, self._dedupe_threshold,
+                self._index, user_id, vectors, self._dedupe_threshold if dedupe else None,
                 [text for text, _ in facts],
                 self._served.text_of)
             keep = [i for i, match in enumerate(matches) if match is None]
@@ -243,19 +247,28 @@ class Memory(MemoryServing):
 
     # ---- read verbs --------------------------------------------------------------------
     @interactive_call
-    def search(self, *, user_id: str, query: str, k: int = 5) -> SearchResult:
+    def search(self, *, user_id: str, query: str, k: int = 5,
+               filter: Mapping[str, Any] | None = None) -> SearchResult:
         """The user's k facts most similar to `query` (cosine), best first, and their handle.
 
-        A user with no facts gets an empty result.
+        With `filter` (memory/filters.py), only facts whose metadata match it. A user with no
+        facts gets an empty result.
         """
         user_id = checks.check_user_id(user_id)
         query = checks.check_text(query, "query", InvalidRequestError)
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise InvalidRequestError(f"k={k!r} must be an int >= 0 (facts to retrieve)")
+        wanted = filters.check_filter(filter)
         vector = self._embed([query])[0]
         with self._lock:
             self._check_open()
-            ranked = self._index.search(user_id=user_id, query_embedding=vector, k=k)
+            ranked = self._index.search(user_id=user_id, query_embedding=vector, k=k if wanted
+                                        is None else self._index.count(user_id=user_id))
+            if wanted is not None:  # rank all, then keep the first k that match
+                stored = self._store.get(user_id=user_id, fact_ids=[f for f, _ in ranked])
+                ranked = [hit for hit, record in zip(ranked, stored, strict=True)
+                          if filters.matches(ingest.public_metadata(record.metadata),
+                                             wanted)][:k]
             hits = tuple((self._served[fact_id], score) for fact_id, score in ranked)
         assert all(fact.user_id == user_id for fact, _ in hits), "the index crossed users"
         return SearchResult(hits, MemoryHandle(user_id, tuple(f.fact_id for f, _ in hits),
@@ -280,6 +293,26 @@ class Memory(MemoryServing):
         with self._lock:
             self._check_open()
             return [f.to_fact() for f in self._store.get_all(user_id=user_id)]
+
+    def records(self, *, user_id: str, filter: Mapping[str, Any] | None = None
+                ) -> list[StoredFact]:
+        """The user's facts as stored (text, metadata, timestamps), oldest first.
+
+        With `filter` (memory/filters.py), those whose metadata match it.
+        """
+        user_id = checks.check_user_id(user_id)
+        wanted = filters.check_filter(filter)
+        with self._lock:
+            self._check_open()
+            stored = self._store.get_all(user_id=user_id)
+        public = (replace(f, metadata=ingest.public_metadata(f.metadata)) for f in stored)
+        return [f for f in public if filters.matches(f.metadata, wanted)]
+
+    def users(self) -> list[str]:
+        """Every user with facts or turns, sorted."""
+        with self._lock:
+            self._check_open()
+            return self._store.users()
 
     def turns(self, *, user_id: str, session_id: str | None = None,
               limit: int = 20) -> list[Turn]:

@@ -6,13 +6,17 @@ chat model (ChatInferScale reads it; other chat models do not understand it). Af
 finishes it writes the exchange (user message, final answer) to the memory layer. The thread's
 own messages stay in the agent state (the checkpointer); only long-term facts travel as KV.
 The user comes from the constructor or from the run's context (``context={"user_id": ...}``).
+
+With ``namespace=("memories", "{user_id}")`` the facts are those of that namespace of the
+agent's LangGraph store (``create_agent(..., store=KVMemoryStore(memory))``), where the agent's
+tools keep them with ``runtime.store.put``; labels are formatted with the run's context.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
@@ -23,12 +27,16 @@ from inferscale_integrations.handles import HANDLES_KEY
 from inferscale_integrations.registry import DEFAULT_NAME, check_name, get_memory
 from inferscale_integrations.serving import ServeCounters
 
+if TYPE_CHECKING:
+    from inferscale_engine.memory import Memory
+
 
 class KVMemoryMiddleware(AgentMiddleware):
     """Attach a user's memory handle to every model call; save each finished exchange."""
 
     def __init__(self, memory_name: str = DEFAULT_NAME, *, user_id: str | None = None,
-                 session_id: str | None = None, k: int = 5, save_turns: bool = True) -> None:
+                 session_id: str | None = None, k: int = 5, save_turns: bool = True,
+                 namespace: Sequence[str] | None = None) -> None:
         """Configure the middleware (nothing is looked up until the first call).
 
         Args:
@@ -37,6 +45,9 @@ class KVMemoryMiddleware(AgentMiddleware):
             session_id: session of the saved turns; None: the context's ``session_id``.
             k: facts retrieved per model call.
             save_turns: write each finished exchange to the memory layer.
+            namespace: search (and save to) this namespace of the agent's KVMemoryStore
+                instead of a registered Memory's user; labels like "{user_id}" are filled
+                from the run's context.
         """
         super().__init__()
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
@@ -46,6 +57,7 @@ class KVMemoryMiddleware(AgentMiddleware):
         self.session_id = session_id
         self.k = k
         self.save_turns = save_turns
+        self.namespace = tuple(namespace) if namespace is not None else None
         self._counters = ServeCounters()
 
     @property
@@ -75,8 +87,8 @@ class KVMemoryMiddleware(AgentMiddleware):
         query = _last_user_text(request.messages)
         if not query or not self.k:
             return request
-        user_id = self._scope(request.runtime, "user_id", self.user_id)
-        found = get_memory(self.memory_name).search(user_id=user_id, query=query, k=self.k)
+        memory, user_id = self._target(request.runtime)
+        found = memory.search(user_id=user_id, query=query, k=self.k)
         self._counters.add("handles_attached")
         self._counters.add("facts_attached", len(found.handle.fact_ids))
         settings = {**request.model_settings, HANDLES_KEY: [found.handle.to_dict()]}
@@ -94,11 +106,38 @@ class KVMemoryMiddleware(AgentMiddleware):
                    if isinstance(m, AIMessage) and not m.tool_calls and m.text.strip()]
         if answers:
             turns.append({"role": "assistant", "content": answers[-1].text})
-        get_memory(self.memory_name).add(
-            user_id=self._scope(runtime, "user_id", self.user_id),
+        memory, user_id = self._target(runtime)
+        memory.add(
+            user_id=user_id,
             session_id=self._scope(runtime, "session_id", self.session_id, required=False),
             messages=turns)
         self._counters.add("exchanges_saved")
+
+    def _target(self, runtime: Runtime | None) -> tuple[Memory, str]:
+        """The Memory and the user id (or store namespace scope) this run reads and writes."""
+        if self.namespace is None:
+            return (get_memory(self.memory_name),
+                    self._scope(runtime, "user_id", self.user_id))
+        from inferscale_integrations.langchain.store import KVMemoryStore, scope_of
+
+        store = getattr(runtime, "store", None)
+        if not isinstance(store, KVMemoryStore):
+            raise InvalidRequestError(
+                "KVMemoryMiddleware(namespace=...) reads the agent's store: pass "
+                "create_agent(..., store=KVMemoryStore(memory)), got "
+                f"{type(store).__name__ if store is not None else 'no store'}")
+        context = getattr(runtime, "context", None)
+        values = (dict(context) if isinstance(context, Mapping) else
+                  dict(vars(context)) if context is not None and hasattr(context, "__dict__")
+                  else {})
+        if self.user_id is not None:
+            values.setdefault("user_id", self.user_id)
+        try:
+            labels = tuple(label.format(**values) for label in self.namespace)
+        except (KeyError, IndexError) as exc:
+            raise InvalidRequestError(f"KVMemoryMiddleware namespace {self.namespace!r} needs "
+                                      f"{exc} in the run's context") from exc
+        return store.memory, scope_of(labels)
 
     @staticmethod
     def _scope(runtime: Runtime | None, key: str, value: str | None,

@@ -1,0 +1,122 @@
+"""Metadata filters of search and listing (the shape mem0 and LangGraph's stores use).
+
+A filter is a mapping. Each key names a metadata field (dots reach into nested mappings:
+``"place.city"``) and its value is either a literal (the field equals it) or a mapping of
+operators: ``$eq``, ``$ne``, ``$gt``, ``$gte``, ``$lt``, ``$lte``, ``$in``, ``$nin``,
+``$contains`` (a string field holds the substring, or a list field the item). The keys
+``AND`` / ``OR`` / ``NOT`` (also ``$and`` / ``$or`` / ``$not``) combine filters. All top-level
+conditions must hold. A field a fact does not have matches only ``$ne`` and ``$nin``.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from inferscale_engine.errors import InvalidRequestError
+
+_MISSING = object()
+_ORDER: dict[str, Callable[[Any, Any], bool]] = {
+    "$gt": operator.gt, "$gte": operator.ge, "$lt": operator.lt, "$lte": operator.le}
+_OPERATORS = frozenset({"$eq", "$ne", "$in", "$nin", "$contains", *_ORDER})
+COMBINATORS = {"AND": "and", "$and": "and", "OR": "or", "$or": "or", "NOT": "not",
+               "$not": "not"}
+"""Keys that combine filters, and how."""
+
+
+def check_filter(filter: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The filter, checked; None or {} mean no filter.
+
+    Raises:
+        InvalidRequestError: not a mapping, an unknown operator, or an operand of the wrong
+            shape (say, $in without a list).
+    """
+    if filter is None:
+        return None
+    if not isinstance(filter, Mapping):
+        raise InvalidRequestError(f"filter must be a mapping of metadata fields, got "
+                                  f"{type(filter).__name__}")
+    _check(filter, "filter")
+    return dict(filter) or None
+
+
+def _check(filter: Mapping[str, Any], where: str) -> None:
+    for key, value in filter.items():
+        if not isinstance(key, str) or not key:
+            raise InvalidRequestError(f"{where}: keys must be non-empty strings, got {key!r}")
+        if key in COMBINATORS:
+            parts = [value] if COMBINATORS[key] == "not" else value
+            if not isinstance(parts, list) or not all(isinstance(p, Mapping) for p in parts):
+                wanted = "a filter" if COMBINATORS[key] == "not" else "a list of filters"
+                raise InvalidRequestError(f"{where}.{key} takes {wanted}")
+            for i, part in enumerate(parts):
+                _check(part, f"{where}.{key}[{i}]")
+        elif key.startswith("$"):
+            raise InvalidRequestError(f"{where}: unknown operator {key!r} (operators go inside a "
+                                      "field's condition: {\"field\": {\"$gt\": 3}})")
+        elif isinstance(value, Mapping) and any(str(k).startswith("$") for k in value):
+            for op, operand in value.items():
+                if op not in _OPERATORS:
+                    raise InvalidRequestError(f"{where}.{key}: unknown operator {op!r}; use "
+                                              f"one of {sorted(_OPERATORS)}")
+                if op in ("$in", "$nin") and not isinstance(operand, list):
+                    raise InvalidRequestError(f"{where}.{key}.{op} takes a list")
+
+
+def matches(metadata: Mapping[str, Any], filter: Mapping[str, Any] | None) -> bool:
+    """Whether a fact's metadata satisfies a checked filter (None: every fact does)."""
+    if not filter:
+        return True
+    for key, value in filter.items():
+        kind = COMBINATORS.get(key)
+        if kind == "and":
+            ok = all(matches(metadata, part) for part in value)
+        elif kind == "or":
+            ok = any(matches(metadata, part) for part in value)
+        elif kind == "not":
+            ok = not matches(metadata, value)
+        else:
+            ok = _holds(_field(metadata, key), value)
+        if not ok:
+            return False
+    return True
+
+
+def _field(metadata: Mapping[str, Any], path: str) -> Any:
+    if path in metadata:
+        return metadata[path]
+    current: Any = metadata
+    for part in path.split("."):
+        if not isinstance(current, Mapping) or part not in current:
+            return _MISSING
+        current = current[part]
+    return current
+
+
+def _holds(actual: Any, condition: Any) -> bool:
+    if not (isinstance(condition, Mapping) and any(str(k).startswith("$") for k in condition)):
+        return actual is not _MISSING and actual == condition
+    for op, operand in condition.items():
+        if op == "$ne":
+            ok = actual is _MISSING or actual != operand
+        elif op == "$nin":
+            ok = actual is _MISSING or actual not in operand
+        elif actual is _MISSING:
+            ok = False
+        elif op == "$eq":
+            ok = actual == operand
+        elif op == "$in":
+            ok = actual in operand
+        elif op == "$contains":
+            ok = isinstance(actual, (str, list)) and (
+                operand in actual if isinstance(actual, list) or isinstance(operand, str)
+                else False)
+        else:
+            try:
+                ok = _ORDER[op](actual, operand)
+            except TypeError:  # an ordering of different types: not a match
+                ok = False
+        if not ok:
+            return False
+    return True

