@@ -9,15 +9,35 @@ ChatInferScale injects; bad input is refused with nothing stored.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import pytest
+from langchain.agents import create_agent
+from langchain.tools import ToolRuntime
+from langchain_core.messages import HumanMessage
+from langchain_core.tools import tool
 from langgraph.store.base import InvalidNamespaceError, PutOp
 
 from inferscale_engine.errors import HandleError, InvalidFactError, InvalidRequestError
+from inferscale_integrations import KVMemoryMiddleware
 from inferscale_integrations.langchain.store import KVMemoryStore, KVSearchItem, kv_context
-from tests.integrations.conftest import InjectionProbe
+from tests.integrations.conftest import MAX_TOKENS, InjectionProbe
+from tests.integrations.scripted import ScriptedChatInferScale
 
 pytestmark = pytest.mark.vllm
+
+
+@dataclass
+class Context:
+    user_id: str
+
+
+@tool
+def remember(query: str, runtime: ToolRuntime[Context]) -> str:
+    """Save a fact (the query) about the user for later conversations."""
+    runtime.store.put(("memories", runtime.context.user_id), "said",
+                      {"text": f"The user said: {query}"})
+    return "saved"
 
 
 @pytest.fixture()
@@ -132,3 +152,26 @@ def test_found_items_inject_as_kv_through_chat_inferscale(store, ns, engine, use
     other.put(("elsewhere", user_id), "k", {"text": "x y z"})
     with pytest.raises(HandleError, match="one namespace"):
         kv_context([*found, *other.search(("elsewhere", user_id), query="x")])
+
+
+def test_create_agent_with_the_store_remembers_through_a_tool_and_injects(memory, user_id,
+                                                                          engine):
+    """A tool writes a memory with runtime.store.put; the next run's model calls get the
+    namespace's facts as KV from KVMemoryMiddleware(namespace=...)."""
+    store = KVMemoryStore(memory)
+    middleware = KVMemoryMiddleware(namespace=("memories", "{user_id}"), k=2, save_turns=False)
+    agent = create_agent(ScriptedChatInferScale(max_tokens=MAX_TOKENS), tools=[remember],
+                         middleware=[middleware], context_schema=Context, store=store)
+    store.put(("memories", user_id), "pet", {"text": "Caroline's dog is called Pepper."})
+    agent.invoke({"messages": [HumanMessage("I live in Lisbon.")]},
+                 context=Context(user_id=user_id))
+    assert len(store.search(("memories", user_id))) == 2  # the scripted model called the tool
+    probe = InjectionProbe(engine)
+    agent.invoke({"messages": [HumanMessage("What is my dog called?")]},
+                 context=Context(user_id=user_id))
+    assert probe.kv_requests >= 1 and probe.injected_tokens > 0
+    assert middleware.counters["facts_attached"] >= 2
+    with pytest.raises(InvalidRequestError, match="store=KVMemoryStore"):
+        create_agent(ScriptedChatInferScale(max_tokens=MAX_TOKENS), tools=[remember],
+                     middleware=[middleware], context_schema=Context).invoke(
+            {"messages": [HumanMessage("hi")]}, context=Context(user_id=user_id))
