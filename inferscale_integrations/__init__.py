@@ -1,4 +1,5 @@
-"""InferScale for LangChain and LlamaIndex: KVMemory, chat-model wrappers, agent middleware.
+"""InferScale for LangChain and LlamaIndex: KVMemory, chat-model wrappers, agent middleware,
+the LangGraph store.
 
 MemoryClient is the memory REST API of `inferscale serve` (KVMemory(base_url=...) uses it).
 Names resolve lazily (PEP 562), so importing this package imports no framework; a missing
@@ -14,6 +15,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see (the names resolve lazily a
     from inferscale_integrations.client import MemoryClient
     from inferscale_integrations.langchain.chat_model import ChatInferScale
     from inferscale_integrations.langchain.middleware import KVMemoryMiddleware
+    from inferscale_integrations.langchain.store import KVMemoryStore, kv_context
     from inferscale_integrations.llamaindex.llm import InferScaleLLM
     from inferscale_integrations.memory import KVMemory
     from inferscale_integrations.registry import register_memory
@@ -22,6 +24,8 @@ _EXPORTS = {
     "KVMemory": "inferscale_integrations.memory",
     "ChatInferScale": "inferscale_integrations.langchain.chat_model",
     "KVMemoryMiddleware": "inferscale_integrations.langchain.middleware",
+    "KVMemoryStore": "inferscale_integrations.langchain.store",
+    "kv_context": "inferscale_integrations.langchain.store",
     "MemoryClient": "inferscale_integrations.client",
     "InferScaleLLM": "inferscale_integrations.llamaindex.llm",
     "register_memory": "inferscale_integrations.registry",

@@ -1,4 +1,5 @@
-"""LangChain adapters: KVMemory for classic chains, ChatInferScale, the create_agent middleware.
+"""LangChain adapters: KVMemory for classic chains, ChatInferScale, the create_agent middleware,
+the LangGraph store (KVMemoryStore).
 
 chat_openai gives a ChatOpenAI pointed at `inferscale serve`.
 Needs the `langchain` extra: pip install 'inferscale-kv[langchain]' (chat_openai: 'client').
@@ -19,5 +20,7 @@ from inferscale_integrations.langchain.chat_model import ChatInferScale
 from inferscale_integrations.langchain.memory import LangChainKVMemory
 from inferscale_integrations.langchain.middleware import KVMemoryMiddleware
 from inferscale_integrations.langchain.server import chat_openai
+from inferscale_integrations.langchain.store import KVMemoryStore, KVSearchItem, kv_context
 
-__all__ = ["ChatInferScale", "KVMemoryMiddleware", "LangChainKVMemory", "chat_openai"]
+__all__ = ["ChatInferScale", "KVMemoryMiddleware", "KVMemoryStore", "KVSearchItem",
+           "LangChainKVMemory", "chat_openai", "kv_context"]

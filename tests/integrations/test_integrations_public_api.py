@@ -14,14 +14,15 @@ import inferscale_integrations
 
 def test_exports():
     assert inferscale_integrations.__all__ == [
-        "ChatInferScale", "InferScaleLLM", "KVMemory", "KVMemoryMiddleware", "MemoryClient",
-        "register_memory"]
+        "ChatInferScale", "InferScaleLLM", "KVMemory", "KVMemoryMiddleware", "KVMemoryStore",
+        "MemoryClient", "kv_context", "register_memory"]
     for name in inferscale_integrations.__all__:
         assert getattr(inferscale_integrations, name) is not None
     from inferscale_integrations import langchain, llamaindex
 
-    assert langchain.__all__ == ["ChatInferScale", "KVMemoryMiddleware", "LangChainKVMemory",
-                                 "chat_openai"]
+    assert langchain.__all__ == ["ChatInferScale", "KVMemoryMiddleware", "KVMemoryStore",
+                                 "KVSearchItem", "LangChainKVMemory", "chat_openai",
+                                 "kv_context"]
     assert llamaindex.__all__ == ["InferScaleLLM", "LlamaIndexKVMemory", "openai_like"]
 
 
