@@ -1,5 +1,7 @@
-"""InferScale for LangChain and LlamaIndex: KVMemory, chat-model wrappers, agent middleware,
-the LangGraph store.
+"""InferScale for LangChain, LangGraph and LlamaIndex: memories, chat models, stores.
+
+KVMemory, ChatInferScale and InferScaleLLM, the create_agent middleware, the LangGraph store,
+the LlamaIndex memory block.
 
 MemoryClient is the memory REST API of `inferscale serve` (KVMemory(base_url=...) uses it).
 Names resolve lazily (PEP 562), so importing this package imports no framework; a missing
@@ -16,6 +18,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see (the names resolve lazily a
     from inferscale_integrations.langchain.chat_model import ChatInferScale
     from inferscale_integrations.langchain.middleware import KVMemoryMiddleware
     from inferscale_integrations.langchain.store import KVMemoryStore, kv_context
+    from inferscale_integrations.llamaindex.block import KVMemoryBlock
     from inferscale_integrations.llamaindex.llm import InferScaleLLM
     from inferscale_integrations.memory import KVMemory
     from inferscale_integrations.registry import register_memory
@@ -28,6 +31,7 @@ _EXPORTS = {
     "kv_context": "inferscale_integrations.langchain.store",
     "MemoryClient": "inferscale_integrations.client",
     "InferScaleLLM": "inferscale_integrations.llamaindex.llm",
+    "KVMemoryBlock": "inferscale_integrations.llamaindex.block",
     "register_memory": "inferscale_integrations.registry",
 }
 __all__ = sorted(_EXPORTS)

@@ -1,5 +1,7 @@
-"""LangChain adapters: KVMemory for classic chains, ChatInferScale, the create_agent middleware,
-the LangGraph store (KVMemoryStore).
+"""LangChain and LangGraph adapters: KVMemory, ChatInferScale, middleware, KVMemoryStore.
+
+KVMemory for classic chains, ChatInferScale, the create_agent middleware and the LangGraph
+store (KVMemoryStore).
 
 chat_openai gives a ChatOpenAI pointed at `inferscale serve`.
 Needs the `langchain` extra: pip install 'inferscale-kv[langchain]' (chat_openai: 'client').

@@ -1,4 +1,6 @@
-"""LlamaIndex adapters: KVMemory for chat engines and agents, and InferScaleLLM.
+"""LlamaIndex adapters: KVMemory, KVMemoryBlock and InferScaleLLM.
+
+KVMemory for chat engines and agents, KVMemoryBlock for LlamaIndex's block-based Memory.
 
 openai_like gives an OpenAILike pointed at `inferscale serve`.
 Needs the `llamaindex` extra: pip install 'inferscale-kv[llamaindex]'
@@ -14,8 +16,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "inferscale_integrations.llamaindex needs llama-index-core; install it with: "
         "pip install 'inferscale-kv[llamaindex]'") from exc
 
+from inferscale_integrations.llamaindex.block import KVMemoryBlock
 from inferscale_integrations.llamaindex.llm import InferScaleLLM
 from inferscale_integrations.llamaindex.memory import LlamaIndexKVMemory
 from inferscale_integrations.llamaindex.server import openai_like
 
-__all__ = ["InferScaleLLM", "LlamaIndexKVMemory", "openai_like"]
+__all__ = ["InferScaleLLM", "KVMemoryBlock", "LlamaIndexKVMemory", "openai_like"]

@@ -14,8 +14,8 @@ import inferscale_integrations
 
 def test_exports():
     assert inferscale_integrations.__all__ == [
-        "ChatInferScale", "InferScaleLLM", "KVMemory", "KVMemoryMiddleware", "KVMemoryStore",
-        "MemoryClient", "kv_context", "register_memory"]
+        "ChatInferScale", "InferScaleLLM", "KVMemory", "KVMemoryBlock", "KVMemoryMiddleware",
+        "KVMemoryStore", "MemoryClient", "kv_context", "register_memory"]
     for name in inferscale_integrations.__all__:
         assert getattr(inferscale_integrations, name) is not None
     from inferscale_integrations import langchain, llamaindex
@@ -23,7 +23,8 @@ def test_exports():
     assert langchain.__all__ == ["ChatInferScale", "KVMemoryMiddleware", "KVMemoryStore",
                                  "KVSearchItem", "LangChainKVMemory", "chat_openai",
                                  "kv_context"]
-    assert llamaindex.__all__ == ["InferScaleLLM", "LlamaIndexKVMemory", "openai_like"]
+    assert llamaindex.__all__ == ["InferScaleLLM", "KVMemoryBlock", "LlamaIndexKVMemory",
+                                  "openai_like"]
 
 
 def test_importing_the_package_imports_no_framework():

@@ -1,0 +1,90 @@
+"""KVMemoryBlock: a LlamaIndex memory block that contributes a user's facts as KV.
+
+    from llama_index.core.memory import Memory
+    memory = Memory.from_defaults(session_id="s1", memory_blocks=[KVMemoryBlock(user_id="alice")])
+    agent = FunctionAgent(tools=[...], llm=InferScaleLLM())
+    await agent.run("What is my dog called?", memory=memory)
+
+On each read the block retrieves the user's top-k facts for the latest user message and
+contributes one marker naming their handle; LlamaIndex puts it in the system message and
+InferScaleLLM injects the facts' KV instead of reading text. `as_text=True` contributes the
+facts' text instead (for other LLMs). A put (messages that leave the short-term memory, or an
+explicit `aput`) remembers the user and assistant messages as facts, each encoded after the
+turns before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from llama_index.core.base.llms.types import ChatMessage, MessageRole
+from llama_index.core.memory import BaseMemoryBlock
+from pydantic import Field, field_validator
+
+from inferscale_engine import checks
+from inferscale_integrations.handles import RECENT_HANDLES
+from inferscale_integrations.registry import DEFAULT_NAME, check_name, get_memory
+
+
+class KVMemoryBlock(BaseMemoryBlock[str]):
+    """A user's long-term facts as one KV handle per read (sync and async)."""
+
+    name: str = Field(default="kv_memory", description="The block's name in the prompt.")
+    description: str | None = Field(
+        default="Facts remembered about the user, injected as precomputed KV.")
+    user_id: str = Field(description="The user whose facts are read and written.")
+    memory_name: str = Field(default=DEFAULT_NAME,
+                             description="The registered Memory (register_memory).")
+    k: int = Field(default=5, ge=0, description="Facts retrieved per read.")
+    as_text: bool = Field(default=False,
+                          description="Contribute the facts' text instead of a KV marker.")
+    session_id: str | None = Field(default=None, description="Session of the written turns.")
+
+    @field_validator("user_id")
+    @classmethod
+    def _user(cls, value: str) -> str:
+        return checks.check_user_id(value)
+
+    @field_validator("memory_name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_name(value)
+
+    def get(self, messages: list[ChatMessage] | None = None, **block_kwargs: Any) -> str:
+        """The block's content for these messages (sync)."""
+        return self._read(messages)
+
+    def put(self, messages: list[ChatMessage]) -> None:
+        """Remember these messages' user and assistant turns as facts (sync)."""
+        self._write(messages)
+
+    async def _aget(self, messages: list[ChatMessage] | None = None, **block_kwargs: Any
+                    ) -> str:
+        return await asyncio.to_thread(self._read, messages)
+
+    async def _aput(self, messages: list[ChatMessage]) -> None:
+        await asyncio.to_thread(self._write, messages)
+
+    # ---- internals ---------------------------------------------------------------------
+    def _read(self, messages: list[ChatMessage] | None) -> str:
+        query = next((m.content for m in reversed(messages or [])
+                      if m.role == MessageRole.USER and isinstance(m.content, str)
+                      and m.content.strip()), None)
+        if query is None or not self.k:
+            return ""
+        found = get_memory(self.memory_name).search(user_id=self.user_id, query=query,
+                                                    k=self.k)
+        if not found.facts:
+            return ""
+        if self.as_text:
+            return "\n".join(f"- {fact.text}" for fact in found.facts)
+        return RECENT_HANDLES.marker(found.handle)
+
+    def _write(self, messages: list[ChatMessage]) -> None:
+        turns = [{"role": m.role.value, "content": m.content} for m in messages
+                 if m.role in (MessageRole.USER, MessageRole.ASSISTANT)
+                 and isinstance(m.content, str) and m.content.strip()]
+        if turns:
+            get_memory(self.memory_name).add(user_id=self.user_id, session_id=self.session_id,
+                                             messages=turns)
