@@ -178,7 +178,8 @@ class KVMemoryStore(BaseStore):
         if op.query is None:
             found: list[tuple[StoredFact, float | None]] = [
                 (record, None) for scope in scopes
-                for record in memory.records(user_id=scope, filter=wanted or None)]
+                for record in memory.records(user_id=scope, filter=wanted or None)
+                if KEY_FIELD in record.metadata]  # not facts the namespace got otherwise
         else:
             wanted[INDEXED_FIELD] = True
             found = []

@@ -93,3 +93,23 @@ def test_llamaindex_function_agent(served, mode):
     result = example("llamaindex_function_agent").main(mode=mode)
     print(f"[{mode}] {result['tool_calls']} {result['answers']}")
     assert birthday_call(result["tool_calls"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_langgraph_store_agent(served, mode):
+    result = example("langgraph_store").main(mode=mode)
+    dog, city = result["answers"]
+    print(f"[{mode}] {result['answers']} {result['counters']}")
+    assert said(dog, "pepper") and said(city, "lisbon")
+    if mode == "kv":
+        assert result["counters"]["injected"] == result["counters"]["requests_with_handle"] > 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_llamaindex_memory_block_agent(served, mode):
+    result = example("llamaindex_memory_block").main(mode=mode)
+    dog, city = result["answers"]
+    print(f"[{mode}] {result['answers']} {result['counters']}")
+    assert said(dog, "pepper") and said(city, "lisbon")
+    if mode == "kv":
+        assert result["counters"]["injected"] == result["counters"]["requests_with_handle"] > 0
