@@ -1,8 +1,8 @@
 """LangGraph's store as long-term memory: create_agent(store=KVMemoryStore(...)).
 
-The user's memories live in the store namespace ("memories", user_id): tools write them with
-runtime.store.put, and KVMemoryMiddleware(namespace=...) gives every model call the namespace's
-top-k facts as KV.
+The user's memories live in the store namespace ("memories", user_id): the app (or an agent's
+tool, through runtime.store.put) writes them, and KVMemoryMiddleware(namespace=...) gives every
+model call the namespace's top-k facts as KV.
 Run: python examples/langgraph_store.py --model small
 """
 
@@ -11,9 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from langchain.agents import create_agent
-from langchain.tools import ToolRuntime
 from langchain_core.messages import HumanMessage
-from langchain_core.tools import tool
 from serving import USER_ID, parse_args, serving
 
 from inferscale_engine.cli import DEMO_FACTS
@@ -25,13 +23,6 @@ class Context:
     user_id: str
 
 
-@tool
-def remember(fact: str, runtime: ToolRuntime[Context]) -> str:
-    """Save a new fact about the user for later conversations."""
-    runtime.store.put(("memories", runtime.context.user_id), fact[:64], {"text": fact})
-    return "Saved."
-
-
 def main(user_id: str = USER_ID, max_tokens: int = 48, mode: str = "kv") -> dict:
     store = KVMemoryStore()  # over the registered Memory
     namespace = ("memories", user_id)
@@ -40,7 +31,7 @@ def main(user_id: str = USER_ID, max_tokens: int = 48, mode: str = "kv") -> dict
             store.put(namespace, f"demo-{i}", {"text": fact})
     llm = ChatInferScale(max_tokens=max_tokens, mode=mode)
     memory = KVMemoryMiddleware(namespace=("memories", "{user_id}"), k=4, save_turns=False)
-    agent = create_agent(llm, tools=[remember], middleware=[memory], context_schema=Context,
+    agent = create_agent(llm, tools=[], middleware=[memory], context_schema=Context,
                          store=store, system_prompt="You are a helpful assistant.")
     answers = []
     for question in ("What is my dog's name?", "Where do I live?"):

@@ -26,11 +26,10 @@ async def run(user_id: str = USER_ID, max_tokens: int = 48, mode: str = "kv") ->
                                   memory_blocks=[KVMemoryBlock(user_id=user_id, k=4)])
     agent = FunctionAgent(tools=[FunctionTool.from_defaults(days_until)], llm=llm,
                           system_prompt="You are a helpful assistant. Use tools when needed.")
-    answers = []
-    for question in ("What is my dog's name?", "Where do I live?"):
-        result = await agent.run(user_msg=question, memory=memory)
-        answers.append(str(result.response.content))
-    return {"user_id": user_id, "answers": answers, "counters": llm.counters}
+    result = await agent.run(user_msg="How many days until my birthday?", memory=memory)
+    return {"user_id": user_id, "answers": [str(result.response.content)],
+            "tool_calls": [(c.tool_name, c.tool_kwargs) for c in result.tool_calls],
+            "counters": llm.counters}
 
 
 def main(user_id: str = USER_ID, max_tokens: int = 48, mode: str = "kv") -> dict:
@@ -41,6 +40,6 @@ if __name__ == "__main__":
     args = parse_args(__doc__)
     with serving(args.model):
         result = main(max_tokens=args.max_tokens, mode=args.mode)
-    for answer in result["answers"]:
-        print("AI:", answer.strip())
+    print("tools called:", result["tool_calls"])
+    print("AI:", result["answers"][0].strip())
     print("served:", result["counters"])

@@ -53,7 +53,7 @@ def test_kv_script_differs_from_the_buffer_script_only_in_the_memory_line():
 @pytest.mark.parametrize(("script", "num_answers"), [
     ("langchain_kv_memory", 3), ("llamaindex_chat_engine", 2),
     ("llamaindex_function_agent", 1), ("langchain_create_agent", 1), ("langgraph_store", 2),
-    ("llamaindex_memory_block", 2)])
+    ("llamaindex_memory_block", 1)])
 def test_example_serves_from_injected_kv(example, user_id, probe, script, num_answers):
     result = example(script).main(user_id=user_id, max_tokens=MAX_TOKENS)
     probe.report(f"examples/{script}.py")
