@@ -1,4 +1,4 @@
-"""MemoryServing: Memory's verbs that answer (generate, answer, prepare) and what adapters need.
+"""MemoryServing: the verbs that answer (generate, answer, streams, prepare), adapters' needs.
 
 Memory (main.py) holds the state; these verbs read it. Every answer ends in serving.py; the
 verbs are interactive calls that large adds yield to (gate.py).
@@ -6,11 +6,12 @@ verbs are interactive calls that large adds yield to (gate.py).
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from inferscale_engine import checks
@@ -18,7 +19,7 @@ from inferscale_engine.errors import HandleError, InvalidRequestError
 from inferscale_engine.facts import FactId, MemoryHandle
 from inferscale_engine.memory.gate import InteractiveGate, interactive_call
 from inferscale_engine.memory.served import ServedFacts
-from inferscale_engine.memory.serving import PreparedPrompt, prepare, serve
+from inferscale_engine.memory.serving import PreparedPrompt, prepare, serve, serve_stream
 from inferscale_engine.memory.store import FactStore
 from inferscale_engine.memory.types import SearchResult
 from inferscale_engine.prompting.layout import Layout
@@ -92,6 +93,44 @@ class MemoryServing:
             HandleError: `handle` is not a MemoryHandle, or not `user_id`'s, or names another
                 user's facts.
         """
+        self._check_handle(handle, user_id)
+        return serve(self._engine, handle, messages, sampling, mode, self.counters,
+                     layout=layout, tools=tools)
+
+    def stream(self, *, user_id: str, query: str, k: int = 5, messages: Messages | None = None,
+               sampling: Any = None, mode: str = "kv", handle: MemoryHandle | None = None,
+               layout: Layout | None = None) -> Iterator[Generation]:
+        """generate(), streamed: a Generation of the answer so far after every engine step.
+
+        The last one is finished (plan status, usage). Bad input raises here, before the
+        iterator is returned; close the iterator (or exhaust it) to free the engine.
+        """
+        user_id = checks.check_user_id(user_id)
+        query = checks.check_text(query, "query", InvalidRequestError)
+        if handle is None:
+            handle = self.search(user_id=user_id, query=query, k=k).handle
+        return self.answer_stream(messages=query if messages is None else messages,
+                                  handle=handle, user_id=user_id, sampling=sampling, mode=mode,
+                                  layout=layout)
+
+    def answer_stream(self, *, messages: Messages | str, handle: MemoryHandle | None,
+                      user_id: str | None = None, sampling: Any = None, mode: str = "kv",
+                      layout: Layout | None = None,
+                      tools: Sequence[Mapping[str, Any]] | None = None) -> Iterator[Generation]:
+        """answer(), streamed (see stream())."""
+        self._check_handle(handle, user_id)
+        stack = ExitStack()
+        stack.enter_context(self._gate.interactive())  # held until the stream ends
+        try:
+            stream = serve_stream(self._engine, handle, messages, sampling, mode,
+                                  self.counters, layout=layout, tools=tools)
+            first = next(stream)  # the prompt and the plan are checked here
+        except BaseException:
+            stack.close()
+            raise
+        return _closing(itertools.chain([first], stream), stream, stack)
+
+    def _check_handle(self, handle: MemoryHandle | None, user_id: str | None) -> None:
         if handle is not None and not isinstance(handle, MemoryHandle):
             raise HandleError(f"handle must be a MemoryHandle (from search()), got "
                               f"{type(handle).__name__}")
@@ -104,8 +143,6 @@ class MemoryServing:
                                   f"user_id={user_id!r:.40}; use a handle from this user's "
                                   "search()")
         self._check_open()
-        return serve(self._engine, handle, messages, sampling, mode, self.counters,
-                     layout=layout, tools=tools)
 
     @interactive_call
     def prepare(self, *, user_id: str, query: str | None, k: int = 5,
@@ -188,3 +225,12 @@ class MemoryServing:
         """Longest prompt + answer the engine serves, in tokens."""
         return self._engine.config.max_model_len
 
+
+def _closing(items: Iterator[Generation], stream: Generator[Generation, None, None],
+             stack: ExitStack) -> Generator[Generation, None, None]:
+    """`items`, then (also when closed early) the stream closed and the stack unwound."""
+    try:
+        yield from items
+    finally:
+        stream.close()
+        stack.close()

@@ -27,6 +27,7 @@ from inferscale_engine.errors import (
 )
 from inferscale_engine.facts import Fact, MemoryHandle
 from inferscale_engine.memory import filters, ingest
+from inferscale_engine.memory.aio import AsyncVerbs
 from inferscale_engine.memory.answering import MemoryServing
 from inferscale_engine.memory.config import (
     DEFAULT_DB_PATH,
@@ -50,7 +51,7 @@ logger = logging.getLogger(__name__)
 _PROGRESS_FROM = 256
 """Adds of this many facts show a progress bar (on a terminal) while their KV is encoded."""
 
-class Memory(MemoryServing):
+class Memory(MemoryServing, AsyncVerbs):
     """Long-term memory of many users, served as injected KV. Thread-safe.
 
     A large add works in chunks and lets searches and answers of other users go first between

@@ -9,11 +9,12 @@ the same facts are answered as text and the Generation says so (`fallback`), nev
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from inferscale_engine.errors import (
     EngineClosedError,
@@ -42,11 +43,53 @@ def serve(engine: Engine, handle: MemoryHandle | None, messages: Messages | str,
         InvalidRequestError: the messages or settings are invalid, or too long even as text.
         EngineClosedError: the engine was closed.
     """
-    options = Options(layout, tools)
-    if handle is None:
-        return engine.generate(None, messages, sampling, mode="text", tools=tools)
+    def call(handle: MemoryHandle | None, mode: str, layout: Layout | None) -> Generation:
+        return engine.generate(handle, messages, sampling, mode=mode, layout=layout,
+                               tools=tools)
+
+    generation, stale, fallback = _served(engine, handle, mode, counters, layout, call)
+    return replace(generation, num_stale_facts=stale, fallback=fallback or generation.fallback)
+
+
+def serve_stream(engine: Engine, handle: MemoryHandle | None, messages: Messages | str,
+                 sampling: Any, mode: str, counters: Counter[str], *,
+                 layout: Layout | None = None, tools: Sequence[Mapping[str, Any]] | None = None
+                 ) -> Generator[Generation, None, None]:
+    """serve(), streamed: the answer so far after every engine step (Engine.stream).
+
+    Stale facts and injection errors are handled as serve() handles them: they show up before
+    the first token, so the stream starts with the facts that can be served.
+    """
+    def call(handle: MemoryHandle | None, mode: str, layout: Layout | None
+             ) -> tuple[Generation, Generator[Generation, None, None]]:
+        stream = engine.stream(handle, messages, sampling, mode=mode, layout=layout,
+                               tools=tools)
+        return next(stream), stream  # errors of the prompt or the plan surface here
+
+    (first, rest), stale, fallback = _served(engine, handle, mode, counters, layout, call)
     try:
-        return _generate_existing(engine, handle, messages, sampling, mode, counters, options)
+        for generation in itertools.chain([first], rest):
+            yield replace(generation, num_stale_facts=stale,
+                          fallback=fallback or generation.fallback)
+    finally:
+        rest.close()
+
+
+T = TypeVar("T")
+
+
+def _served(engine: Engine, handle: MemoryHandle | None, mode: str, counters: Counter[str],
+            layout: Layout | None, call: Callable[[MemoryHandle | None, str, Layout | None], T]
+            ) -> tuple[T, int, str | None]:
+    """call() with the handle's facts, falling back to text if injection fails.
+
+    Returns the result, the number of stale facts left out, and the fallback taken.
+    """
+    if handle is None:
+        return call(None, "text", None), 0, None
+    try:
+        result, stale = _call_existing(engine, handle, mode, counters, layout, call)
+        return result, stale, None
     except (HandleError, EngineClosedError, InvalidRequestError):
         raise
     except Exception as exc:  # noqa: BLE001 - any failure to inject: serve the facts as text
@@ -55,26 +98,17 @@ def serve(engine: Engine, handle: MemoryHandle | None, messages: Messages | str,
         logger.warning("KV injection failed (%s: %s); answering with the facts as text",
                        type(exc).__name__, exc)
         counters["fallback_injection_error"] += 1
-        generation = _generate_existing(engine, handle, messages, sampling, "text", counters,
-                                        options)
-        return replace(generation, fallback="injection_error")
+        result, stale = _call_existing(engine, handle, "text", counters, layout, call)
+        return result, stale, "injection_error"
 
 
-@dataclass(frozen=True, slots=True)
-class Options:
-    """Per-request prompt options passed through to the engine."""
-
-    layout: Layout | None
-    tools: Sequence[Mapping[str, Any]] | None
-
-
-def _generate_existing(engine: Engine, handle: MemoryHandle, messages: Messages | str,
-                       sampling: Any, mode: str, counters: Counter[str], options: Options
-                       ) -> Generation:
-    """engine.generate, leaving out facts deleted after the handle was made."""
+def _call_existing(engine: Engine, handle: MemoryHandle, mode: str, counters: Counter[str],
+                   layout: Layout | None,
+                   call: Callable[[MemoryHandle | None, str, Layout | None], T]
+                   ) -> tuple[T, int]:
+    """call(), leaving out facts deleted after the handle was made; how many were left out."""
     try:
-        return engine.generate(handle, messages, sampling, mode=mode, layout=options.layout,
-                               tools=options.tools)
+        return call(handle, mode, layout), 0
     except FactNotFoundError:
         known = {f.fact_id for f in engine.get_facts(handle.user_id)}
         keep = [i for i, f in enumerate(handle.fact_ids) if f in known]
@@ -82,13 +116,9 @@ def _generate_existing(engine: Engine, handle: MemoryHandle, messages: Messages 
         counters["stale_facts"] += stale
         kept = MemoryHandle(handle.user_id, tuple(handle.fact_ids[i] for i in keep),
                             tuple(handle.scores[i] for i in keep) if handle.scores else ())
-        layout = options.layout
         if layout is not None and layout.repair_facts > len(keep):  # r was sized for the handle
             layout = dataclasses.replace(layout, repair_facts=len(keep))
-        generation = engine.generate(kept if keep else None, messages, sampling,
-                                     mode=mode if keep else "text", layout=layout,
-                                     tools=options.tools)
-        return replace(generation, num_stale_facts=stale)
+        return call(kept if keep else None, mode if keep else "text", layout), stale
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 from inferscale_engine.checks import check_text, check_user_id
@@ -22,7 +22,6 @@ from inferscale_engine.errors import (
     EngineClosedError,
     FactNotFoundError,
     InvalidFactError,
-    InvalidRequestError,
     SlabFullError,
 )
 from inferscale_engine.facts import Fact, FactId, MemoryHandle
@@ -34,11 +33,12 @@ from inferscale_engine.prompting.prompt import MemoryPrompt, PromptBuilder
 from inferscale_engine.prompting.tool_calls import ToolCall, parse_tool_calls
 from inferscale_engine.protocol.handoff import PlanHandoff
 from inferscale_engine.protocol.plan import InjectionPlan
+from inferscale_engine.runtime import read_path
 from inferscale_engine.runtime.generation import EngineStats, Generation, text_pieces
-from inferscale_engine.runtime.read_path import Messages, as_messages, collect, prepare_batch
+from inferscale_engine.runtime.read_path import Messages, as_messages, check_request, collect
 from inferscale_engine.runtime.residency import FactRecord
 from inferscale_engine.runtime.runner import Runner, VllmRunner, WorkerClient
-from inferscale_engine.runtime.shards import Shard, build_shards, rank_of
+from inferscale_engine.runtime.shards import Shard, build_shards, prepare_requests, rank_of
 from inferscale_engine.runtime.tiers import disk_fingerprint
 
 __all__ = ["Engine", "EngineStats", "Generation", "Messages"]
@@ -259,33 +259,8 @@ class Engine:
                       sampling: Any = None, mode: str = "kv", *, layout: Layout | None = None,
                       tools: Sequence[Mapping[str, Any]] | None = None) -> list[Generation]:
         """generate() for many requests in one vLLM batch: prepare, run, collect."""
-        from vllm import SamplingParams
-
-        if mode not in ("kv", "text"):
-            raise InvalidRequestError(f"mode must be 'kv' or 'text', got {mode!r}")
-        if layout is not None and not isinstance(layout, Layout):
-            raise InvalidRequestError(f"layout must be a Layout, got {type(layout).__name__}")
-        sampling = sampling or SamplingParams(max_tokens=64, temperature=0.0)
-        if not isinstance(sampling, SamplingParams):
-            raise InvalidRequestError("sampling must be a vllm.SamplingParams, got "
-                                      f"{type(sampling).__name__}")
         with self._lock:  # held through the run: vllm.LLM is not thread-safe
-            self._check_open()
-            shards = [self._shard_of(h) for h, _ in requests]
-            try:
-                resolved = [(shard.planner.resolve(h), as_messages(m))
-                            for shard, (h, m) in zip(shards, requests, strict=True)]
-                if layout is not None:  # an explicit r must fit every handle
-                    for records, _ in resolved:
-                        layout.check_handle_size(len(records))
-                pinned = {r.fact.fact_id for records, _ in resolved for r in records}
-                prepared = prepare_batch([s.planner for s in shards], [
-                    (handle, records, messages) for (handle, _), (records, messages) in zip(
-                        requests, resolved, strict=True)], sampling, mode, pinned,
-                    layout or self.config.layout, tools)
-            finally:
-                for shard in self._shards:
-                    shard.preambles.end_batch()
+            prepared, shards = self._prepare(requests, sampling, mode, layout, tools)
             start = time.perf_counter()
             try:
                 outputs = self._runner.run([p.prompt for p in prepared],
@@ -295,6 +270,30 @@ class Engine:
                 PlanHandoff.discard(p.ref for p in prepared if p.ref)
             latency_ms = (time.perf_counter() - start) * 1e3
             return collect(prepared, outputs, latency_ms, self.counters)
+
+    def stream(self, handle: MemoryHandle | None, messages: Messages | str,
+               sampling: Any = None, mode: str = "kv", *, layout: Layout | None = None,
+               tools: Sequence[Mapping[str, Any]] | None = None
+               ) -> Generator[Generation, None, None]:
+        """generate() streamed: the answer so far after each step; the last is finished."""
+        with self._lock:
+            prepared, shards = self._prepare([(handle, messages)], sampling, mode, layout, tools)
+            try:
+                yield from read_path.stream_collect(prepared[0], self._runner.stream(
+                    prepared[0].prompt, prepared[0].params, shards[0].rank), self.counters)
+            finally:
+                PlanHandoff.discard(p.ref for p in prepared if p.ref)
+
+    def _prepare(self, requests: Sequence[tuple[MemoryHandle | None, Messages | str]],
+                 sampling: Any, mode: str, layout: Layout | None,
+                 tools: Sequence[Mapping[str, Any]] | None
+                 ) -> tuple[list[Any], list[Shard]]:
+        """Plans and prompts of a batch (under the lock), with the shard of each request."""
+        sampling = check_request(mode, layout, sampling)
+        self._check_open()
+        shards = [self._shard_of(h) for h, _ in requests]
+        return prepare_requests(shards, self._shards, requests, sampling, mode, layout,
+                                self.config.layout, tools), shards
 
     def render_prompt(self, handle: MemoryHandle | None, messages: Messages | str, *,
                       layout: Layout | None = None,

@@ -48,6 +48,8 @@ class Generation:
     """vLLM's engine-core clock (time.monotonic(), seconds; one clock for every process of a
     host) when the request was queued, first scheduled, produced its first token and its last
     one (needs disable_log_stats=False; None otherwise)."""
+    finished: bool = True
+    """False for the partial answers a stream yields before its last."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +109,8 @@ def from_output(out: Any, mode: str, num_prompt_tokens: int, latency_ms: float) 
                       num_prompt_tokens, injected, int(out.num_cached_tokens or 0), status,
                       latency_ms, first_token_s * 1e3 if first_token_s else None,
                       engine_times=(queued, scheduled, first_token, last_token)
-                      if queued and scheduled and first_token and last_token else None)
+                      if queued and scheduled and first_token and last_token else None,
+                      finished=bool(getattr(out, "finished", True)))
 
 
 def text_pieces(tokenizer: Any, generation: Generation) -> list[str]:

@@ -9,8 +9,9 @@ and collect() turns vLLM's outputs into Generations, counting fallbacks.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter, is_
 from typing import Any, cast
@@ -293,6 +294,30 @@ def collect(prepared: list[PreparedRequest], outputs: list[Any], latency_ms: flo
                                num_repaired_facts=request.num_repaired_facts,
                                num_repaired_tokens=request.num_repaired_tokens))
     return results
+
+
+def stream_collect(request: PreparedRequest, outputs: Iterable[Any], counters: Counter[str]
+                   ) -> Iterator[Generation]:
+    """A Generation per RequestOutput of one streamed request; only the finished one counts."""
+    start = time.perf_counter()
+    for out in outputs:
+        latency_ms = (time.perf_counter() - start) * 1e3
+        yield collect([request], [out], latency_ms, counters if out.finished else Counter())[0]
+
+
+def check_request(mode: str, layout: object, sampling: Any) -> Any:
+    """The request's SamplingParams (default: greedy, 64 tokens), its mode and layout checked."""
+    from vllm import SamplingParams
+
+    if mode not in ("kv", "text"):
+        raise InvalidRequestError(f"mode must be 'kv' or 'text', got {mode!r}")
+    if layout is not None and not isinstance(layout, Layout):
+        raise InvalidRequestError(f"layout must be a Layout, got {type(layout).__name__}")
+    sampling = sampling or SamplingParams(max_tokens=64, temperature=0.0)
+    if not isinstance(sampling, SamplingParams):
+        raise InvalidRequestError("sampling must be a vllm.SamplingParams, got "
+                                  f"{type(sampling).__name__}")
+    return sampling
 
 
 def as_messages(messages: Messages | str) -> Messages:

@@ -15,7 +15,7 @@ import gc
 import logging
 import os
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from inferscale_engine.config import ConnectorConfig, EngineConfig
@@ -101,6 +101,13 @@ class Runner(Protocol):
         """
         ...
 
+    def stream(self, prompt: Any, params: Any, rank: int = 0) -> Iterator[Any]:
+        """One request's cumulative RequestOutputs as vLLM produces them (the last finished).
+
+        Closing the iterator early aborts the request.
+        """
+        ...
+
     def workers_for(self, rank: int) -> WorkerClient:
         """Control calls on the workers of one data-parallel engine."""
         ...
@@ -144,6 +151,24 @@ class VllmRunner:
             self._abort_all()
             raise
 
+    def stream(self, prompt: Any, params: Any, rank: int = 0) -> Iterator[Any]:
+        """One request stepped through vllm.LLM's engine, its outputs as they come."""
+        if rank:
+            raise ValueError("an embedded engine has only data-parallel rank 0")
+        engine = self.llm.llm_engine
+        request_id = f"inferscale-stream-{uuid.uuid4().hex}"  # outputs carry this id
+        engine.add_request(request_id, prompt, _cumulative(params))
+        finished = False
+        try:
+            while not finished and engine.has_unfinished_requests():
+                for output in engine.step():
+                    if output.request_id == request_id:
+                        finished = output.finished
+                        yield output
+        finally:
+            if not finished:  # failed, or closed early: abort it, keep serving
+                self._abort_all()
+
     def _abort_all(self) -> None:
         """Abort every request the engine still tracks, then drain it.
 
@@ -170,6 +195,15 @@ class VllmRunner:
             shutdown()
         del self.llm, engine
         _release_vllm_process_state()
+
+
+def _cumulative(params: Any) -> Any:
+    """A copy of SamplingParams whose outputs carry everything so far, at every step."""
+    from vllm.sampling_params import RequestOutputKind
+
+    copy = params.clone()
+    copy.output_kind = RequestOutputKind.CUMULATIVE
+    return copy
 
 
 def _release_vllm_process_state() -> None:
@@ -295,6 +329,21 @@ class AsyncRunner:
                                               data_parallel_rank=rank):
             final = output
         return final
+
+    def stream(self, prompt: Any, params: Any, rank: int = 0) -> Iterator[Any]:
+        """One request on the AsyncLLM, each output handed to this thread as it comes."""
+        outputs = self.llm.generate(prompt, _cumulative(params),
+                                    f"inferscale-{uuid.uuid4().hex}",
+                                    data_parallel_rank=rank if len(self._engines) > 1 else None)
+        try:
+            while True:
+                try:
+                    output = self._wait(outputs.__anext__())
+                except StopAsyncIteration:
+                    return
+                yield output
+        finally:  # closed early: closing the generator aborts the request in vLLM
+            self._wait(outputs.aclose())
 
     def _wait(self, awaitable: Any) -> Any:
         try:

@@ -15,16 +15,23 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from inferscale_engine.config import ConnectorConfig, EngineConfig
-from inferscale_engine.facts import FactId
+from inferscale_engine.facts import FactId, MemoryHandle
+from inferscale_engine.prompting.layout import Layout
 from inferscale_engine.prompting.prompt import PromptBuilder
 from inferscale_engine.protocol.handoff import PlanHandoff
 from inferscale_engine.runtime.preambles import PreambleCache
-from inferscale_engine.runtime.read_path import RequestPlanner
+from inferscale_engine.runtime.read_path import (
+    Messages,
+    PreparedRequest,
+    RequestPlanner,
+    as_messages,
+    prepare_batch,
+)
 from inferscale_engine.runtime.residency import FactRecord, Residency, SlabAllocator
 from inferscale_engine.runtime.runner import Runner, WorkerClient
 from inferscale_engine.runtime.tiers import HostResidency
@@ -56,6 +63,12 @@ class RankRunner:
         if ranks is not None and any(r != self.rank for r in ranks):
             raise ValueError(f"rank {self.rank}'s runner was asked to run on ranks {set(ranks)}")
         return self._runner.run(prompts, params, use_tqdm, ranks=[self.rank] * len(prompts))
+
+    def stream(self, prompt: Any, params: Any, rank: int = 0) -> Iterator[Any]:
+        """Stream on this rank (`rank` is this runner's own)."""
+        if rank != self.rank:
+            raise ValueError(f"rank {self.rank}'s runner was asked to stream on rank {rank}")
+        return self._runner.stream(prompt, params, self.rank)
 
     def workers_for(self, rank: int) -> WorkerClient:
         if rank != self.rank:
@@ -106,3 +119,24 @@ def build_shards(config: EngineConfig, connector: ConnectorConfig, runner: Runne
         shard.preambles.key(prompts.preamble())
         shard.preambles.end_batch()
     return shards
+
+
+def prepare_requests(shards: Sequence[Shard], all_shards: Sequence[Shard],
+                     requests: Sequence[tuple[MemoryHandle | None, Messages | str]],
+                     sampling: Any, mode: str, layout: Layout | None, default_layout: Layout,
+                     tools: Sequence[Mapping[str, Any]] | None) -> list[PreparedRequest]:
+    """Plans and prompts of a batch, each request through its shard (`shards`, in order)."""
+    try:
+        resolved = [(shard.planner.resolve(h), as_messages(m))
+                    for shard, (h, m) in zip(shards, requests, strict=True)]
+        if layout is not None:  # an explicit r must fit every handle
+            for records, _ in resolved:
+                layout.check_handle_size(len(records))
+        pinned = {r.fact.fact_id for records, _ in resolved for r in records}
+        return prepare_batch([s.planner for s in shards], [
+            (handle, records, messages) for (handle, _), (records, messages) in zip(
+                requests, resolved, strict=True)], sampling, mode, pinned,
+            layout or default_layout, tools)
+    finally:
+        for shard in all_shards:
+            shard.preambles.end_batch()
