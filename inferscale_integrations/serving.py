@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,17 +160,7 @@ def answer_chat(memory_name: str, turns: Sequence[ChatTurn], options: CallOption
         HandleError: the handles name another user (or several users).
         InvalidRequestError: the chat is empty or too long even as text.
     """
-    memory = get_memory(memory_name)
-    chat = prepare_chat(turns, options.handles, user_id)
-    if not chat.messages:
-        raise InvalidRequestError("nothing to answer: the messages held only memory handles; "
-                                  "add the user's question")
-    counters.add("requests")
-    if chat.num_unknown_markers:
-        counters.add("unknown_markers", chat.num_unknown_markers)
-        logger.warning("%d memory marker(s) name handles this process does not know (made in "
-                       "another process, or dropped from the recent-handle registry); pass "
-                       "the handle in additional_kwargs or kv_handles=", chat.num_unknown_markers)
+    memory, chat = _open_chat(memory_name, turns, options, user_id, counters)
     if options.tools:
         chat.messages = with_tool_choice(chat.messages, options.tool_choice)
     generation = memory.answer(messages=chat.messages, handle=chat.handle,
@@ -185,6 +175,48 @@ def answer_chat(memory_name: str, turns: Sequence[ChatTurn], options: CallOption
     pieces = (memory.text_pieces(generation) if content == generation.text
               else [content] if content else [])
     return ChatAnswer(generation, content, calls, pieces)
+
+
+def stream_chat(memory_name: str, turns: Sequence[ChatTurn], options: CallOptions,
+                user_id: str | None, counters: ServeCounters
+                ) -> Iterator[tuple[str, Generation]]:
+    """answer_chat() for a call without tools, as vLLM produces the answer.
+
+    Yields (new text, the Generation so far) per engine step; the last Generation is finished
+    and counted.
+    """
+    if options.tools:
+        raise InvalidRequestError("stream_chat serves calls without tools (tool calls are read "
+                                  "from the whole answer): use answer_chat")
+    memory, chat = _open_chat(memory_name, turns, options, user_id, counters)
+    sent = ""
+    last: Generation | None = None
+    for generation in memory.answer_stream(messages=chat.messages, handle=chat.handle,
+                                           sampling=options.sampling, mode=options.mode):
+        delta = ""
+        if generation.text.startswith(sent):  # detokenized text only grows
+            delta, sent = generation.text[len(sent):], generation.text
+        last = generation
+        yield delta, generation
+    assert last is not None
+    _count(counters, last, chat.handle, options.mode)
+
+
+def _open_chat(memory_name: str, turns: Sequence[ChatTurn], options: CallOptions,
+               user_id: str | None, counters: ServeCounters) -> tuple[Any, Any]:
+    """The Memory and the chat ready for it (handles collected, markers stripped)."""
+    memory = get_memory(memory_name)
+    chat = prepare_chat(turns, options.handles, user_id)
+    if not chat.messages:
+        raise InvalidRequestError("nothing to answer: the messages held only memory handles; "
+                                  "add the user's question")
+    counters.add("requests")
+    if chat.num_unknown_markers:
+        counters.add("unknown_markers", chat.num_unknown_markers)
+        logger.warning("%d memory marker(s) name handles this process does not know (made in "
+                       "another process, or dropped from the recent-handle registry); pass "
+                       "the handle in additional_kwargs or kv_handles=", chat.num_unknown_markers)
+    return memory, chat
 
 
 def _count(counters: ServeCounters, generation: Generation, handle: MemoryHandle | None,

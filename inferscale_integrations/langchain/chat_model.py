@@ -4,8 +4,9 @@ Memory handles reach it three ways: ``kv_handles=`` in the call (bind, LLMChain'
 create_agent's model_settings), a handle message's additional_kwargs (MessagesPlaceholder), and
 a marker in any message's text (string templates). They are merged, checked to belong to one
 user, and the facts are injected as KV; when injection is impossible the same facts are sent as
-text and `counters` records it. Streaming replays the finished answer token by token: vLLM's
-offline engine returns whole answers, so chunks arrive together at the end.
+text and `counters` records it. Streaming (stream / astream) yields text as the engine
+produces it; a call with tools is answered whole and replayed (its tool calls are read from
+the whole text).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from inferscale_engine.errors import InvalidRequestError
+from inferscale_engine.memory.aio import iterate_in_thread
 from inferscale_integrations.handles import HANDLES_KEY, ChatTurn
 from inferscale_integrations.langchain.memory import LangChainSerializable, message_role
 from inferscale_integrations.registry import DEFAULT_NAME
@@ -36,6 +38,7 @@ from inferscale_integrations.serving import (
     answer_chat,
     call_options,
     model_label,
+    stream_chat,
 )
 from inferscale_integrations.tools import format_tool_call
 
@@ -165,8 +168,7 @@ class ChatInferScale(LangChainSerializable, BaseChatModel):
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None,
                 **kwargs: Any) -> Iterator[ChatGenerationChunk]:
-        answer, message = self._answer(messages, stop, kwargs)
-        for chunk in self._chunks(answer, message):
+        for chunk in self._stream_chunks(messages, stop, kwargs):
             if run_manager and chunk.text:
                 run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
@@ -174,20 +176,36 @@ class ChatInferScale(LangChainSerializable, BaseChatModel):
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
-        answer, message = await asyncio.to_thread(self._answer, messages, stop, kwargs)
-        for chunk in self._chunks(answer, message):
+        async for chunk in iterate_in_thread(
+                lambda: self._stream_chunks(messages, stop, kwargs)):
             if run_manager and chunk.text:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
+
+    def _stream_chunks(self, messages: list[BaseMessage], stop: list[str] | None,
+                       kwargs: dict[str, Any]) -> Iterator[ChatGenerationChunk]:
+        """Chunks as the engine produces them; with tools, the whole answer replayed."""
+        if kwargs.get("tools"):
+            yield from self._chunks(*self._answer(messages, stop, kwargs))
+            return
+        self._check_model(kwargs)
+        options = call_options(self, kwargs, stop, _IGNORED_KWARGS)
+        last = None
+        for delta, generation in stream_chat(self.memory_name, [_turn(m) for m in messages],
+                                             options, self.user_id, self._counters):
+            last = generation
+            if delta:
+                yield ChatGenerationChunk(message=AIMessageChunk(content=delta))
+        assert last is not None
+        yield ChatGenerationChunk(message=AIMessageChunk(
+            content="", chunk_position="last", usage_metadata=_usage(last),
+            response_metadata=self._metadata(last)))
 
     # ---- internals ---------------------------------------------------------------------
     def _answer(self, messages: list[BaseMessage], stop: list[str] | None,
                 kwargs: dict[str, Any]) -> tuple[ChatAnswer, AIMessage]:
         """Run one request; the AIMessage has usage, tool calls and how it was served."""
-        model = kwargs.pop("model", None)
-        if model is not None and model != self._model_label():
-            raise InvalidRequestError(f"model={model!r}: this engine serves only "
-                                      f"{self._model_label()!r}; build an Engine per model")
+        self._check_model(kwargs)
         options = call_options(self, kwargs, stop, _IGNORED_KWARGS)
         answer = answer_chat(self.memory_name, [_turn(m) for m in messages], options,
                              self.user_id, self._counters, self.tool_parser)
@@ -198,6 +216,12 @@ class ChatInferScale(LangChainSerializable, BaseChatModel):
             usage_metadata=_usage(answer.generation),
             response_metadata=self._metadata(answer.generation))
         return answer, message
+
+    def _check_model(self, kwargs: dict[str, Any]) -> None:
+        model = kwargs.pop("model", None)
+        if model is not None and model != self._model_label():
+            raise InvalidRequestError(f"model={model!r}: this engine serves only "
+                                      f"{self._model_label()!r}; build an Engine per model")
 
     def _chunks(self, answer: ChatAnswer, message: AIMessage) -> Iterator[ChatGenerationChunk]:
         for piece in answer.pieces:

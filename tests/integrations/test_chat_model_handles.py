@@ -100,13 +100,26 @@ def test_options_are_checked(handle):
         llm.invoke([HumanMessage(marker, additional_kwargs=extra)])
 
 
-def test_stream_replays_the_answer_with_usage_on_the_last_chunk(handle):
-    llm = ChatInferScale(max_tokens=6)
+def test_stream_yields_as_the_engine_produces_with_usage_on_the_last_chunk(handle):
+    import asyncio
+    import time
+
+    llm = ChatInferScale(max_tokens=12)
     whole = llm.invoke(QUESTIONS[1], kv_handles=[handle])
-    chunks = list(llm.stream(QUESTIONS[1], kv_handles=[handle]))
+    stamps, chunks = [], []
+    for chunk in llm.stream(QUESTIONS[1], kv_handles=[handle]):
+        stamps.append(time.perf_counter())
+        chunks.append(chunk)
     assert "".join(c.content for c in chunks) == whole.content
-    assert chunks[-1].chunk_position == "last" and chunks[-1].usage_metadata["output_tokens"] == 6
+    assert sum(1 for c in chunks if c.content) >= 3 and stamps[0] < stamps[-1]
+    assert chunks[-1].chunk_position == "last" and chunks[-1].usage_metadata["output_tokens"] == 12
     assert sum(1 for c in chunks if c.usage_metadata) == 1
+    assert llm.counters["injected"] == 2  # the invoke and the stream, each counted once
+
+    async def collect():
+        return [c async for c in llm.astream(QUESTIONS[1], kv_handles=[handle])]
+
+    assert "".join(c.content for c in asyncio.run(collect())) == whole.content
 
 
 def test_tool_calls_are_parsed_from_the_answer(handle, engine, monkeypatch, sent):
