@@ -3,8 +3,8 @@
 Handles arrive in message additional_kwargs (chat engines, agents), as markers in text (the
 condense prompt of CondensePlusContextChatEngine, complete()), or as ``kv_handles=`` in the
 call. Async methods run the engine in a worker thread and never block the event loop.
-Streaming replays the finished answer token by token (vLLM's offline engine returns whole
-answers).
+Streaming yields text as the engine produces it; a call with tools is answered whole and
+replayed (its tool calls are read from the whole text).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
+from inferscale_engine.memory.aio import iterate_in_thread
 from inferscale_integrations.handles import HANDLES_KEY, ChatTurn
 from inferscale_integrations.llamaindex.memory import message_role
 from inferscale_integrations.registry import DEFAULT_NAME, MemoryNotRegisteredError, get_memory
@@ -38,6 +39,7 @@ from inferscale_integrations.serving import (
     answer_chat,
     call_options,
     model_label,
+    stream_chat,
 )
 from inferscale_integrations.tools import format_tool_call
 
@@ -122,8 +124,7 @@ class InferScaleLLM(FunctionCallingLLM):
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        answer, message = self._answer(messages, kwargs)
-        return self._stream(answer, message)
+        return self._live(messages, kwargs)
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
@@ -132,13 +133,11 @@ class InferScaleLLM(FunctionCallingLLM):
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage],
                            **kwargs: Any) -> ChatResponseAsyncGen:
-        answer, message = await asyncio.to_thread(self._answer, messages, kwargs)
-
-        async def replay() -> ChatResponseAsyncGen:
-            for response in self._stream(answer, message):
+        async def live() -> ChatResponseAsyncGen:
+            async for response in iterate_in_thread(lambda: self._live(messages, kwargs)):
                 yield response
 
-        return replay()
+        return live()
 
     # ---- completion (the prompt is one user message) -----------------------------------
     @llm_completion_callback()
@@ -149,8 +148,7 @@ class InferScaleLLM(FunctionCallingLLM):
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any
                         ) -> CompletionResponseGen:
-        answer, message = self._answer(_as_chat(prompt), kwargs)
-        return (_completion(r) for r in self._stream(answer, message))
+        return (_completion(r) for r in self._live(_as_chat(prompt), kwargs))
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any
@@ -161,13 +159,12 @@ class InferScaleLLM(FunctionCallingLLM):
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any
                                ) -> CompletionResponseAsyncGen:
-        answer, message = await asyncio.to_thread(self._answer, _as_chat(prompt), kwargs)
-
-        async def replay() -> CompletionResponseAsyncGen:
-            for response in self._stream(answer, message):
+        async def live() -> CompletionResponseAsyncGen:
+            async for response in iterate_in_thread(lambda: self._live(_as_chat(prompt),
+                                                                       kwargs)):
                 yield _completion(response)
 
-        return replay()
+        return live()
 
     # ---- function calling --------------------------------------------------------------
     def _prepare_chat_with_tools(self, tools: Sequence[Any],
@@ -213,6 +210,24 @@ class InferScaleLLM(FunctionCallingLLM):
     def _response(self, answer: ChatAnswer, message: ChatMessage) -> ChatResponse:
         return ChatResponse(message=message, raw=_raw(answer.generation),
                             additional_kwargs=_usage(answer.generation))
+
+    def _live(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
+              ) -> ChatResponseGen:
+        """Responses as the engine produces the answer; with tools, the whole answer replayed."""
+        if kwargs.get("tools"):
+            yield from self._stream(*self._answer(messages, kwargs))
+            return
+        options = call_options(self, kwargs, None, _IGNORED_KWARGS)
+        turns = [_turn(m) for m in self._extend_messages(list(messages))]
+        text = ""
+        for delta, generation in stream_chat(self.memory_name, turns, options, self.user_id,
+                                             self._counters):
+            text += delta
+            if delta or generation.finished:
+                yield ChatResponse(
+                    message=ChatMessage(role=MessageRole.ASSISTANT, content=text), delta=delta,
+                    raw=_raw(generation) if generation.finished else None,
+                    additional_kwargs=_usage(generation) if generation.finished else {})
 
     def _stream(self, answer: ChatAnswer, message: ChatMessage) -> ChatResponseGen:
         generation = answer.generation

@@ -94,7 +94,7 @@ class InjectionProbe:
 
 @pytest.fixture()
 def sent(engine, monkeypatch) -> list[tuple]:
-    """Every engine.generate call of the test, as (handle, messages, mode)."""
+    """Every engine.generate and engine.stream call of the test, as (handle, messages, mode)."""
     calls: list[tuple] = []
     real = engine.generate
 
@@ -102,7 +102,14 @@ def sent(engine, monkeypatch) -> list[tuple]:
         calls.append((handle, list(messages), mode))
         return real(handle, messages, sampling, mode, **options)
 
+    real_stream = engine.stream
+
+    def recording_stream(handle, messages, sampling=None, mode="kv", **options):
+        calls.append((handle, list(messages), mode))
+        return real_stream(handle, messages, sampling, mode, **options)
+
     monkeypatch.setattr(engine, "generate", recording)
+    monkeypatch.setattr(engine, "stream", recording_stream)
     return calls
 
 
