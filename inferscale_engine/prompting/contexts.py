@@ -93,6 +93,13 @@ def run_contexts(earlier: Sequence[str], texts: Sequence[str], lengths: Sequence
     return out
 
 
+def context_texts(contexts: Iterable[object]) -> list[str]:
+    """The distinct texts context_tokens() encodes for these contexts, to encode in a batch."""
+    texts = (c if isinstance(c, str) else c.lead if isinstance(c, RunContext) else None
+             for c in contexts)
+    return list(dict.fromkeys(t for t in texts if t))
+
+
 def context_tokens(context: object, window: int, encode: Callable[[str], Sequence[int]],
                    fact_ids: Callable[[str], Sequence[int]], *, limit: int) -> tuple[int, ...]:
     """The token ids a fact is encoded after.

@@ -9,7 +9,7 @@ ids of a stored fact are exactly the ids in the prompt, in KV mode and in text m
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +95,22 @@ class PromptBuilder:
             except Exception:  # the tokenizer's own call decides below
                 pass
         return tuple(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def batch_encoder(self, texts: Sequence[str]) -> Callable[[str], tuple[int, ...]]:
+        """encode(), with `texts` encoded up front in one batch (the Rust backend's threads).
+
+        The returned function looks them up, and encodes any other text as encode() does.
+        """
+        backend = self._backend
+        done: dict[str, tuple[int, ...]] = {}
+        if texts and backend is not None and backend.truncation is None and (
+                backend.padding is None):
+            try:
+                batch = backend.encode_batch(list(texts), add_special_tokens=False)
+                done = {t: tuple(e.ids) for t, e in zip(texts, batch, strict=True)}
+            except Exception:  # encode() decides per text below
+                done = {}
+        return lambda text: done[text] if text in done else self.encode(text)
 
     def fact_ids(self, text: str) -> tuple[int, ...]:
         """Token ids of one fact as it appears in the memory block."""

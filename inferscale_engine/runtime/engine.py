@@ -27,7 +27,7 @@ from inferscale_engine.errors import (
 from inferscale_engine.facts import Fact, FactId, MemoryHandle
 from inferscale_engine.model.calibration import Calibration, key_scale_tuple, model_fingerprint
 from inferscale_engine.model.check import check_model, connector_config, load_tokenizer
-from inferscale_engine.prompting.contexts import Context, context_tokens
+from inferscale_engine.prompting.contexts import Context, context_texts, context_tokens
 from inferscale_engine.prompting.layout import Layout
 from inferscale_engine.prompting.prompt import MemoryPrompt, PromptBuilder
 from inferscale_engine.prompting.tool_calls import ToolCall, parse_tool_calls
@@ -162,10 +162,10 @@ class Engine:
                                                                       self._num_layers)
         known = {f.text: tuple(f.token_ids) for f in facts}  # a run's facts, tokenized once
         (user_id,) = users or {""}  # one user, its id normalized
-        records = [FactRecord(Fact(f.fact_id, user_id, f.text,
-                                   tuple(f.token_ids)), self._context_tokens(c, window, known),
-                              key_scale=scale)
-                   for f, c in zip(facts, contexts, strict=True)]
+        records = [FactRecord(Fact(f.fact_id, user_id, f.text, tuple(f.token_ids)), ids,
+                              key_scale=scale) for f, ids in zip(
+                                  facts, self._context_tokens(contexts, window, known),
+                                  strict=True)]
         with self._lock:
             self._check_open()
             if clash := [r.fact.fact_id for r in records if r.fact.fact_id in self._facts]:
@@ -225,11 +225,12 @@ class Engine:
                                    "(EngineConfig.context_window_tokens)")
         return window
 
-    def _context_tokens(self, context: object, window: int,
-                        known: Mapping[str, tuple[int, ...]]) -> tuple[int, ...]:
-        return context_tokens(context, window, self.prompts.encode,
-                              lambda text: known.get(text) or self.prompts.fact_ids(text),
-                              limit=window + self.config.context_run_tokens)
+    def _context_tokens(self, contexts: Sequence[Context], window: int,
+                        known: Mapping[str, tuple[int, ...]]) -> list[tuple[int, ...]]:
+        encode = self.prompts.batch_encoder(context_texts(contexts))  # one batch: a restart
+        return [context_tokens(c, window, encode, lambda text: known.get(text) or  # registers
+                               self.prompts.fact_ids(text),  # every stored fact's context
+                               limit=window + self.config.context_run_tokens) for c in contexts]
 
     # ---- read path ---------------------------------------------------------------------
     def generate(self, handle: MemoryHandle | None, messages: Messages | str,

@@ -81,3 +81,20 @@ def test_text_the_backend_refuses_gets_the_tokenizers_answer(tokenizer):
     except Exception as exc:  # noqa: BLE001
         got = type(exc)
     assert got == expected
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.text(max_size=80), max_size=8), st.text(max_size=40))
+def test_the_batch_encoder_equals_encode(tokenizer, texts, other):
+    builder = PromptBuilder(tokenizer, "You are helpful.", "Memory:\n")
+    encode = builder.batch_encoder(list(dict.fromkeys(texts)))
+    for text in [*texts, other]:  # batched texts are looked up, any other encoded alone
+        assert encode(text) == builder.encode(text)
+
+
+def test_context_texts_are_the_distinct_texts_and_leads():
+    from inferscale_engine.prompting.contexts import RunContext, context_texts
+
+    contexts = ["a", None, RunContext("lead", ("x",)), RunContext(None, ("y",)), "a", ""]
+    assert context_texts(contexts) == ["a", "lead"]
