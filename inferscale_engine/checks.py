@@ -107,14 +107,15 @@ def check_user_id(user_id: object, error: type[Exception] = InvalidUserIdError) 
     return unicodedata.normalize("NFC", user_id)
 
 
-def check_session(session_id: object) -> str | None:
-    """None or a session id with a visible character."""
+def check_session(session_id: object, what: str = "session_id",
+                  error: type[Exception] = InvalidTurnError) -> str | None:
+    """None or a session (agent, run) id with a visible character, at most 256 characters."""
     if session_id is None:
         return None
-    check_text(session_id, "session_id", InvalidTurnError)
+    check_text(session_id, what, error)
     if len(str(session_id)) > MAX_USER_ID_CHARS:
-        raise InvalidTurnError(f"session_id has {len(str(session_id))} characters; at most "
-                               f"{MAX_USER_ID_CHARS}")
+        raise error(f"{what} has {len(str(session_id))} characters; at most "
+                    f"{MAX_USER_ID_CHARS}")
     return str(session_id)
 
 

@@ -42,10 +42,28 @@ def context_metadata(context: Context) -> dict[str, Any]:
 
 def with_context(metadata: dict[str, Any] | None, old: Mapping[str, Any]
                  ) -> dict[str, Any] | None:
-    """An updated fact's new metadata (None: unchanged), keeping what it was encoded after."""
-    if metadata is None or CONTEXT_KEY not in old:
-        return metadata
-    return {**metadata, CONTEXT_KEY: old[CONTEXT_KEY]}
+    """An updated fact's new metadata (None: unchanged), keeping its reserved keys."""
+    if metadata is None:
+        return None
+    return {**metadata, **{k: v for k, v in old.items() if k.startswith("inferscale.")}}
+
+
+AGENT_KEY, RUN_KEY = "inferscale.agent_id", "inferscale.run_id"
+"""Metadata keys of the agent and run scopes (mem0's agent_id / run_id) a fact was added in."""
+
+
+def scoped(metadata: dict[str, Any] | None, agent_id: str | None, run_id: str | None
+           ) -> dict[str, Any] | None:
+    """Metadata with the fact's agent and run scopes (checked ids) added."""
+    scope = {key: value for key, value in ((AGENT_KEY, agent_id), (RUN_KEY, run_id))
+             if value is not None}
+    return {**(metadata or {}), **scope} if scope else metadata
+
+
+def in_scope(metadata: Mapping[str, Any], agent_id: str | None, run_id: str | None) -> bool:
+    """Whether a fact was added in this agent and run (None: any)."""
+    return ((agent_id is None or metadata.get(AGENT_KEY) == agent_id)
+            and (run_id is None or metadata.get(RUN_KEY) == run_id))
 
 
 def stored_context(metadata: Mapping[str, Any]) -> Context:
@@ -231,6 +249,6 @@ def store_facts(store: FactStore, user_id: str, session_id: str | None,
     return store.get(user_id=user_id, fact_ids=ids) if ids else []
 
 
-def public_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+def public_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
     """Metadata without InferScale's reserved keys."""
     return {k: v for k, v in metadata.items() if not k.startswith("inferscale.")}

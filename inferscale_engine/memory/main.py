@@ -39,6 +39,7 @@ from inferscale_engine.memory.config import (
 )
 from inferscale_engine.memory.embedder import Embedder
 from inferscale_engine.memory.gate import InteractiveGate, interactive_call
+from inferscale_engine.memory.history import HistoryEvent
 from inferscale_engine.memory.records import StoredFact, Turn
 from inferscale_engine.memory.retrieval import RetrievalIndex
 from inferscale_engine.memory.served import ServedFacts
@@ -140,12 +141,13 @@ class Memory(MemoryServing, AsyncVerbs):
     # ---- write verbs -------------------------------------------------------------------
     def add(self, *, user_id: str, texts: Sequence[str] | None = None,
             messages: Sequence[Mapping[str, str]] | None = None, session_id: str | None = None,
-            metadata: Mapping[str, Any] | None = None, dedupe: bool = True
-            ) -> list[AddResult]:
+            metadata: Mapping[str, Any] | None = None, dedupe: bool = True,
+            agent_id: str | None = None, run_id: str | None = None) -> list[AddResult]:
         """Remember facts, or a conversation's turns; one result per fact, in order.
 
         dedupe=False stores every fact, also one that repeats a stored fact (stores keyed by
-        something other than the text, such as LangGraph's).
+        something other than the text, such as LangGraph's). agent_id and run_id (mem0's
+        scopes) tag the facts; search, records and delete_all can then narrow to them.
 
         With `messages`, every turn is recorded in the session and the content of each user or
         assistant turn becomes a fact encoded after the session's turns before it (their last W
@@ -157,7 +159,7 @@ class Memory(MemoryServing, AsyncVerbs):
         """
         user_id = checks.check_user_id(user_id)
         session_id = checks.check_session(session_id)
-        metadata = checks.check_metadata(metadata)
+        metadata = ingest.scoped(checks.check_metadata(metadata), *_scopes(agent_id, run_id))
         if (texts is None) == (messages is None):
             raise InvalidRequestError("pass exactly one of texts=[...] (facts) or messages=[...] "
                                       "(conversation turns)")
@@ -249,27 +251,29 @@ class Memory(MemoryServing, AsyncVerbs):
     # ---- read verbs --------------------------------------------------------------------
     @interactive_call
     def search(self, *, user_id: str, query: str, k: int = 5,
-               filter: Mapping[str, Any] | None = None) -> SearchResult:
+               filter: Mapping[str, Any] | None = None, agent_id: str | None = None,
+               run_id: str | None = None) -> SearchResult:
         """The user's k facts most similar to `query` (cosine), best first, and their handle.
 
-        With `filter` (memory/filters.py), only facts whose metadata match it. A user with no
-        facts gets an empty result.
+        With `filter` (memory/filters.py), only facts whose metadata match it; with agent_id /
+        run_id, only facts added in them. A user with no facts gets an empty result.
         """
         user_id = checks.check_user_id(user_id)
         query = checks.check_text(query, "query", InvalidRequestError)
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise InvalidRequestError(f"k={k!r} must be an int >= 0 (facts to retrieve)")
         wanted = filters.check_filter(filter)
+        scope = _scopes(agent_id, run_id)
+        narrow = wanted is not None or scope != (None, None)
         vector = self._embed([query])[0]
         with self._lock:
             self._check_open()
-            ranked = self._index.search(user_id=user_id, query_embedding=vector, k=k if wanted
-                                        is None else self._index.count(user_id=user_id))
-            if wanted is not None:  # rank all, then keep the first k that match
+            ranked = self._index.search(user_id=user_id, query_embedding=vector, k=k if not
+                                        narrow else self._index.count(user_id=user_id))
+            if narrow:  # rank all, then keep the first k that match
                 stored = self._store.get(user_id=user_id, fact_ids=[f for f, _ in ranked])
                 ranked = [hit for hit, record in zip(ranked, stored, strict=True)
-                          if filters.matches(ingest.public_metadata(record.metadata),
-                                             wanted)][:k]
+                          if _selected(record.metadata, wanted, scope)][:k]
             hits = tuple((self._served[fact_id], score) for fact_id, score in ranked)
         assert all(fact.user_id == user_id for fact, _ in hits), "the index crossed users"
         return SearchResult(hits, MemoryHandle(user_id, tuple(f.fact_id for f, _ in hits),
@@ -295,19 +299,46 @@ class Memory(MemoryServing, AsyncVerbs):
             self._check_open()
             return [f.to_fact() for f in self._store.get_all(user_id=user_id)]
 
-    def records(self, *, user_id: str, filter: Mapping[str, Any] | None = None
-                ) -> list[StoredFact]:
+    def records(self, *, user_id: str, filter: Mapping[str, Any] | None = None,
+                agent_id: str | None = None, run_id: str | None = None) -> list[StoredFact]:
         """The user's facts as stored (text, metadata, timestamps), oldest first.
 
-        With `filter` (memory/filters.py), those whose metadata match it.
+        With `filter` (memory/filters.py), those whose metadata match it; with agent_id /
+        run_id, those added in them.
         """
         user_id = checks.check_user_id(user_id)
-        wanted = filters.check_filter(filter)
+        wanted, scope = filters.check_filter(filter), _scopes(agent_id, run_id)
         with self._lock:
             self._check_open()
             stored = self._store.get_all(user_id=user_id)
-        public = (replace(f, metadata=ingest.public_metadata(f.metadata)) for f in stored)
-        return [f for f in public if filters.matches(f.metadata, wanted)]
+        return [replace(f, metadata=ingest.public_metadata(f.metadata)) for f in stored
+                if _selected(f.metadata, wanted, scope)]
+
+    def history(self, *, user_id: str, fact_id: int) -> list[HistoryEvent]:
+        """A fact's ADD / UPDATE / DELETE events with old and new text, oldest first."""
+        user_id = checks.check_user_id(user_id)
+        with self._lock:
+            self._check_open()
+            return self._store.history(user_id=user_id, fact_id=fact_id)
+
+    def delete_all(self, *, user_id: str, agent_id: str | None = None,
+                   run_id: str | None = None) -> int:
+        """Delete the user's facts added in agent_id / run_id (all: reset()); returns how many.
+
+        Without agent_id and run_id this is reset(): facts, turns and history.
+        """
+        user_id = checks.check_user_id(user_id)
+        scope = _scopes(agent_id, run_id)
+        if scope == (None, None):
+            return self.reset(user_id=user_id)
+        with self._lock:
+            self._check_open()
+            ids = [f.fact_id for f in self._store.get_all(user_id=user_id)
+                   if ingest.in_scope(f.metadata, *scope)]
+            if ids:
+                self._store.delete(user_id=user_id, fact_ids=ids)
+                self._served.forget(user_id, ids)
+            return len(ids)
 
     def users(self) -> list[str]:
         """Every user with facts or turns, sorted."""
@@ -387,3 +418,14 @@ class Memory(MemoryServing, AsyncVerbs):
         if self._closed:
             raise EngineClosedError("this Memory was closed; build a new Memory")
 
+
+def _scopes(agent_id: str | None, run_id: str | None) -> tuple[str | None, str | None]:
+    return (checks.check_session(agent_id, "agent_id", InvalidRequestError),
+            checks.check_session(run_id, "run_id", InvalidRequestError))
+
+
+def _selected(metadata: Mapping[str, Any], wanted: Mapping[str, Any] | None,
+              scope: tuple[str | None, str | None]) -> bool:
+    """A stored fact is in the agent/run scope and its public metadata match the filter."""
+    return ingest.in_scope(metadata, *scope) and filters.matches(
+        ingest.public_metadata(metadata), wanted)

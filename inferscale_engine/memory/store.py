@@ -1,9 +1,8 @@
-"""FactStore: facts and conversation turns, durable in SQLite.
+"""FactStore: facts, conversation turns and fact history (history.py), durable in SQLite.
 
 Facts (text, token ids, embedding, metadata) are the source of truth; fact KV and the retrieval
-index are caches rebuilt from them (DESIGN.md invariant 8). Each write call is ONE transaction
-(all or nothing), committed in WAL mode with synchronous=FULL by default: once a call returns,
-its rows survive a kill of the process and, with FULL, a power loss.
+index are caches rebuilt from them. Each write call is ONE transaction (all or nothing), in WAL
+mode with synchronous=FULL by default: once a call returns, its rows survive a kill.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from inferscale_engine.errors import (
     StoreError,
 )
 from inferscale_engine.facts import FactId
+from inferscale_engine.memory import history
 from inferscale_engine.memory.records import (
     StoredFact,
     Turn,
@@ -76,7 +76,8 @@ def _nfc_user_ids_v2(conn: sqlite3.Connection) -> None:
 
 # Migration hook: _MIGRATIONS[v] upgrades schema version v to v + 1 inside the opening
 # transaction; version 0 is an empty file. Append a step to change the schema, never edit one.
-_MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_create_v1, _nfc_user_ids_v2]
+_MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_create_v1, _nfc_user_ids_v2,
+                                                           history.create_v3]
 
 
 class FactStore:
@@ -168,12 +169,14 @@ class FactStore:
         now = time.time()
         with self._transaction("add_facts") as conn:
             _insert_turns(conn, user_id, session_id, turn_list, now)
-            return [FactId(cast(int, conn.execute(
+            ids = [FactId(cast(int, conn.execute(
                 "INSERT INTO facts (user_id, session_id, text, token_ids, embedding, metadata, "
                 "created_at, updated_at, content_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (user_id, session_id, text, tokens, embedding, meta, now, now, _hash(text)),
             ).lastrowid)) for text, tokens, embedding, meta in
                 zip(texts, token_blobs, embedding_blobs, metadata_rows, strict=True)]
+            history.record(conn, user_id, ((i, "ADD", None, t) for i, t in zip(ids, texts)), now)
+            return ids
 
     def get(self, *, user_id: str, fact_ids: Sequence[int]) -> list[StoredFact]:
         """The user's facts with these ids, in the order asked.
@@ -211,6 +214,8 @@ class FactStore:
         vector = embedding_blob(embedding, "embedding")
         meta = None if metadata is None else metadata_json(metadata, 1)[0]
         with self._transaction("update") as conn:
+            before = conn.execute("SELECT text FROM facts WHERE fact_id = ? AND user_id = ?",
+                                  (fact_id, user_id)).fetchone()
             cursor = conn.execute(
                 "UPDATE facts SET text = ?, token_ids = ?, embedding = ?, content_hash = ?, "
                 "metadata = COALESCE(?, metadata), updated_at = ? WHERE fact_id = ? AND "
@@ -220,30 +225,37 @@ class FactStore:
                 _raise_missing(user_id, [fact_id])
             row = conn.execute(f"SELECT {_FACT_COLUMNS} FROM facts WHERE fact_id = ?",
                                (fact_id,)).fetchone()
+            history.record(conn, user_id, [(fact_id, "UPDATE", before[0], text)], row[8])
         return fact_from_row(row)
 
     def delete(self, *, user_id: str, fact_ids: Sequence[int]) -> None:
-        """Delete the user's facts in one transaction.
-
-        Raises:
-            FactNotFoundError: an id is unknown or another user's; nothing is deleted.
-        """
+        """Delete the user's facts, all or none (FactNotFoundError: an unknown or foreign id)."""
         user_id = check_user_id(user_id)
         ids = list(dict.fromkeys(check_fact_ids(fact_ids)))
+        now = time.time()
         with self._transaction("delete") as conn:
-            existing = {row[0] for row in _select_facts(conn, "fact_id", user_id, ids)}
+            existing = dict(_select_facts(conn, "fact_id, text", user_id, ids))
             _raise_missing(user_id, [i for i in ids if i not in existing])
             conn.executemany("DELETE FROM facts WHERE fact_id = ?", [(i,) for i in ids])
+            history.record(conn, user_id, [(i, "DELETE", existing[i], None) for i in ids], now)
 
     def reset(self, *, user_id: str) -> list[FactId]:
-        """Delete all facts and turns of a user; returns the deleted fact ids."""
+        """Delete all facts, turns and history of a user; returns the deleted fact ids."""
         user_id = check_user_id(user_id)
         with self._transaction("reset") as conn:
             fact_ids = [FactId(r[0]) for r in conn.execute(
                 "SELECT fact_id FROM facts WHERE user_id = ? ORDER BY fact_id", (user_id,))]
             conn.execute("DELETE FROM facts WHERE user_id = ?", (user_id,))
             conn.execute("DELETE FROM turns WHERE user_id = ?", (user_id,))
+            history.erase_user(conn, user_id)
         return fact_ids
+
+    def history(self, *, user_id: str, fact_id: int) -> list[history.HistoryEvent]:
+        """A fact's ADD / UPDATE / DELETE events, oldest first ([] if the user never had it)."""
+        user_id = check_user_id(user_id)
+        (fact_id,) = check_fact_ids([fact_id])
+        with self._reading("history") as conn:
+            return history.read(conn, user_id, fact_id)
 
     # ---- turns -------------------------------------------------------------------------
     def add_turns(self, *, user_id: str, session_id: str | None,

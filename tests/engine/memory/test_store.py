@@ -302,12 +302,12 @@ def test_pragmas_and_schema(tmp_path):
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
         assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
         assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
-        assert fact_store.schema_version == 2
+        assert fact_store.schema_version == 3
     with FactStore(path, synchronous="normal", busy_timeout_ms=250) as fact_store:
         assert fact_store._conn.execute("PRAGMA synchronous").fetchone()[0] == 1
     raw = sqlite3.connect(path)
     tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"facts", "turns", "meta"} <= tables
+    assert {"facts", "turns", "meta", "history"} <= tables
     indexes = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='index'")}
     assert {"facts_user_id", "turns_session"} <= indexes
     raw.close()
@@ -337,13 +337,13 @@ def test_migration_hook_upgrades_once_and_newer_schema_is_refused(tmp_path, monk
 
     monkeypatch.setattr(store_module, "_MIGRATIONS", [*store_module._MIGRATIONS, add_pinned])
     with FactStore(path) as fact_store:
-        assert fact_store.schema_version == 3
+        assert fact_store.schema_version == 4
         assert [f.text for f in fact_store.get_all(user_id="u")] == ["before upgrade"]
     with FactStore(path) as fact_store:
-        assert fact_store.schema_version == 3
+        assert fact_store.schema_version == 4
     assert calls == [1]
     monkeypatch.undo()
-    with pytest.raises(StoreError, match="schema version 3, newer than"):
+    with pytest.raises(StoreError, match="schema version 4, newer than"):
         FactStore(path)
 
 
@@ -363,8 +363,10 @@ def test_a_version_1_store_gets_nfc_user_ids(tmp_path):
     raw.commit()
     raw.close()
     with FactStore(path) as fact_store:
-        assert fact_store.schema_version == 2
+        assert fact_store.schema_version == 3
         assert len(fact_store.get_all(user_id="caf\u00e9")) == 2
+        # version 3 gave every stored fact its ADD event
+        assert [e.event for e in fact_store.history(user_id="caf\u00e9", fact_id=1)] == ["ADD"]
         assert fact_store.users() == ["caf\u00e9"]
         assert [t.content for t in fact_store.recent_turns(user_id="cafe\u0301",
                                                            session_id=None, limit=5)] == ["hi"]
@@ -558,3 +560,23 @@ StoreMachine.TestCase.settings = settings(
     max_examples=40, stateful_step_count=15, deadline=None,
     suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 test_store_matches_model = StoreMachine.TestCase
+
+
+def test_history_records_every_change_in_its_transaction_and_reset_erases_it(store):
+    (first, second) = add(store, "hist", ["I live in Boston.", "I like tea."])
+    store.update(user_id="hist", fact_id=first, text="I moved to Lisbon.", token_ids=[1],
+                      embedding=[1.0, 0.0, 0.0])
+    store.delete(user_id="hist", fact_ids=[second])
+    events = [(e.event, e.old_text, e.new_text)
+              for e in store.history(user_id="hist", fact_id=first)]
+    assert events == [("ADD", None, "I live in Boston."),
+                      ("UPDATE", "I live in Boston.", "I moved to Lisbon.")]
+    assert [(e.event, e.old_text) for e in store.history(user_id="hist", fact_id=second)
+            ] == [("ADD", None), ("DELETE", "I like tea.")]
+    assert store.history(user_id="someone-else", fact_id=first) == []
+    with pytest.raises(FactNotFoundError):  # a failed update records nothing
+        store.update(user_id="someone-else", fact_id=first, text="x", token_ids=[1],
+                          embedding=[1.0, 0.0, 0.0])
+    assert len(store.history(user_id="hist", fact_id=first)) == 2
+    store.reset(user_id="hist")
+    assert store.history(user_id="hist", fact_id=first) == []
