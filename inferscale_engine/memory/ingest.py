@@ -6,7 +6,7 @@ Argument checks live in inferscale_engine.checks (one implementation for every l
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -247,6 +247,12 @@ def store_facts(store: FactStore, user_id: str, session_id: str | None,
                           embeddings=list(vectors), metadata=metas, session_id=session_id,
                           turns=turns)
     return store.get(user_id=user_id, fact_ids=ids) if ids else []
+
+
+def public_record(stored: StoredFact) -> StoredFact:
+    """A stored fact as Memory returns it: public metadata, its agent and run scopes."""
+    return replace(stored, metadata=public_metadata(stored.metadata),
+                   agent_id=stored.metadata.get(AGENT_KEY), run_id=stored.metadata.get(RUN_KEY))
 
 
 def public_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:

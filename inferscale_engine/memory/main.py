@@ -13,7 +13,6 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -290,7 +289,7 @@ class Memory(MemoryServing, AsyncVerbs):
         with self._lock:
             self._check_open()
             (stored,) = self._store.get(user_id=user_id, fact_ids=[fact_id])
-        return replace(stored, metadata=ingest.public_metadata(stored.metadata))
+        return ingest.public_record(stored)
 
     def get_all(self, *, user_id: str) -> list[Fact]:
         """All facts of a user, oldest first ([] for a user with none)."""
@@ -311,8 +310,7 @@ class Memory(MemoryServing, AsyncVerbs):
         with self._lock:
             self._check_open()
             stored = self._store.get_all(user_id=user_id)
-        return [replace(f, metadata=ingest.public_metadata(f.metadata)) for f in stored
-                if _selected(f.metadata, wanted, scope)]
+        return [ingest.public_record(f) for f in stored if _selected(f.metadata, wanted, scope)]
 
     def history(self, *, user_id: str, fact_id: int) -> list[HistoryEvent]:
         """A fact's ADD / UPDATE / DELETE events with old and new text, oldest first."""

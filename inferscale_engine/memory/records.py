@@ -38,6 +38,10 @@ class StoredFact:
     created_at: float
     """Seconds since the epoch (time.time())."""
     updated_at: float
+    agent_id: str | None = None
+    """The agent scope the fact was added in (Memory's records; None in the store's)."""
+    run_id: str | None = None
+    """The run scope the fact was added in (likewise)."""
 
     def embedding_array(self) -> np.ndarray:
         """The embedding as a read-only float32 vector [dim] (a view, no copy)."""

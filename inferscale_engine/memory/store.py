@@ -293,11 +293,12 @@ class FactStore:
         return [fact_from_row(row) for row in reversed(rows)]
 
     def owner(self, fact_id: int) -> str | None:
-        """The user a fact id belongs to, or None (no such fact)."""
+        """The user a fact id belongs (or, deleted, belonged) to, or None (no such fact)."""
         (fact_id,) = check_fact_ids([fact_id], "fact_id")
         with self._reading("owner") as conn:
-            row = conn.execute("SELECT user_id FROM facts WHERE fact_id = ?",
-                               (fact_id,)).fetchone()
+            row = conn.execute("SELECT user_id FROM facts WHERE fact_id = ? UNION ALL SELECT "
+                               "user_id FROM history WHERE fact_id = ?", (fact_id, fact_id)
+                               ).fetchone()
         return None if row is None else str(row[0])
 
     # ---- whole store -------------------------------------------------------------------

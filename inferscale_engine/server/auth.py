@@ -26,16 +26,18 @@ from inferscale_engine.errors import ConfigError
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 TENANT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
-                          "/ping", "/version", "/tokenize", "/detokenize"})
+                          "/ping", "/version", "/tokenize", "/detokenize", "/v1/ping/"})
 """Routes a tenant key reaches, besides the memory API; every other route of vLLM's app
 (control routes such as /scale_elastic_ep, server-wide /metrics, other generation APIs that
 bypass the memory seam) needs an admin key."""
-TENANT_PREFIX = "/v1/memories"
+TENANT_PREFIXES = ("/v1/memories", "/v3/memories")
+"""The memory APIs (ours, and the routes mem0's client calls: server/mem0_api.py)."""
 
 
 def tenant_route(path: str) -> bool:
     """True if a tenant (non-admin) key may call `path`."""
-    return path in TENANT_PATHS or path == TENANT_PREFIX or path.startswith(TENANT_PREFIX + "/")
+    return path in TENANT_PATHS or any(path == prefix or path.startswith(prefix + "/")
+                                       for prefix in TENANT_PREFIXES)
 
 
 class HttpError(Exception):
@@ -114,8 +116,9 @@ class ApiKeys:
         """
         key = headers.get("x-api-key") or ""
         bearer = headers.get("authorization") or ""
-        if bearer.lower().startswith("bearer "):
-            key = bearer[7:].strip()
+        scheme, _, token = bearer.partition(" ")
+        if scheme.lower() in ("bearer", "token"):  # Token: mem0's client
+            key = token.strip()
         found = self._by_digest.get(_digest(key)) if key else None
         if found is None:
             raise HttpError(401, "missing or unknown API key; send Authorization: Bearer <key>",

@@ -214,7 +214,7 @@ def open_memory(config: EngineConfig, ours: argparse.Namespace, client: Any,
 def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
             max_add_facts: int = DEFAULT_MAX_ADD_FACTS) -> Any:
     """The seam, routes, auth middleware and metrics on vLLM's app; returns the metrics."""
-    from inferscale_engine.server import routes
+    from inferscale_engine.server import mem0_api, routes
     from inferscale_engine.server.metrics import MemoryMetrics
     from inferscale_engine.server.seam import (
         MemoryContext,
@@ -230,6 +230,7 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
         if base is not None:
             setattr(app.state, name, cls.adopt(base, context))
     app.include_router(routes.router)
+    app.include_router(mem0_api.router)
 
     @app.exception_handler(HttpError)
     async def http_error(request: Request, exc: HttpError) -> JSONResponse:
