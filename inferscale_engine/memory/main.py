@@ -39,6 +39,7 @@ from inferscale_engine.memory.config import (
 from inferscale_engine.memory.embedder import Embedder
 from inferscale_engine.memory.gate import InteractiveGate, interactive_call
 from inferscale_engine.memory.history import HistoryEvent
+from inferscale_engine.memory.infer import infer_add
 from inferscale_engine.memory.records import StoredFact, Turn
 from inferscale_engine.memory.retrieval import RetrievalIndex
 from inferscale_engine.memory.served import ServedFacts
@@ -141,12 +142,15 @@ class Memory(MemoryServing, AsyncVerbs):
     def add(self, *, user_id: str, texts: Sequence[str] | None = None,
             messages: Sequence[Mapping[str, str]] | None = None, session_id: str | None = None,
             metadata: Mapping[str, Any] | None = None, dedupe: bool = True,
-            agent_id: str | None = None, run_id: str | None = None) -> list[AddResult]:
+            agent_id: str | None = None, run_id: str | None = None,
+            infer: bool = False) -> list[AddResult]:
         """Remember facts, or a conversation's turns; one result per fact, in order.
 
         dedupe=False stores every fact, also one that repeats a stored fact (stores keyed by
         something other than the text, such as LangGraph's). agent_id and run_id (mem0's
         scopes) tag the facts; search, records and delete_all can then narrow to them.
+        infer=True has the served model extract facts from `messages` and add, update or
+        delete stored facts accordingly (memory/infer.py); results say which it did.
 
         With `messages`, every turn is recorded in the session and the content of each user or
         assistant turn becomes a fact encoded after the session's turns before it (their last W
@@ -158,6 +162,13 @@ class Memory(MemoryServing, AsyncVerbs):
         """
         user_id = checks.check_user_id(user_id)
         session_id = checks.check_session(session_id)
+        if infer:  # texts are read as the user's messages
+            chat = checks.check_messages(messages if messages is not None else [
+                {"role": "user", "content": t} for t in checks.check_list(
+                    texts, "texts", InvalidFactError)])
+            return infer_add(self, user_id=user_id, messages=[
+                {"role": r, "content": c} for r, c in chat], metadata=metadata,
+                agent_id=agent_id, run_id=run_id)
         metadata = ingest.scoped(checks.check_metadata(metadata), *_scopes(agent_id, run_id))
         if (texts is None) == (messages is None):
             raise InvalidRequestError("pass exactly one of texts=[...] (facts) or messages=[...] "

@@ -12,8 +12,9 @@
 
 The client sends `Authorization: Token <key>` (accepted like Bearer). Ids are strings on the
 wire. Filters name the user (required: a key reaches only its own users, as everywhere), the
-agent and run scopes, and metadata conditions (memory/filters.py). `infer=True` (facts
-extracted by the model) is refused with a 400 until it is built; messages are stored as facts.
+agent and run scopes, and metadata conditions (memory/filters.py). With `infer=True` the
+served model extracts facts and adds, updates or deletes stored ones (memory/infer.py);
+otherwise each user or assistant message is stored as a fact.
 """
 
 from __future__ import annotations
@@ -129,17 +130,14 @@ async def ping(request: Request) -> dict[str, Any]:
 
 @router.post("/v3/memories/add/")
 async def add(request: Request, body: AddBody) -> dict[str, Any]:
-    """Remember a conversation's (or one message's) user and assistant turns as facts."""
-    if body.infer:
-        raise HttpError(400, "infer=True (facts extracted from the conversation by the model) "
-                        "is not supported yet; the messages are stored as facts with infer "
-                        "left out or false")
+    """Remember a conversation's (or one message's) turns as facts, or what the model infers."""
     user_id = _user(request, ("user_id", body.user_id))
     messages = ([{"role": "user", "content": body.messages}] if isinstance(body.messages, str)
                 else body.messages)
     request.app.state.inferscale.check_add_size(len(messages))
     results = await _call(_memory(request).add, user_id=user_id, messages=messages,
-                          metadata=body.metadata, agent_id=body.agent_id, run_id=body.run_id)
+                          metadata=body.metadata, agent_id=body.agent_id, run_id=body.run_id,
+                          infer=bool(body.infer))
     return {"results": [{"id": str(r.fact_id), "memory": r.text, "event": r.event}
                         for r in results]}
 

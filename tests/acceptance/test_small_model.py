@@ -112,3 +112,23 @@ def test_llamaindex_memory_block_agent(served, mode):
     assert birthday_call(result["tool_calls"])  # the birthday came from the memory block
     if mode == "kv":
         assert result["counters"]["injected"] == result["counters"]["requests_with_handle"] > 0
+
+
+def test_infer_updates_a_changed_fact_and_history_shows_it(served):
+    user = "infer-dana"
+    served.reset(user_id=user)
+    first = served.add(user_id=user, infer=True, messages=[
+        {"role": "user", "content": "Hi! I live in Boston."},
+        {"role": "assistant", "content": "Nice to meet you!"}])
+    second = served.add(user_id=user, infer=True, messages=[
+        {"role": "user", "content": "Big news: I moved to Lisbon last month."},
+        {"role": "assistant", "content": "Congratulations!"}])
+    facts = [f.text for f in served.get_all(user_id=user)]
+    print(f"{[(r.event, r.text) for r in first]} {[(r.event, r.text) for r in second]} {facts}")
+    assert [r.event for r in first] == ["ADD"] and "boston" in first[0].text.lower()
+    assert [r.event for r in second] == ["UPDATE"] and second[0].fact_id == first[0].fact_id
+    assert any("lisbon" in f.lower() for f in facts)
+    assert not any("boston" in f.lower() for f in facts)
+    events = served.history(user_id=user, fact_id=first[0].fact_id)
+    assert [e.event for e in events] == ["ADD", "UPDATE"]
+    assert "boston" in events[1].old_text.lower() and "lisbon" in events[1].new_text.lower()
