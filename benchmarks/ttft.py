@@ -127,7 +127,7 @@ def build_engine(args: argparse.Namespace):
         max_model_len=fit_max_model_len(model, args.max_model_len),
         slab_capacity_bytes=args.slab_mib * 2**20, context_window_tokens=0,
         block_size=args.block_size, kv_cache_memory_bytes=kv_bytes,
-        kv_cache_dtype=args.kv_cache_dtype,
+        kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),  # callers with own args
         enforce_eager=True if args.enforce_eager else None, max_fact_tokens=128,
         multiprocessing=args.multiprocessing,
         tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),

@@ -28,9 +28,9 @@ class EngineConfig:
     dtype: str = "auto"
     """Model and KV dtype: auto, float32, bfloat16 or float16."""
     kv_cache_dtype: str = "auto"
-    """vLLM's paged KV cache: 'auto' (the model dtype) or fp8 ('fp8' = 'fp8_e4m3', 'fp8_e5m2';
-    vLLM's CPU backend): twice the tokens per GiB. The slab keeps the model dtype; injected KV
-    is quantized by vLLM's own cache write, as the model's own is."""
+    """vLLM's paged KV cache: 'auto' (the model dtype) or fp8 ('fp8' = 'fp8_e4m3', 'fp8_e5m2'
+    where the backend has it): twice the tokens per GiB. The slab keeps the model dtype;
+    injected KV is quantized by vLLM's own cache write, as the model's own is."""
     max_model_len: int = 4096
     """Longest prompt + answer, in tokens."""
     slab_capacity_bytes: int = 256 * 2**20

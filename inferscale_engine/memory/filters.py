@@ -83,15 +83,23 @@ def matches(metadata: Mapping[str, Any], filter: Mapping[str, Any] | None) -> bo
     return True
 
 
-def _field(metadata: Mapping[str, Any], path: str) -> Any:
+def lookup(metadata: Mapping[str, Any], path: str, default: Any = None) -> Any:
+    """The value at a field path ("place.city" reaches into nested mappings), or `default`.
+
+    A key that itself holds the dots is found first.
+    """
     if path in metadata:
         return metadata[path]
     current: Any = metadata
     for part in path.split("."):
         if not isinstance(current, Mapping) or part not in current:
-            return _MISSING
+            return default
         current = current[part]
     return current
+
+
+def _field(metadata: Mapping[str, Any], path: str) -> Any:
+    return lookup(metadata, path, _MISSING)
 
 
 def _holds(actual: Any, condition: Any) -> bool:

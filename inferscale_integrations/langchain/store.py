@@ -39,7 +39,7 @@ from langgraph.store.base import (
 
 from inferscale_engine.errors import HandleError, InvalidRequestError
 from inferscale_engine.facts import MemoryHandle
-from inferscale_engine.memory.filters import COMBINATORS, check_filter
+from inferscale_engine.memory.filters import COMBINATORS, check_filter, lookup
 from inferscale_integrations.handles import RECENT_HANDLES
 from inferscale_integrations.registry import DEFAULT_NAME, check_name, get_memory
 
@@ -208,7 +208,7 @@ class KVMemoryStore(BaseStore):
 
     def _text(self, value: Mapping[str, Any], index: Any) -> str:
         if isinstance(index, list) and index:
-            parts = [_path(value, field) for field in index]
+            parts = [lookup(value, field) for field in index]
             text = "\n".join(p if isinstance(p, str) else json.dumps(p, ensure_ascii=False)
                              for p in parts if p is not None)
             if text.strip():
@@ -240,15 +240,6 @@ def _on_value(filter: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[f"{VALUE_FIELD}.{key}"] = condition
     return out
-
-
-def _path(value: Mapping[str, Any], field: str) -> Any:
-    current: Any = value
-    for part in field.split("."):
-        if not isinstance(current, Mapping) or part not in current:
-            return None
-        current = current[part]
-    return current
 
 
 def _matches(labels: tuple[str, ...], pattern: tuple[str, ...]) -> bool:

@@ -6,27 +6,13 @@ from __future__ import annotations
 import pytest
 
 from inferscale_engine.errors import InvalidRequestError
-from tests.conftest import FACTS, QUESTIONS, running_engine
-from tests.engine.memory.memory_support import HashEmbedder
+from tests.conftest import FACTS, QUESTIONS
 
 pytestmark = pytest.mark.vllm
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_models):
-    with running_engine(tiny_models["qwen2"], context_window_tokens=32) as eng:
-        yield eng
-
-
-@pytest.fixture()
-def memory(engine, tmp_path):
-    from inferscale_engine.memory import Memory
-
-    with Memory(engine, tmp_path / "memory.db", HashEmbedder(), progress_bar=False) as mem:
-        yield mem
-
-
-def test_agent_and_run_scopes_narrow_search_records_and_delete_all(memory):
+def test_agent_and_run_scopes_narrow_search_records_and_delete_all(fresh_memory):
+    memory = fresh_memory
     memory.add(user_id="ann", texts=FACTS[:2], agent_id="travel", run_id="r1",
                metadata={"kind": "trip"})
     memory.add(user_id="ann", texts=FACTS[2:4], agent_id="travel", run_id="r2")
@@ -58,7 +44,8 @@ def test_agent_and_run_scopes_narrow_search_records_and_delete_all(memory):
     assert memory.get_all(user_id="ann") == []
 
 
-def test_history_shows_every_change_of_a_fact(memory):
+def test_history_shows_every_change_of_a_fact(fresh_memory):
+    memory = fresh_memory
     (added,) = memory.add(user_id="cat", texts=["I live in Boston."])
     memory.update(user_id="cat", fact_id=added.fact_id, text="I moved to Lisbon.")
     memory.delete(user_id="cat", fact_ids=[added.fact_id])

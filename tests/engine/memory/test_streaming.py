@@ -16,26 +16,21 @@ import pytest
 
 from inferscale_engine.errors import HandleError, InvalidRequestError
 from inferscale_engine.facts import MemoryHandle
-from tests.conftest import FACTS, QUESTIONS, greedy, running_engine
-from tests.engine.memory.memory_support import HashEmbedder
+from tests.conftest import FACTS, QUESTIONS, greedy
 
 pytestmark = pytest.mark.vllm
 
 TOKENS = 12
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_models):
-    with running_engine(tiny_models["qwen2"], context_window_tokens=32) as eng:
-        yield eng
+@pytest.fixture()
+def engine(module_engine):
+    return module_engine
 
 
 @pytest.fixture()
-def memory(engine, tmp_path):
-    from inferscale_engine.memory import Memory
-
-    with Memory(engine, tmp_path / "memory.db", HashEmbedder(), progress_bar=False) as mem:
-        yield mem
+def memory(fresh_memory):
+    return fresh_memory
 
 
 def test_engine_stream_yields_as_tokens_come_and_ends_as_generate(engine):
