@@ -98,4 +98,8 @@ def test_llamaindex_memory_blocks_runs(kernel_name):
 def test_serve_and_clients_runs(kernel_name):
     text = _text(execute("serve_and_clients.ipynb", kernel_name))
     assert "8 facts stored and encoded" in text and "server exit code 0" in text
-    assert text.count(" -> ") == 2  # both chat answers came back over HTTP
+    assert "What is my dog's name? -> " in text and "Where do I live? -> " in text
+    # mem0's own client (its own venv): an agent-scoped add, search, update and history
+    assert "(agent coach)" in text
+    assert ("UPDATE 'I am training for a half marathon in May.' -> 'I am training for a full "
+            "marathon in October.'") in text
