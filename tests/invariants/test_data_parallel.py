@@ -104,3 +104,25 @@ def test_a_batch_across_engines_keeps_its_order(engine):
         alone = engine.generate(MemoryHandle(users[r], (facts[r],)), QUESTIONS[r], greedy(4))
         assert out.plan_status == "inject" and out.token_ids == alone.token_ids
         assert out.num_prompt_tokens == alone.num_prompt_tokens
+
+
+def test_streams_over_asyncllm_yield_as_produced_on_each_users_engine(engine):
+    """Engine.stream through AsyncRunner (the server's runner): the answer arrives step by step
+    from the user's own engine, ends as generate() ends, and closing early aborts it."""
+    for rank in (0, 1):
+        user = user_on(rank)
+        ids = engine.add_facts(user, FACTS[:2], fact_ids=[801 + 10 * rank, 802 + 10 * rank])
+        handle = MemoryHandle(user, tuple(ids))
+        whole = engine.generate(handle, QUESTIONS[0], greedy(12))
+        loads = injected(engine)
+        parts = list(engine.stream(handle, QUESTIONS[0], greedy(12)))
+        assert len(parts) >= 3 and all(b.text.startswith(a.text)
+                                       for a, b in zip(parts, parts[1:]))
+        assert parts[-1].finished and not parts[0].finished
+        assert parts[-1].token_ids == whole.token_ids and parts[-1].plan_status == "inject"
+        assert injected(engine)[rank] == loads[rank] + 1
+        stream = engine.stream(handle, QUESTIONS[1], greedy(64))
+        next(stream)
+        stream.close()  # aborted in vLLM; the engine serves the next request
+        assert engine.generate(handle, QUESTIONS[1], greedy(3)).plan_status == "inject"
+        engine.delete(user, ids)
