@@ -77,6 +77,12 @@ class Fp8Cache:
         """The float32 values of cache bytes (as vLLM's attention reads them)."""
         return raw.view(self.dtype).to(torch.float32) * scale
 
+    def decode_layer(self, keys: torch.Tensor, values: torch.Tensor, layer: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's K and V cache bytes decoded with that layer's scales."""
+        return (self.decode(keys, self.k_scales[layer]),
+                self.decode(values, self.v_scales[layer]))
+
     @classmethod
     def of(cls, cache_dtype: str | None, vllm_config: Any, layer_names: list[str]
            ) -> Fp8Cache | None:
@@ -204,10 +210,8 @@ class CpuPackedPagedKV:
         heads = torch.arange(self._num_heads)[None, :, None]
         keys = flat[blocks, heads, self._key_index[offsets][:, None, :]]
         values = flat[blocks, heads, self._value_index[offsets][:, None, :]]
-        if self._fp8 is None:
-            return keys, values
-        return (self._fp8.decode(keys, self._fp8.k_scales[layer]),
-                self._fp8.decode(values, self._fp8.v_scales[layer]))
+        return (keys, values) if self._fp8 is None else self._fp8.decode_layer(keys, values,
+                                                                                layer)
 
     def inject_(self, slab: KVSlab, index: torch.Tensor, rope: RopeTables) -> None:
         """Slab rows -> paged slots through vLLM's own cache-write op, one call per layer."""
@@ -267,10 +271,8 @@ class StridedPagedKV:
         blocks, offsets = slots // self._block_size, slots % self._block_size
         keys = self.key_caches[layer][blocks, offsets]
         values = self.value_caches[layer][blocks, offsets]
-        if self._fp8 is None:
-            return keys, values
-        return (self._fp8.decode(keys, self._fp8.k_scales[layer]),
-                self._fp8.decode(values, self._fp8.v_scales[layer]))
+        return (keys, values) if self._fp8 is None else self._fp8.decode_layer(keys, values,
+                                                                                layer)
 
     def inject_(self, slab: KVSlab, index: torch.Tensor, rope: RopeTables) -> None:
         """Slab rows -> paged slots of every layer."""

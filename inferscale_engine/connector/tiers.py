@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from inferscale_engine.config import disk_entry_path
 from inferscale_engine.connector.slab import KVSlab, SlabEntry
 
 logger = logging.getLogger(__name__)
@@ -115,7 +116,7 @@ class DiskTier:
 
     def __init__(self, folder: str, rank: int, counters: Counter[str]) -> None:
         self.folder = Path(folder)
-        self._suffix = f".r{rank}.safetensors"
+        self._rank = rank
         self._counters = counters
         self._queue: queue.Queue[tuple[Path, dict[str, torch.Tensor], dict[str, str]] | None] = (
             queue.Queue(maxsize=256))
@@ -125,7 +126,7 @@ class DiskTier:
 
     def path(self, name: str) -> Path:
         """The file of content key `name` on this rank."""
-        return self.folder / f"{name}{self._suffix}"
+        return disk_entry_path(self.folder, name, self._rank)
 
     def persist(self, gpu: KVSlab, slab_key: int, record: DiskRecord) -> bool:
         """Copy one slab entry out and queue its file; False if it is not in the slab."""

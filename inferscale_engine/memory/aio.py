@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -54,73 +54,40 @@ async def iterate_in_thread(make: Callable[[], Iterator[T]]) -> AsyncIterator[T]
         await asyncio.shield(worker)
 
 
+def _in_thread(name: str) -> Callable[..., Awaitable[Any]]:
+    """An async verb that runs the synchronous verb `name` in a worker thread."""
+    async def verb(self: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(lambda: getattr(self, name)(**kwargs))
+
+    verb.__name__ = verb.__qualname__ = f"a{name}"
+    verb.__doc__ = f"{name}() without blocking the event loop (the same keyword arguments)."
+    return verb
+
+
+def _streamed(name: str) -> Callable[..., AsyncIterator[Any]]:
+    """An async iterator verb over the synchronous stream verb `name` (iterate_in_thread)."""
+    async def verb(self: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        async for generation in iterate_in_thread(lambda: getattr(self, name)(**kwargs)):
+            yield generation
+
+    verb.__name__ = verb.__qualname__ = f"a{name}"
+    verb.__doc__ = f"{name}() as an async iterator: each step's Generation as it is produced."
+    return verb
+
+
 class AsyncVerbs:
     """The async verbs of Memory (a base class); arguments as their synchronous twins'."""
 
-    add: Callable[..., Any]
-    add_turns: Callable[..., Any]
-    update: Callable[..., Any]
-    delete: Callable[..., Any]
-    reset: Callable[..., Any]
-    search: Callable[..., Any]
-    get: Callable[..., Any]
-    get_all: Callable[..., Any]
-    records: Callable[..., Any]
-    generate: Callable[..., Any]
-    answer: Callable[..., Any]
-    stream: Callable[..., Iterator[Any]]
-    answer_stream: Callable[..., Iterator[Any]]
-
-    async def aadd(self, **kwargs: Any) -> Any:
-        """add() without blocking the event loop."""
-        return await asyncio.to_thread(lambda: self.add(**kwargs))
-
-    async def aadd_turns(self, **kwargs: Any) -> Any:
-        """add_turns() without blocking the event loop."""
-        return await asyncio.to_thread(lambda: self.add_turns(**kwargs))
-
-    async def aupdate(self, **kwargs: Any) -> Any:
-        """update() without blocking the event loop."""
-        return await asyncio.to_thread(lambda: self.update(**kwargs))
-
-    async def adelete(self, **kwargs: Any) -> Any:
-        """delete() without blocking the event loop."""
-        return await asyncio.to_thread(lambda: self.delete(**kwargs))
-
-    async def areset(self, **kwargs: Any) -> Any:
-        """reset() without blocking the event loop."""
-        return await asyncio.to_thread(lambda: self.reset(**kwargs))
-
-    async def asearch(self, **kwargs: Any) -> Any:
-        """search() without blocking the event loop."""
-        return await asyncio.to_thread(lambda: self.search(**kwargs))
-
-    async def aget(self, **kwargs: Any) -> Any:
-        """get() without blocking the event loop."""
-        return await asyncio.to_thread(lambda: self.get(**kwargs))
-
-    async def aget_all(self, **kwargs: Any) -> Any:
-        """get_all() without blocking the event loop."""
-        return await asyncio.to_thread(lambda: self.get_all(**kwargs))
-
-    async def arecords(self, **kwargs: Any) -> Any:
-        """records() without blocking the event loop."""
-        return await asyncio.to_thread(lambda: self.records(**kwargs))
-
-    async def agenerate(self, **kwargs: Any) -> Any:
-        """generate() without blocking the event loop."""
-        return await asyncio.to_thread(lambda: self.generate(**kwargs))
-
-    async def aanswer(self, **kwargs: Any) -> Any:
-        """answer() without blocking the event loop."""
-        return await asyncio.to_thread(lambda: self.answer(**kwargs))
-
-    async def astream(self, **kwargs: Any) -> AsyncIterator[Any]:
-        """stream() as an async iterator: each step's Generation as it is produced."""
-        async for generation in iterate_in_thread(lambda: self.stream(**kwargs)):
-            yield generation
-
-    async def aanswer_stream(self, **kwargs: Any) -> AsyncIterator[Any]:
-        """answer_stream() as an async iterator."""
-        async for generation in iterate_in_thread(lambda: self.answer_stream(**kwargs)):
-            yield generation
+    aadd = _in_thread("add")
+    aadd_turns = _in_thread("add_turns")
+    aupdate = _in_thread("update")
+    adelete = _in_thread("delete")
+    areset = _in_thread("reset")
+    asearch = _in_thread("search")
+    aget = _in_thread("get")
+    aget_all = _in_thread("get_all")
+    arecords = _in_thread("records")
+    agenerate = _in_thread("generate")
+    aanswer = _in_thread("answer")
+    astream = _streamed("stream")
+    aanswer_stream = _streamed("answer_stream")

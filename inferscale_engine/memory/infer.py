@@ -171,13 +171,15 @@ def infer_add(memory: Any, *, user_id: str, messages: Sequence[Mapping[str, str]
     if decisions is None:
         memory.counters["infer_invalid"] += 1
         return []
-    results, touched = [], set()
+    results: list[Any] = []
+    adds: list[int] = []  # positions in `results` of the ADDs, added in one batch below
+    touched: set[int] = set()
     for decision in decisions:
         if decision.fact_id is not None and decision.fact_id in touched:
             continue  # one change per stored fact and call
         if decision.event == "ADD":
-            results.extend(memory.add(user_id=user_id, texts=[decision.text], metadata=metadata,
-                                      agent_id=agent_id, run_id=run_id))
+            adds.append(len(results))
+            results.append(decision.text)
             continue
         assert decision.fact_id is not None
         touched.add(decision.fact_id)
@@ -189,4 +191,9 @@ def infer_add(memory: Any, *, user_id: str, messages: Sequence[Mapping[str, str]
             results.append(AddResult(FactId(decision.fact_id), listed[decision.fact_id], "DELETE"))
         else:
             results.append(AddResult(FactId(decision.fact_id), listed[decision.fact_id], "NONE"))
+    if adds:  # one embedding and encoding batch for every new fact, results in decision order
+        added = memory.add(user_id=user_id, texts=[results[i] for i in adds],
+                           metadata=metadata, agent_id=agent_id, run_id=run_id)
+        for i, result in zip(adds, added, strict=True):
+            results[i] = result
     return results

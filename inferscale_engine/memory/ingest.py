@@ -60,11 +60,6 @@ def scoped(metadata: dict[str, Any] | None, agent_id: str | None, run_id: str | 
     return {**(metadata or {}), **scope} if scope else metadata
 
 
-def in_scope(metadata: Mapping[str, Any], agent_id: str | None, run_id: str | None) -> bool:
-    """Whether a fact was added in this agent and run (None: any)."""
-    return ((agent_id is None or metadata.get(AGENT_KEY) == agent_id)
-            and (run_id is None or metadata.get(RUN_KEY) == run_id))
-
 
 def stored_context(metadata: Mapping[str, Any]) -> Context:
     """The context a stored fact was encoded after (inverse of context_metadata)."""

@@ -283,7 +283,7 @@ class Memory(MemoryServing, AsyncVerbs):
             if narrow:  # rank all, then keep the first k that match
                 stored = self._store.get(user_id=user_id, fact_ids=[f for f, _ in ranked])
                 ranked = [hit for hit, record in zip(ranked, stored, strict=True)
-                          if _selected(record.metadata, wanted, scope)][:k]
+                          if _selected(ingest.public_record(record), wanted, scope)][:k]
             hits = tuple((self._served[fact_id], score) for fact_id, score in ranked)
         assert all(fact.user_id == user_id for fact, _ in hits), "the index crossed users"
         return SearchResult(hits, MemoryHandle(user_id, tuple(f.fact_id for f, _ in hits),
@@ -321,7 +321,7 @@ class Memory(MemoryServing, AsyncVerbs):
         with self._lock:
             self._check_open()
             stored = self._store.get_all(user_id=user_id)
-        return [ingest.public_record(f) for f in stored if _selected(f.metadata, wanted, scope)]
+        return [r for r in map(ingest.public_record, stored) if _selected(r, wanted, scope)]
 
     def history(self, *, user_id: str, fact_id: int) -> list[HistoryEvent]:
         """A fact's ADD / UPDATE / DELETE events with old and new text, oldest first."""
@@ -340,13 +340,11 @@ class Memory(MemoryServing, AsyncVerbs):
         scope = _scopes(agent_id, run_id)
         if scope == (None, None):
             return self.reset(user_id=user_id)
-        with self._lock:
-            self._check_open()
-            ids = [f.fact_id for f in self._store.get_all(user_id=user_id)
-                   if ingest.in_scope(f.metadata, *scope)]
+        with self._lock:  # selected and deleted as one step
+            ids = [r.fact_id for r in self.records(user_id=user_id, agent_id=agent_id,
+                                                   run_id=run_id)]
             if ids:
-                self._store.delete(user_id=user_id, fact_ids=ids)
-                self._served.forget(user_id, ids)
+                self.delete(user_id=user_id, fact_ids=ids)
             return len(ids)
 
     def users(self) -> list[str]:
@@ -433,8 +431,10 @@ def _scopes(agent_id: str | None, run_id: str | None) -> tuple[str | None, str |
             checks.check_session(run_id, "run_id", InvalidRequestError))
 
 
-def _selected(metadata: Mapping[str, Any], wanted: Mapping[str, Any] | None,
+def _selected(record: StoredFact, wanted: Mapping[str, Any] | None,
               scope: tuple[str | None, str | None]) -> bool:
-    """A stored fact is in the agent/run scope and its public metadata match the filter."""
-    return ingest.in_scope(metadata, *scope) and filters.matches(
-        ingest.public_metadata(metadata), wanted)
+    """A public record (ingest.public_record) is in the scope and its metadata match."""
+    agent_id, run_id = scope
+    return ((agent_id is None or record.agent_id == agent_id)
+            and (run_id is None or record.run_id == run_id)
+            and filters.matches(record.metadata, wanted))

@@ -48,7 +48,7 @@ def serve(engine: Engine, handle: MemoryHandle | None, messages: Messages | str,
                                tools=tools)
 
     generation, stale, fallback = _served(engine, handle, mode, counters, layout, call)
-    return replace(generation, num_stale_facts=stale, fallback=fallback or generation.fallback)
+    return _marked(generation, stale, fallback)
 
 
 def serve_stream(engine: Engine, handle: MemoryHandle | None, messages: Messages | str,
@@ -69,10 +69,16 @@ def serve_stream(engine: Engine, handle: MemoryHandle | None, messages: Messages
     (first, rest), stale, fallback = _served(engine, handle, mode, counters, layout, call)
     try:
         for generation in itertools.chain([first], rest):
-            yield replace(generation, num_stale_facts=stale,
-                          fallback=fallback or generation.fallback)
+            yield _marked(generation, stale, fallback)
     finally:
         rest.close()
+
+
+def _marked(generation: Generation, stale: int, fallback: str | None) -> Generation:
+    """The generation with the stale facts left out and the fallback taken, if any."""
+    if not stale and not fallback:
+        return generation
+    return replace(generation, num_stale_facts=stale, fallback=fallback or generation.fallback)
 
 
 T = TypeVar("T")

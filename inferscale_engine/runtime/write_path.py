@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from inferscale_engine.config import EngineConfig
+from inferscale_engine.config import EngineConfig, disk_entry_path
 from inferscale_engine.facts import FactId
 from inferscale_engine.protocol.plan import save_salt
 from inferscale_engine.protocol.save_plan import SavePlan, SaveSpan
@@ -195,7 +195,7 @@ class FactWriter:
             return False
         name, _ = disk_identity(record, preamble, self._fingerprint)
         folder = Path(self._config.disk_tier_path).expanduser()
-        return all((folder / f"{name}.r{rank}.safetensors").exists()
+        return all(disk_entry_path(folder, name, rank).exists()
                    for rank in range(self._config.tensor_parallel_size))
 
     def _promote(self, fills: list[_Fill]) -> list[_Fill]:

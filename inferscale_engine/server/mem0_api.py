@@ -25,6 +25,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from inferscale_engine.errors import FactNotFoundError
 from inferscale_engine.server.auth import HttpError
 from inferscale_engine.server.routes import _admin, _call, _memory, _owned, _principal, _user
 
@@ -166,9 +167,20 @@ async def search(request: Request, body: SearchBody) -> dict[str, Any]:
                         filter=rest or None, agent_id=ids.get("agent_id"),
                         run_id=ids.get("run_id"))
     hits = [(f, s) for f, s in found.hits if body.threshold is None or s >= body.threshold]
-    stored = {f.fact_id: f for f in await _call(
-        memory.records, user_id=user_id)} if hits else {}
-    return {"results": [record(stored[f.fact_id], s) for f, s in hits if f.fact_id in stored]}
+    stored = await _call(_stored_hits, memory=memory, user_id=user_id, hits=hits)
+    return {"results": [record(r, s) for r, s in stored]}
+
+
+def _stored_hits(memory: Any, user_id: str, hits: list[tuple[Any, float]]
+                 ) -> list[tuple[Any, float]]:
+    """The hits' records (metadata, scopes, times), leaving out any deleted since the search."""
+    out = []
+    for fact, score in hits:
+        try:
+            out.append((memory.get(user_id=user_id, fact_id=fact.fact_id), score))
+        except FactNotFoundError:
+            continue
+    return out
 
 
 @router.get("/v1/memories/{memory_id}/")
