@@ -29,7 +29,8 @@
 # ending on a block boundary and not; DRAWS, MODES, BLOCK_SIZE), floor (floor_probe.py: TTFT of kv
 # with the plan check, the load or both switched off, vs resident; MODELS, KS, VARIANTS), tp2
 # (kind nvidia-h200-x2: the TP=2 invariants, ttft.py and throughput.py at TP=2, tagged tp2),
-# tiers (benchmarks/tiers.py: tiered fact KV at 10x the slab), fp8 (ttft.py with an fp8 KV
+# tiers (benchmarks/tiers.py: tiered fact KV at 10x the slab), serve_overhead (plain `vllm serve` vs
+# `inferscale serve` over HTTP, memory off / text / kv at k=50; needs .device/uv and .device/minilm), fp8 (ttft.py with an fp8 KV
 # cache), ab_old (ttft.py of this tree vs
 # another commit's carried in .device/old, alternating).
 # FAMILY_MODELS picks a subset of the families, e.g. FAMILY_MODELS="qwen3-30b-a3b mixtral-8x7b".
@@ -48,7 +49,7 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$INFERSCALE_RESULTS"
 quiet='^\(|INFO|WARNING|Warn|warn|^$'
 families=${FAMILY_MODELS:-phi-4-mini gemma-3-12b qwen3-30b-a3b mixtral-8x7b}
-graphs=1,2,4,8,16,32,64,128  # CUDA graphs of families_ttft / server: a kv prefill is ~50 tokens
+graphs=${GRAPHS:-1,2,4,8,16,32,64,128}  # CUDA graphs of families_ttft / server: a kv prefill is ~50 tokens
 stage_moe() {  # unpack .device/moe into the bundle's vllm/ (once per machine)
   local dir
   dir=$(python3 -c "import importlib.util as u; print(u.find_spec('vllm').submodule_search_locations[0])")
@@ -182,6 +183,10 @@ for step in "$@"; do
       for w in .device/uv/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site; done
       random_minilm
       timeout 590 python3 benchmarks/server_ttft.py --model llama-3.1-8b --embedder /tmp/minilm --tag h200 --cudagraph-sizes $graphs 2>&1 | grep -vE "$quiet" | tail -12 ;;
+    serve_overhead)  # issue 46: plain `vllm serve` vs `inferscale serve`, TTFT over HTTP, paired
+      for w in .device/uv/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site; done
+      random_minilm
+      timeout 590 python3 benchmarks/serve_overhead.py --model llama-3.1-8b --embedder /tmp/minilm --k ${K:-50} --requests ${REQUESTS:-40} --slab-mib ${SLAB_MIB:-12288} --tag h200 --cudagraph-sizes $graphs 2>&1 | grep -vE "$quiet" | tail -16 ;;
     tp2)  # needs nvidia-h200-x2; TP settings that started on 2 H200s (notes/environment.md)
       export VLLM_ALLREDUCE_USE_SYMM_MEM=0
       timeout 400 python3 -m pytest tests/invariants/test_tensor_parallel.py -q -s -p no:cacheprovider 2>&1 | grep -E "TP=2|passed|failed|^E " | head -12

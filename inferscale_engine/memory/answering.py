@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
@@ -148,25 +149,33 @@ class MemoryServing:
     def prepare(self, *, user_id: str, query: str | None, k: int = 5,
                 messages: Messages | None = None, prompt_token_ids: Sequence[int] | None = None,
                 session_id: str | None = None, recent_facts: int = 0,
-                layout: Layout | None = None, tools: Sequence[Mapping[str, Any]] | None = None
-                ) -> PreparedPrompt:
+                layout: Layout | None = None, tools: Sequence[Mapping[str, Any]] | None = None,
+                timings: dict[str, float] | None = None) -> PreparedPrompt:
         """The prompt and signed plan for a client that runs vLLM itself (the server).
 
         The user's top-k facts for `query`, then the session's last `recent_facts` facts, in
         front of a chat (`messages`, rendered with the model's template) or of a raw
-        completion prompt (`prompt_token_ids`).
+        completion prompt (`prompt_token_ids`). `timings`, if given, receives the ms spent in
+        "retrieve" (query embedding and search) and "plan" (prompt and plan).
         """
+        started = time.perf_counter()
         user_id = checks.check_user_id(user_id)
         recent: list[int] = []
         if recent_facts and session_id is not None:
             with self._lock:
+                self._served.sync(self._store, user_id)
                 recent = [f.fact_id for f in self._store.recent_facts(
                     user_id=user_id, session_id=session_id, limit=recent_facts)
                     if f.fact_id in self._served]
         handle = self.handle_for(user_id=user_id, query=query, k=k, recent=recent)
+        retrieved = time.perf_counter()
         self._check_open()
-        return prepare(self._engine, handle, self.counters, messages=messages,
-                       prompt_token_ids=prompt_token_ids, layout=layout, tools=tools)
+        prepared = prepare(self._engine, handle, self.counters, messages=messages,
+                           prompt_token_ids=prompt_token_ids, layout=layout, tools=tools)
+        if timings is not None:
+            timings["retrieve"] = (retrieved - started) * 1e3
+            timings["plan"] = (time.perf_counter() - retrieved) * 1e3
+        return prepared
 
     @interactive_call
     def handle_for(self, *, user_id: str, query: str | None, k: int = 5,

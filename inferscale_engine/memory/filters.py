@@ -128,3 +128,15 @@ def _holds(actual: Any, condition: Any) -> bool:
         if not ok:
             return False
     return True
+
+
+def selected(record: Any, wanted: Mapping[str, Any] | None,
+             scope: tuple[str | None, str | None]) -> bool:
+    """A public record (ingest.public_record) is in the scope and its metadata match.
+
+    `scope` is (agent_id, run_id); None matches any.
+    """
+    agent_id, run_id = scope
+    return ((agent_id is None or record.agent_id == agent_id)
+            and (run_id is None or record.run_id == run_id)
+            and matches(record.metadata, wanted))

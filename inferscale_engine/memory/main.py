@@ -183,6 +183,7 @@ class Memory(MemoryServing, AsyncVerbs):
         vectors = self._embed_in_chunks([text for text, _ in facts])
         with self._lock:
             self._check_open()
+            self._served.sync(self._store, user_id)
             matches = ingest.find_duplicates(
                 self._index, user_id, vectors, self._dedupe_threshold if dedupe else None,
                 [text for text, _ in facts],
@@ -227,6 +228,7 @@ class Memory(MemoryServing, AsyncVerbs):
         vector = self._embed([text])[0]
         with self._lock:
             self._check_open()
+            self._served.sync(self._store, user_id)
             (old,) = self._store.get(user_id=user_id, fact_ids=[fact_id])
             metadata = ingest.with_context(metadata, old.metadata)
             new = self._store.update(user_id=user_id, fact_id=fact_id, text=text,
@@ -246,6 +248,7 @@ class Memory(MemoryServing, AsyncVerbs):
         ids = list(dict.fromkeys(checks.check_fact_ids(fact_ids)))
         with self._lock:
             self._check_open()
+            self._served.sync(self._store, user_id)
             self._store.delete(user_id=user_id, fact_ids=ids)
             self._served.forget(user_id, ids)
 
@@ -254,6 +257,7 @@ class Memory(MemoryServing, AsyncVerbs):
         user_id = checks.check_user_id(user_id)
         with self._lock:
             self._check_open()
+            self._served.sync(self._store, user_id)
             deleted = self._store.reset(user_id=user_id)
             self._served.forget(user_id, deleted)
             return len(deleted)
@@ -278,12 +282,13 @@ class Memory(MemoryServing, AsyncVerbs):
         vector = self._embed([query])[0]
         with self._lock:
             self._check_open()
+            self._served.sync(self._store, user_id)
             ranked = self._index.search(user_id=user_id, query_embedding=vector, k=k if not
                                         narrow else self._index.count(user_id=user_id))
             if narrow:  # rank all, then keep the first k that match
                 stored = self._store.get(user_id=user_id, fact_ids=[f for f, _ in ranked])
                 ranked = [hit for hit, record in zip(ranked, stored, strict=True)
-                          if _selected(ingest.public_record(record), wanted, scope)][:k]
+                          if filters.selected(ingest.public_record(record), wanted, scope)][:k]
             hits = tuple((self._served[fact_id], score) for fact_id, score in ranked)
         assert all(fact.user_id == user_id for fact, _ in hits), "the index crossed users"
         return SearchResult(hits, MemoryHandle(user_id, tuple(f.fact_id for f, _ in hits),
@@ -321,7 +326,7 @@ class Memory(MemoryServing, AsyncVerbs):
         with self._lock:
             self._check_open()
             stored = self._store.get_all(user_id=user_id)
-        return [r for r in map(ingest.public_record, stored) if _selected(r, wanted, scope)]
+        return [r for r in map(ingest.public_record, stored) if filters.selected(r, wanted, scope)]
 
     def history(self, *, user_id: str, fact_id: int) -> list[HistoryEvent]:
         """A fact's ADD / UPDATE / DELETE events with old and new text, oldest first."""
@@ -430,11 +435,3 @@ def _scopes(agent_id: str | None, run_id: str | None) -> tuple[str | None, str |
     return (checks.check_session(agent_id, "agent_id", InvalidRequestError),
             checks.check_session(run_id, "run_id", InvalidRequestError))
 
-
-def _selected(record: StoredFact, wanted: Mapping[str, Any] | None,
-              scope: tuple[str | None, str | None]) -> bool:
-    """A public record (ingest.public_record) is in the scope and its metadata match."""
-    agent_id, run_id = scope
-    return ((agent_id is None or record.agent_id == agent_id)
-            and (run_id is None or record.run_id == run_id)
-            and filters.matches(record.metadata, wanted))

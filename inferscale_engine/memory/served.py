@@ -4,6 +4,11 @@ A durable fact is servable once the engine knows it (its KV encoded now or on fi
 the retrieval index holds its embedding; search may only return such facts. At start-up every
 stored fact is registered again, per user in batches, after stale token ids or embeddings
 (a changed tokenizer or embedder) are recomputed in the store.
+
+A store that other processes write too (FactStore.shared: replicas sharing one Postgres
+database) is read per user instead: a user's facts are registered on first use, and again
+whenever the store's version of that user moved (another replica wrote), so whichever replica
+serves a user serves exactly what the store holds.
 """
 
 from __future__ import annotations
@@ -40,6 +45,9 @@ class ServedFacts:
         self._index = index
         self._counters = counters
         self._facts: dict[FactId, Fact] = {}
+        self._by_user: dict[str, set[FactId]] = defaultdict(set)
+        self._versions: dict[str, int] = {}
+        """Per user, the shared store's version its served facts were last read at (sync)."""
         self._staged: set[int] = set()
         """Ids of facts an add has stored but not yet registered (Memory registers them in
         chunks); a delete or update meanwhile takes them out, so they are never served."""
@@ -99,6 +107,7 @@ class ServedFacts:
         self._index.add(user_id=user_id, fact_ids=ids, embeddings=torch.stack(
             [torch.from_numpy(f.embedding_array().copy()) for f in stored]))
         self._facts.update((f.fact_id, f) for f in facts)
+        self._by_user[user_id].update(ids)
 
     def stage(self, fact_ids: Iterable[int]) -> None:
         """Note facts just stored, to be registered by register_staged."""
@@ -119,6 +128,7 @@ class ServedFacts:
             self._index.remove(user_id=user_id, fact_ids=known)
             for fact_id in known:
                 del self._facts[fact_id]
+            self._by_user[user_id].difference_update(known)
 
     def release_all(self) -> None:
         """Forget every fact, freeing its KV in a shared engine (Memory.close; disk kept)."""
@@ -130,6 +140,31 @@ class ServedFacts:
                 self._engine.delete(user_id, ids, keep_disk=True)
         finally:
             self._facts.clear()
+            self._by_user.clear()
+            self._versions.clear()
+
+    def sync(self, store: FactStore, user_id: str) -> None:
+        """Serve what a shared store holds for the user now (no-op for a private store).
+
+        One primary-key read when nothing changed. When another process wrote the user, facts
+        deleted or changed there are forgotten here and new ones registered (their KV is built
+        on first use: from the disk tier if it holds them, else encoded). Facts an add of this
+        process is still registering are left to it.
+        """
+        if not store.shared:
+            return
+        version = store.user_version(user_id)  # read first: a later write syncs again
+        if self._versions.get(user_id) == version:
+            return
+        current = {f.fact_id: f for f in store.get_all(user_id=user_id)}
+        stale = [i for i in self._by_user.get(user_id, ()) if i not in current
+                 or _changed(self._facts[i], current[i])]
+        self.forget(user_id, stale)
+        fresh = [f for i, f in current.items() if i not in self._facts and i not in self._staged]
+        self.register(user_id, fresh, encode=False)
+        self._versions[user_id] = version
+        self._counters["synced_users"] += 1
+        self._counters["synced_facts"] += len(fresh)
 
     def load(self, store: FactStore, embedder_name: str,
              embed: Callable[[list[str]], torch.Tensor], encode: bool,
@@ -138,6 +173,9 @@ class ServedFacts:
         current = fingerprint(self._engine.config, self._engine.tokenizer, embedder_name)
         total = store.count()
         stale = stale_parts(store.fingerprint(), current) if total else set()
+        if store.shared and not stale:  # each user is read on first use (sync)
+            store.set_fingerprint(json.dumps(current, sort_keys=True))
+            return
         tokenize = partial(self._engine.tokenize_fact, check_length=False)
         pending: dict[str, list[StoredFact]] = defaultdict(list)
         with tqdm(total=total, unit="fact", disable=None if progress_bar is None else (
@@ -158,3 +196,8 @@ class ServedFacts:
                 bar.update(len(facts))
         store.set_fingerprint(json.dumps(current, sort_keys=True))
         self._counters["startup_facts"] = len(self._facts)
+
+
+def _changed(served: Fact, stored: StoredFact) -> bool:
+    """The stored fact is not the one served (updated by another process)."""
+    return served.text != stored.text or tuple(served.token_ids) != tuple(stored.token_ids)

@@ -6,7 +6,8 @@ prefix ending in '*') and an admin flag; only admin keys may reset or delete a w
     {"keys": {"sk-app-1": {"tenant": "acme", "users": ["acme:*"]},
               "sk-ops":   {"tenant": "acme", "users": ["acme:*"], "admin": true}}}
 
-With keys, every route needs `Authorization: Bearer <key>` (or `X-API-Key`); a tenant key reaches
+With keys, every route but the liveness probes (PUBLIC_PATHS) needs `Authorization: Bearer <key>`
+(or `X-API-Key`); a tenant key reaches
 the chat, completion, model and memory routes only (tenant_route), an admin key every route.
 Without keys the server refuses to listen on anything but the loopback interface.
 """
@@ -30,6 +31,9 @@ TENANT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models
 """Routes a tenant key reaches, besides the memory API; every other route of vLLM's app
 (control routes such as /scale_elastic_ep, server-wide /metrics, other generation APIs that
 bypass the memory seam) needs an admin key."""
+PUBLIC_PATHS = frozenset({"/health", "/ping"})
+"""Liveness probes, answered without a key: load balancers and routers (vllm-router's health
+checker) poll them with no credentials, and they tell nothing but 'up'."""
 TENANT_PREFIXES = ("/v1/memories", "/v3/memories")
 """The memory APIs (ours, and the routes mem0's client calls: server/mem0_api.py)."""
 

@@ -9,7 +9,9 @@ users are refused: the id a key is checked for is exactly the id the memory serv
 
 `memory` options: enabled (default true), k (facts retrieved, default the server's), write
 (save the exchange as conversation turns after the response), session_id, recent_facts (the
-session's last facts, besides the top-k).
+session's last facts, besides the top-k), add (facts to remember, stored before the answer:
+one round trip, and a write that passes through any OpenAI-compatible proxy, vllm-router
+included, with the client's headers).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from inferscale_engine.server.auth import HttpError, Principal
 USER_HEADER = "x-user-id"
 STRIPPED_FIELDS = ("kv_transfer_params", "cache_salt", "vllm_xargs")
 """Client-sent fields that reach vLLM's engine: the server sets them, a client never does."""
-_OPTIONS = ("enabled", "k", "write", "session_id", "user_id", "recent_facts")
+_OPTIONS = ("enabled", "k", "write", "session_id", "user_id", "recent_facts", "add")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,7 @@ class MemoryOptions:
     write: bool = False
     session_id: str | None = None
     recent_facts: int = 0
+    add: tuple[str, ...] = ()
 
     @property
     def active(self) -> bool:
@@ -67,8 +70,12 @@ def identify(request: Any, headers: Mapping[str, str], default_k: int,
         session_id = check_session(session) if session is not None else None
     except InferScaleError as exc:
         raise HttpError(400, f"memory.{exc}") from None
+    add = _texts(raw.get("add", []))
+    if add and user_id is None:
+        raise HttpError(400, "memory.add needs a user: send the X-User-Id header (or `user`)")
     return MemoryOptions(user_id, _flag(raw, "enabled", True), _count(raw, "k", default_k),
-                         _flag(raw, "write", False), session_id, _count(raw, "recent_facts", 0))
+                         _flag(raw, "write", False), session_id, _count(raw, "recent_facts", 0),
+                         add)
 
 
 def header_user(headers: Mapping[str, str]) -> str | None:
@@ -145,3 +152,9 @@ def _count(raw: Mapping[str, Any], name: str, default: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 256:
         raise HttpError(400, f"memory.{name} must be an int in [0, 256], got {value!r:.40}")
     return value
+
+
+def _texts(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+        raise HttpError(400, f"memory.add must be a list of strings (facts), got {value!r:.60}")
+    return tuple(value)

@@ -33,7 +33,13 @@ from inferscale_engine.checks import check_half_scan_min_rows
 from inferscale_engine.config import EngineConfig, plan_secret
 from inferscale_engine.errors import ConfigError
 from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL, check_dedupe_threshold
-from inferscale_engine.server.auth import ApiKeys, HttpError, check_bind, tenant_route
+from inferscale_engine.server.auth import (
+    PUBLIC_PATHS,
+    ApiKeys,
+    HttpError,
+    check_bind,
+    tenant_route,
+)
 from inferscale_engine.server.limits import (
     DEFAULT_MAX_ADD_FACTS,
     MAX_BODY_BYTES,
@@ -74,6 +80,9 @@ def our_parser() -> argparse.ArgumentParser:
                         help="cosine at which an added fact is a duplicate; 'none' stores all")
     parser.add_argument("--max-add-facts", type=int, default=DEFAULT_MAX_ADD_FACTS,
                         help="facts or turns one POST /v1/memories may add (larger: 413)")
+    parser.add_argument("--replica-id", default=None,
+                        help="a name for this server, reported in each response's memory "
+                             "field (which replica behind a router answered)")
     parser.add_argument("--half-scan-min-rows", type=int, default=None,
                         help="facts of one user from which searches scan float16 copies (1.5x "
                              "the index memory; default: the device's, 0 = never)")
@@ -179,7 +188,7 @@ async def run(args: argparse.Namespace, config: EngineConfig, keys: ApiKeys | No
         supported = await client.get_supported_tasks()
         app = build_app(args, supported, client.model_config)
         await init_app_state(client, app.state, args, supported)
-        metrics = install(app, memory, keys, ours.k, ours.max_add_facts)
+        metrics = install(app, memory, keys, ours.k, ours.max_add_facts, ours.replica_id)
         try:
             shutdown = await serve_http(
                 app, sock=sock, host=args.host, port=args.port,
@@ -212,7 +221,7 @@ def open_memory(config: EngineConfig, ours: argparse.Namespace, client: Any,
 
 
 def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
-            max_add_facts: int = DEFAULT_MAX_ADD_FACTS) -> Any:
+            max_add_facts: int = DEFAULT_MAX_ADD_FACTS, replica_id: str | None = None) -> Any:
     """The seam, routes, auth middleware and metrics on vLLM's app; returns the metrics."""
     from inferscale_engine.server import mem0_api, routes
     from inferscale_engine.server.metrics import MemoryMetrics
@@ -222,7 +231,7 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
         MemoryServingCompletion,
     )
 
-    context = MemoryContext(memory, default_k, max_add_facts)
+    context = MemoryContext(memory, default_k, max_add_facts, replica_id)
     app.state.inferscale = context
     for name, cls in (("openai_serving_chat", MemoryServingChat),
                       ("openai_serving_completion", MemoryServingCompletion)):
@@ -251,7 +260,7 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
 
     @app.middleware("http")
     async def gate(request: Request, call_next: Any) -> Any:
-        if keys is not None:
+        if keys is not None and request.url.path not in PUBLIC_PATHS:
             try:
                 principal = request.state.principal = keys.principal(request.headers)
                 if not principal.admin and not tenant_route(request.url.path) and any(
@@ -267,6 +276,6 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
 
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)  # before the key check
     app.add_middleware(CountRefusals, counts=context.refusals)  # outermost: counts them all
-    metrics = MemoryMetrics(memory, context.refusals)
+    metrics = MemoryMetrics(memory, context.refusals, served_users=context.served_users)
     metrics.start()
     return metrics

@@ -46,14 +46,21 @@ _ENGINE_COUNTERS = {
     "repaired_facts": "Facts prefilled as text after the injected ones (suffix repair)",
 }
 
+_MEMORY_COUNTERS = {
+    "synced_users": "Users read again from a shared store (first use, or another replica "
+                    "wrote them)",
+    "synced_facts": "Facts registered from a shared store by those reads",
+}
+
 
 class MemoryMetrics:
     """A prometheus_client collector of the Memory's sizes and counters."""
 
     def __init__(self, memory: Any, refusals: Counter[int] | None = None,
-                 interval_s: float = 2.0) -> None:
+                 interval_s: float = 2.0, served_users: set[str] | None = None) -> None:
         self._memory = memory
         self._refusals = refusals if refusals is not None else Counter()
+        self._served_users = served_users if served_users is not None else set()
         self._interval_s = interval_s
         self._snapshot: Any = None
         self._stop = threading.Event()
@@ -111,6 +118,9 @@ class MemoryMetrics:
                                   "Tokens stored in the host-RAM tier"),
                   "host_capacity_tokens": (totals.get("host_capacity_tokens", 0),
                                            "Tokens the host-RAM tier holds")}
+        gauges["served_users"] = (len(self._served_users), "Distinct users this server has "
+                                  "answered with memory since it started (replicas: each "
+                                  "user on one)")
         for name, (value, text) in gauges.items():
             yield GaugeMetricFamily(f"inferscale_{name}", text, value=value)
         for name, text in _COUNTERS.items():
@@ -121,6 +131,9 @@ class MemoryMetrics:
         for name, text in _ENGINE_COUNTERS.items():
             yield CounterMetricFamily(f"inferscale_{name}", text,
                                       value=stats.engine.counters.get(name, 0))
+        for name, text in _MEMORY_COUNTERS.items():
+            yield CounterMetricFamily(f"inferscale_{name}", text,
+                                      value=stats.counters.get(name, 0))
         refused = CounterMetricFamily("inferscale_refused_requests",
                                       "Requests answered with a 4xx status", labels=["status"])
         for status, count in sorted(self._refusals.items()):

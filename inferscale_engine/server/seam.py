@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import ExitStack
@@ -41,6 +42,11 @@ class RequestScope:
     stripped: list[str]
     prepared: list[PreparedPrompt] = field(default_factory=list)
     question: str = ""
+    added: list[Any] = field(default_factory=list)
+    """memory.add's AddResults, stored before the answer was prepared."""
+    replica_id: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    """ms per phase of the seam's own work (the Server-Timing header)."""
 
 
 _SCOPE: contextvars.ContextVar[RequestScope | None] = contextvars.ContextVar(
@@ -51,12 +57,16 @@ class MemoryContext:
     """What the seam and the routes share: the Memory, its defaults, pending write-backs."""
 
     def __init__(self, memory: Any, default_k: int = 5,
-                 max_add_facts: int = DEFAULT_MAX_ADD_FACTS) -> None:
+                 max_add_facts: int = DEFAULT_MAX_ADD_FACTS, replica_id: str | None = None
+                 ) -> None:
         self.memory = memory
+        self.replica_id = replica_id
         self.default_k = default_k
         self.max_add_facts = max_add_facts
         self.pending: set[asyncio.Task[Any]] = set()
         self.refusals: Counter[int] = Counter()
+        self.served_users: set[str] = set()
+        """Users whose chats and completions were served with memory (a metric)."""
         """Requests answered with a 4xx status, by status (limits.CountRefusals)."""
 
     def scope(self, request: Any, raw_request: Any) -> RequestScope:
@@ -65,7 +75,7 @@ class MemoryContext:
         principal: Principal | None = getattr(getattr(raw_request, "state", None), "principal",
                                               None)
         options = identify(request, headers, self.default_k, principal)
-        return RequestScope(options, strip_client_fields(request))
+        return RequestScope(options, strip_client_fields(request), replica_id=self.replica_id)
 
     def check_add_size(self, num_facts: int) -> None:
         """Refuse (413) an add of more than max_add_facts facts or turns."""
@@ -93,6 +103,26 @@ class MemoryContext:
         owners = [index for index, role, part in pieces
                   if role in FACT_ROLES and has_visible(part)]  # Memory.add: one fact each
         return list(zip(owners, results, strict=True))
+
+    async def add_facts(self, scope: RequestScope) -> None:
+        """Store a request's memory.add facts (one transaction) before its answer is prepared.
+
+        Raises:
+            HttpError: 413 over max_add_facts; 400 for a fact the memory refuses (nothing is
+                stored).
+        """
+        options = scope.options
+        if not options.add:
+            return
+        self.check_add_size(len(options.add))
+        started = time.perf_counter()
+        try:
+            scope.added = await asyncio.to_thread(
+                self.memory.add, user_id=options.user_id, texts=list(options.add),
+                session_id=options.session_id)
+        except InferScaleError as exc:
+            raise HttpError(400, f"memory.add: {exc}") from None
+        scope.timings["add"] = (time.perf_counter() - started) * 1e3
 
     def write_back(self, options: MemoryOptions, question: str, answer: str) -> None:
         """Save the exchange as conversation turns, after the response (a background task)."""
@@ -125,6 +155,10 @@ def report(scope: RequestScope, raw_request: Any, final: Mapping[str, Any] | Non
             "fact_ids": [int(f) for p in scope.prepared for f in p.handle.fact_ids],
             "injected_tokens": injected if status in ("inject", "planned") else 0,
             "plan_status": status, "stripped_fields": scope.stripped}
+    if options.add:
+        info["added"] = [{"id": int(r.fact_id), "event": r.event} for r in scope.added]
+    if scope.replica_id is not None:
+        info["replica"] = scope.replica_id
     state = getattr(raw_request, "state", None)
     if state is not None:
         state.inferscale_headers = {
@@ -134,6 +168,9 @@ def report(scope: RequestScope, raw_request: Any, final: Mapping[str, Any] | Non
             "X-InferScale-Injected-Tokens": str(info["injected_tokens"]),
             "X-InferScale-Plan-Status": status,
             "X-InferScale-Facts": str(info["facts"])}
+        if scope.timings:
+            state.inferscale_headers["Server-Timing"] = ", ".join(
+                f"{name};dur={ms:.3f}" for name, ms in scope.timings.items())
     return info
 
 
@@ -151,8 +188,13 @@ class _Seam:
         return adopted
 
     async def _serve(self, create: Any, request: Any, raw_request: Any) -> Any:
+        started = time.perf_counter()
         try:
             scope = self._inferscale.scope(request, raw_request)
+            scope.timings["identify"] = (time.perf_counter() - started) * 1e3
+            await self._inferscale.add_facts(scope)
+            if scope.options.active:
+                self._inferscale.served_users.add(scope.options.user_id)  # type: ignore[arg-type]
         except HttpError as exc:
             return self._error(exc.message, exc.status, exc.kind)  # type: ignore[attr-defined]
         # Large memory adds wait between their chunks while a chat is served (memory/gate.py),
@@ -190,9 +232,18 @@ class _Seam:
     async def _prepare(self, scope: RequestScope, engine_input: Any, **kwargs: Any) -> Any:
         options = scope.options
         memory = self._inferscale.memory
-        prepared = await asyncio.to_thread(
-            memory.prepare, user_id=options.user_id, k=options.k,
-            session_id=options.session_id, recent_facts=options.recent_facts, **kwargs)
+        timings = scope.timings
+        submitted = time.perf_counter()
+
+        def prepare() -> PreparedPrompt:
+            timings["hop"] = (time.perf_counter() - submitted) * 1e3  # event loop -> thread
+            return memory.prepare(  # type: ignore[no-any-return]
+                user_id=options.user_id, k=options.k, session_id=options.session_id,
+                recent_facts=options.recent_facts, timings=timings, **kwargs)
+
+        prepared = await asyncio.to_thread(prepare)
+        timings["back"] = (time.perf_counter() - submitted) * 1e3 - sum(
+            timings.get(n, 0.0) for n in ("hop", "retrieve", "plan"))  # thread -> event loop
         scope.prepared.append(prepared)
         new = dict(engine_input)
         new["prompt_token_ids"] = list(prepared.token_ids)
@@ -227,10 +278,12 @@ class MemoryServingChat(_Seam, OpenAIServingChat):
         return await self._serve(super().create_chat_completion, request, raw_request)
 
     async def render_chat_request(self, request: Any) -> Any:
+        started = time.perf_counter()
         result = await super().render_chat_request(request)
         scope = _SCOPE.get()
         if scope is None or not scope.options.active or not isinstance(result, tuple):
             return result
+        scope.timings["vllm_render"] = (time.perf_counter() - started) * 1e3
         conversation, engine_inputs = result
         messages = [_plain(m) for m in conversation]
         scope.question = next((m["content"] for m in reversed(messages)

@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -71,7 +72,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
 class ServerProcess:
     """One `inferscale serve` child: start(), kill() (SIGKILL, as a crash), stop()."""
 
-    def __init__(self, db_path: Path, log_path: Path, *, model: str = "tiny",
+    def __init__(self, db_path: Path | str, log_path: Path, *, model: str = "tiny",
                  api_keys: Path | None = None, admin_key: str | None = None,
                  extra_args: Sequence[str] = (), sizing_args: Sequence[str] = CPU_SIZING
                  ) -> None:
@@ -98,11 +99,7 @@ class ServerProcess:
     def start(self, timeout_s: float = 420.0) -> ServerProcess:
         """Start the server and wait until /health answers; raise with the log tail if not."""
         assert not self.attached, "an attached server is started elsewhere"
-        command = [sys.executable, "-m", "inferscale_engine.cli", "serve", *self.model_args(),
-                   "--port", str(self.port), "--db", str(self.db_path), *self.sizing_args,
-                   "--uvicorn-log-level", "warning",
-                   *(["--api-keys", str(self.api_keys)] if self.api_keys else []),
-                   *self.extra_args]
+        command = self.command()
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log,
@@ -122,6 +119,14 @@ class ServerProcess:
         self.kill()
         raise TimeoutError(f"inferscale serve not ready in {timeout_s:.0f} s:\n"
                            f"{self.log_tail()}")
+
+    def command(self) -> list[str]:
+        """The server's command line."""
+        return [sys.executable, "-m", "inferscale_engine.cli", "serve", *self.model_args(),
+                "--port", str(self.port), "--db", str(self.db_path), *self.sizing_args,
+                "--uvicorn-log-level", "warning",
+                *(["--api-keys", str(self.api_keys)] if self.api_keys else []),
+                *self.extra_args]
 
     def model_args(self) -> list[str]:
         """The served model: 'tiny' is the tiny Qwen2 fixture (built here), in float32."""
@@ -173,3 +178,52 @@ def running_server(db_path: Path, log_path: Path, **options: object) -> Iterator
         yield server
     finally:
         server.stop()
+
+
+class RouterProcess:
+    """vllm-router (PyPI `vllm-router`) in a child process in front of replicas.
+
+    `--policy consistent_hash`: a request goes to the replica its X-User-Id header hashes to
+    (the header comes first in the router's key order); 1 s health checks, so a dead replica's
+    users move within about a second.
+    """
+
+    def __init__(self, workers: Sequence[str], log_path: Path, timeout_s: float = 120.0) -> None:
+        binary = self.binary()
+        if binary is None:
+            raise RuntimeError("vllm-router is not installed: "
+                               "pip install 'inferscale-kv[replicas]'")
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        command = [binary, "--host", "127.0.0.1", "--port", str(self.port),
+                   "--worker-urls", *workers, "--policy", "consistent_hash",
+                   "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
+                   "--health-check-timeout-secs", "2", "--log-level", "warning"]
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True,
+                                            preexec_fn=_die_with_parent)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"vllm-router exited:\n{log_path.read_text()[-3000:]}")
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{self.base_url}/health", timeout=5).status_code == 200:
+                    return
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"vllm-router not ready in {timeout_s:.0f} s:\n"
+                           f"{log_path.read_text()[-3000:]}")
+
+    @staticmethod
+    def binary() -> str | None:
+        """The vllm-router executable (next to this Python's, or on PATH), or None."""
+        local = Path(sys.executable).parent / "vllm-router"
+        return str(local) if local.is_file() else shutil.which("vllm-router")
+
+    def stop(self) -> None:
+        """SIGKILL the router (it holds no state) and reap it."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)

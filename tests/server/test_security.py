@@ -81,6 +81,8 @@ def test_keys_are_required_and_only_admin_deletes_a_user(http, client_a, user_a)
         _refused(http.get("/v1/memories", params={"user_id": user_a}, headers=headers), 401,
                  "API key")
         _refused(http.post("/v1/chat/completions", json=_chat(user_a), headers=headers), 401)
+        _refused(http.get("/metrics", headers=headers), 401)
+        assert http.get("/health", headers=headers).status_code == 200  # liveness: no key
     assert http.get("/v1/memories", params={"user_id": user_a},
                     headers={"X-API-Key": KEYS["a"]}).status_code == 200
     _refused(http.post("/v1/memories/reset", json={"user_id": user_a}, headers=auth("a")), 403,

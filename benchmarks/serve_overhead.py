@@ -1,0 +1,269 @@
+"""What `inferscale serve` adds to plain `vllm serve`: TTFT over HTTP, paired, one run.
+
+Two servers side by side on one device, the same model and vLLM settings: plain `vllm serve`
+(vLLM's own OpenAI server) and `inferscale serve` (the same server with the memory seam and
+the KV connector). Question i, in a shuffled mode order:
+  vllm        plain vLLM, the question alone
+  ours-off    inferscale, memory.enabled=false, the question alone (the seam and connector
+              with nothing to serve)
+  vllm-text   plain vLLM, the user's k facts pasted in the system message (text RAG)
+  ours-text   inferscale, memory off, the same pasted facts
+  ours-kv     inferscale, memory.k = k: the user's k facts retrieved and injected as KV
+TTFT: request sent -> first streamed chunk carrying a choice. Our share is ours-off - vllm and
+ours-text - vllm-text (paired per question); ours-kv - vllm-text is what memory as KV saves
+against text RAG on plain vLLM. ours-kv responses carry a Server-Timing header (the seam's own
+phases: identify, vllm_render, hop, retrieve, plan, back), reported as medians: where our
+share goes. Nothing here asserts anything about speed.
+
+  python benchmarks/serve_overhead.py --model llama-3.1-8b --embedder /tmp/minilm   # H200
+  python benchmarks/serve_overhead.py --model tiny --k 10 --requests 4 --warmup 1   # CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import (  # noqa: E402
+    compilation_overrides,
+    environment,
+    resolve_model,
+    summarize,
+    synthetic_texts,
+    write_record,
+)
+
+MODES = ("vllm", "ours-off", "vllm-text", "ours-text", "ours-kv")
+PAIRS = {"ours (no memory)": ("ours-off", "vllm"), "ours (text prompt)": ("ours-text", "vllm-text"),
+         "kv vs text RAG": ("ours-kv", "vllm-text")}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL
+
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="auto",
+                        help="auto (llama-3.1-8b on a GPU, else tiny) or as ttft.py's --model")
+    parser.add_argument("--k", type=int, default=50, help="facts per request")
+    parser.add_argument("--requests", type=int, default=30, help="timed questions")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed questions first")
+    parser.add_argument("--fact-tokens", type=int, default=30)
+    parser.add_argument("--question-tokens", type=int, default=48)
+    parser.add_argument("--window", type=int, default=64, help="context window W")
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.35,
+                        help="of each server (both share the GPU)")
+    parser.add_argument("--slab-mib", type=int, default=None,
+                        help="fact KV of inferscale serve (default 8192 on a GPU, 256 on CPU)")
+    parser.add_argument("--cpu-kv-mib", type=int, default=256, help="vLLM KV cache on CPU")
+    parser.add_argument("--embedder", default=DEFAULT_EMBEDDING_MODEL,
+                        help="sentence-transformers name or folder")
+    parser.add_argument("--cudagraph-sizes", default=None,
+                        help="both servers capture CUDA graphs for these batch sizes only")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tag", default="")
+    return parser.parse_args(argv)
+
+
+def vllm_args(args: argparse.Namespace, dtype: str, load_format: str, gpu: bool) -> list[str]:
+    """vLLM's own flags, the same for both servers."""
+    out = (["--gpu-memory-utilization", str(args.gpu_memory_utilization)] if gpu else
+           ["--enforce-eager", "--kv-cache-memory-bytes", str(args.cpu_kv_mib * 2**20)])
+    out += ["--max-model-len", str(args.max_model_len), "--dtype", dtype,
+            "--load-format", load_format]
+    if compilation := compilation_overrides(args.cudagraph_sizes):
+        out += ["--compilation-config", json.dumps(compilation["compilation_config"])]
+    return out
+
+
+def start_servers(args: argparse.Namespace, folder: str, dtype: str, load_format: str,
+                  workdir: Path, gpu: bool) -> tuple[Any, Any]:
+    """(plain vllm serve, inferscale serve), both up; either failing stops both."""
+    from tests.server.process import ServerProcess
+
+    class PlainVllm(ServerProcess):
+        def command(self) -> list[str]:
+            return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+                    folder, "--port", str(self.port), "--uvicorn-log-level", "warning",
+                    *self.sizing_args]
+
+    common = vllm_args(args, dtype, load_format, gpu)
+    plain = PlainVllm(workdir / "unused.db", workdir / "vllm.log", model=folder,
+                      sizing_args=common)
+    ours = ServerProcess(workdir / "server.db", workdir / "server.log", model=folder,
+                         sizing_args=[*common, "--slab-mib", str(args.slab_mib), "--window",
+                                      str(args.window), "--embedding-model", args.embedder,
+                                      "--dedupe-threshold", "none"])
+    started = []
+    try:
+        for server in (plain, ours):  # one at a time: each sizes itself on what is free
+            started.append(server.start(timeout_s=900))
+    except BaseException:
+        for server in started:
+            server.stop()
+        raise
+    return plain, ours
+
+
+def stream_chat(http: Any, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """(ms to the first SSE chunk with a choice, what the response said it served)."""
+    body = {**body, "model": http.model_id}
+    start = time.perf_counter()
+    first: float | None = None
+    usage: dict[str, Any] = {}
+    with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"chat {response.status_code}: {response.read()[:300]!r}")
+        for line in response.iter_lines():
+            if first is None and line.startswith("data: {") and '"choices":[{' in line:
+                first = time.perf_counter()
+            if line == "data: [DONE]":
+                break
+            if line.startswith("data: {") and '"usage":{' in line:
+                usage = json.loads(line[6:]).get("usage") or usage
+        headers = response.headers
+    if first is None:
+        raise RuntimeError("the stream ended without a chunk carrying a choice")
+    return (first - start) * 1e3, {
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "injected_tokens": int(headers.get("x-inferscale-injected-tokens", 0)),
+        "server_timing": parse_server_timing(headers.get("server-timing", ""))}
+
+
+def parse_server_timing(value: str) -> dict[str, float]:
+    """{'retrieve': 3.1, ...} from 'retrieve;dur=3.1, plan;dur=0.8'."""
+    out = {}
+    for part in filter(None, (p.strip() for p in value.split(","))):
+        name, _, rest = part.partition(";dur=")
+        if rest:
+            out[name] = float(rest)
+    return out
+
+
+def run(args: argparse.Namespace, plain: Any, ours: Any, model_ids: list[str],
+        questions: list[str], fact_sets: list[list[str]]) -> dict[str, Any]:
+    from inferscale_engine.config import DEFAULT_SYSTEM_PROMPT
+    from inferscale_engine.prompting.prompt import FACT_FORMAT
+
+    rng = random.Random(args.seed + 1)
+    raw: dict[str, list[float]] = {m: [] for m in MODES}
+    served: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    chat = {"max_tokens": 1, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    for i, (question, facts) in enumerate(zip(questions, fact_sets, strict=True)):
+        alone = [{"role": "user", "content": question}]
+        pasted = [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT + "".join(
+            FACT_FORMAT.format(text=t) for t in facts)}, *alone]
+        user = f"u{i}"
+        calls = {
+            "vllm": (plain, {"messages": alone}),
+            "ours-off": (ours, {"messages": alone, "memory": {"enabled": False}}),
+            "vllm-text": (plain, {"messages": pasted}),
+            "ours-text": (ours, {"messages": pasted, "memory": {"enabled": False}}),
+            "ours-kv": (ours, {"messages": alone, "user": user, "memory": {"k": args.k}}),
+        }
+        order = list(MODES)
+        rng.shuffle(order)
+        for mode in order:
+            client, body = calls[mode]
+            elapsed, info = stream_chat(client, {**chat, **body})
+            if i >= args.warmup:
+                raw[mode].append(elapsed)
+                served[mode].append(info)
+        if raw["vllm"]:
+            print(f"q{i:3d} " + "  ".join(f"{m}={raw[m][-1]:7.2f}" for m in MODES), flush=True)
+    return {"raw_ms": raw, "served": served}
+
+
+def summary_of(result: dict[str, Any]) -> dict[str, Any]:
+    raw, served = result["raw_ms"], result["served"]
+    out: dict[str, Any] = {"modes": {}, "differences_ms": {}, "server_timing_ms": {}}
+    for mode in MODES:
+        out["modes"][mode] = {
+            **summarize(raw[mode]),
+            "prompt_tokens": statistics.median(s["prompt_tokens"] or 0 for s in served[mode]),
+            "injected_tokens": statistics.median(s["injected_tokens"] for s in served[mode])}
+    for name, (a, b) in PAIRS.items():
+        out["differences_ms"][name] = {
+            "of": f"{a} - {b}",
+            "paired": summarize([x - y for x, y in zip(raw[a], raw[b], strict=True)])}
+    phases = sorted({p for s in served["ours-kv"] for p in s["server_timing"]})
+    for phase in phases:
+        values = [s["server_timing"].get(phase, 0.0) for s in served["ours-kv"]]
+        out["server_timing_ms"][phase] = {"median": statistics.median(values),
+                                          "p90": sorted(values)[int(0.9 * (len(values) - 1))]}
+    out["kv_requests_not_injected"] = sum(not s["injected_tokens"] for s in served["ours-kv"])
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    import httpx
+    import torch
+    from transformers import AutoTokenizer
+
+    args = parse_args(argv)
+    gpu = torch.cuda.is_available()
+    if args.model == "auto":
+        args.model = "llama-3.1-8b" if gpu else "tiny"
+    if args.slab_mib is None:
+        args.slab_mib = 8192 if gpu else 256
+    folder, dtype, load_format = resolve_model(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    count = args.warmup + args.requests
+    pool = synthetic_texts(tokenizer, max(300, args.k), args.fact_tokens, seed=1)
+    questions = synthetic_texts(tokenizer, count, args.question_tokens, seed=2, fmt="{text}")
+    rng = random.Random(args.seed)
+    fact_sets = [rng.sample(pool, args.k) for _ in range(count)]
+    with tempfile.TemporaryDirectory() as workdir:
+        plain_server, ours_server = start_servers(args, folder, dtype, load_format,
+                                                  Path(workdir), gpu)
+        try:
+            with httpx.Client(base_url=plain_server.base_url, timeout=300) as plain, \
+                    httpx.Client(base_url=ours_server.base_url, timeout=300) as ours:
+                ids = []
+                for client in (plain, ours):
+                    client.model_id = client.get("/v1/models").json()["data"][0]["id"]
+                    ids.append(client.model_id)
+                for i, facts in enumerate(fact_sets):
+                    response = ours.post("/v1/memories", json={"user_id": f"u{i}",
+                                                               "texts": facts})
+                    response.raise_for_status()
+                result = run(args, plain, ours, ids, questions, fact_sets)
+        finally:
+            plain_server.stop()
+            ours_server.stop()
+    summary = summary_of(result)
+    record = {"benchmark": "serve_overhead", "config": {**vars(args), "model_folder": folder,
+                                                        "dtype": dtype,
+                                                        "load_format": load_format},
+              "environment": environment(), "summary": summary, **result}
+    print("\n| mode | median ms | p90 ms | prompt tokens | injected tokens |")
+    print("|---|---|---|---|---|")
+    for mode, s in summary["modes"].items():
+        print(f"| {mode} | {s['median_ms']:.2f} | {s['p90_ms']:.2f} | {s['prompt_tokens']:.0f} "
+              f"| {s['injected_tokens']:.0f} |")
+    for name, d in summary["differences_ms"].items():
+        print(f"{name} ({d['of']}): paired median {d['paired']['median_ms']:+.2f} ms, "
+              f"p90 {d['paired']['p90_ms']:+.2f} ms")
+    print("seam phases (ours-kv, median ms): " + ", ".join(
+        f"{p} {v['median']:.2f}" for p, v in summary["server_timing_ms"].items()))
+    if summary["kv_requests_not_injected"]:
+        print(f"WARNING: {summary['kv_requests_not_injected']} ours-kv requests injected nothing")
+    path = write_record(f"serve_overhead-{args.model}" + (f"-{args.tag}" if args.tag else ""),
+                        record)
+    print(f"wrote {path}")
+    return record
+
+
+if __name__ == "__main__":
+    main()
