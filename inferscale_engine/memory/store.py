@@ -189,7 +189,7 @@ class FactStore:
         with self._db.transaction("update") as db:
             schema.bump_user_version(db, user_id)
             before = db.execute("SELECT text FROM facts WHERE fact_id = ? AND user_id = ?",
-                                  (fact_id, user_id)).fetchone()
+                                (fact_id, user_id)).fetchone()
             cursor = db.execute(
                 "UPDATE facts SET text = ?, token_ids = ?, embedding = ?, content_hash = ?, "
                 "metadata = COALESCE(?, metadata), updated_at = ? WHERE fact_id = ? AND "
@@ -275,8 +275,8 @@ class FactStore:
         (fact_id,) = check_fact_ids([fact_id], "fact_id")
         with self._db.reading("owner") as db:
             row = db.execute("SELECT user_id FROM facts WHERE fact_id = ? UNION ALL SELECT "
-                               "user_id FROM history WHERE fact_id = ?", (fact_id, fact_id)
-                               ).fetchone()
+                             "user_id FROM history WHERE fact_id = ?", (fact_id, fact_id)
+                             ).fetchone()
         return None if row is None else str(row[0])
 
     # ---- whole store -------------------------------------------------------------------
@@ -297,8 +297,9 @@ class FactStore:
     def iter_all(self, batch_size: int = 256) -> Iterator[list[StoredFact]]:
         """Every fact of every user in id order, in batches (to rebuild KV and the index).
 
-        The lock is held per batch only, so writes from other threads may interleave; facts
-        added meanwhile with larger ids are yielded too.
+        The lock is held per batch only, so writes from other threads (or, on a shared
+        database, processes) may interleave; facts added meanwhile with larger ids are yielded
+        too.
         """
         check_int(batch_size, "batch_size", 1, ConfigError)
         last_id = 0
@@ -368,7 +369,7 @@ def _select_facts(db: Database, columns: str, user_id: str,
     for start in range(0, len(fact_ids), _IDS_PER_QUERY):
         chunk = fact_ids[start:start + _IDS_PER_QUERY]
         yield from db.execute(f"SELECT {columns} FROM facts WHERE user_id = ? AND fact_id IN "
-                                f"({','.join('?' * len(chunk))})", (user_id, *chunk))
+                              f"({','.join('?' * len(chunk))})", (user_id, *chunk))
 
 
 def _raise_missing(user_id: str, missing: list[int]) -> None:

@@ -105,7 +105,9 @@ class PostgresDatabase(Database):
         self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
 
     def _begin(self) -> None:
-        self._conn.execute("BEGIN")
+        # Named, not the server's default: each statement sees what committed before it, so a
+        # writer that waited for a user's version row goes on with that user's latest rows.
+        self._conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
 
     def _commit(self) -> None:
         self._conn.execute("COMMIT")
@@ -164,23 +166,28 @@ def is_postgres_url(target: str) -> bool:
 
 def redact(url: str) -> str:
     """`url` with its password (in the user part or a password= parameter) shown as ***."""
-    scheme, _, rest = url.partition("://")
-    query_at = rest.find("?")
-    at = rest.rfind("@", 0, query_at if query_at >= 0 else len(rest))
-    if at >= 0 and ":" in rest[:at]:
-        rest = rest[:rest.index(":")] + ":***" + rest[at:]
-    rest = re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", rest)
-    return f"{scheme}://{rest}"
+    parts, last = [], 0
+    for start, end in _password_spans(url):
+        parts += [url[last:start], "***"]
+        last = end
+    return "".join(parts) + url[last:]
 
 
 def _secrets(url: str) -> list[str]:
-    """The password as written in `url` and percent-decoded (to scrub from driver errors)."""
-    _, _, rest = url.partition("://")
-    query_at = rest.find("?")
-    at = rest.rfind("@", 0, query_at if query_at >= 0 else len(rest))
-    found = [rest[:at].partition(":")[2]] if at >= 0 else []
-    found += re.findall(r"(?i)[?&]password=([^&]*)", rest)
-    return sorted({s for raw in found for s in (raw, unquote(raw)) if s}, key=len, reverse=True)
+    """The passwords in `url`, as written and percent-decoded (to scrub from driver errors)."""
+    found = {text for start, end in _password_spans(url)
+             for text in (url[start:end], unquote(url[start:end])) if text}
+    return sorted(found, key=len, reverse=True)
+
+
+def _password_spans(url: str) -> list[tuple[int, int]]:
+    """Where `url` holds a password: user:PASSWORD@host, and ?password=PASSWORD values."""
+    begin = url.find("://") + 3
+    query_at = url.find("?", begin)
+    at = url.rfind("@", begin, query_at if query_at >= 0 else len(url))
+    colon = url.find(":", begin, at) if at >= 0 else -1
+    spans = [(colon + 1, at)] if colon >= 0 else []
+    return spans + [m.span(1) for m in re.finditer(r"(?i)[?&]password=([^&]*)", url)]
 
 
 @functools.lru_cache(maxsize=256)
