@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--verbose", action="store_true", help="show vLLM's INFO log")
     cal = sub.add_parser("calibrate", help="fit the key temperature on a user's facts")
     cal.add_argument("--model", default="small", help="small | a model folder")
-    cal.add_argument("--db", required=True, help="the Memory's fact database")
+    cal.add_argument("--db", required=True,
+                     help="the Memory's fact database (a SQLite file or a postgresql:// URL)")
     cal.add_argument("--user", required=True, help="whose facts to sample")
     cal.add_argument("--out", required=True, help="where to write the fit (JSON)")
     cal.add_argument("--scales", default="0.8,0.9,1.0,1.1", help="candidate key scales")

@@ -25,6 +25,32 @@ def tiny_models() -> dict[str, Path]:
     return {arch: tiny_model_path(TinyModelSpec(arch)) for arch in ARCHS}
 
 
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """A throwaway PostgreSQL server for the session (tests/pgserver.py).
+
+    Skipped where PostgreSQL or psycopg is missing, unless INFERSCALE_REQUIRE_SERVICES is set
+    (CI): then those tests fail, so a broken install cannot pass as skips.
+    """
+    from tests.pgserver import REQUIRE_ENV, PostgresServer, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        if os.environ.get(REQUIRE_ENV):
+            pytest.fail(f"{reason} ({REQUIRE_ENV} is set, so this is an error, not a skip)")
+        pytest.skip(reason)
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture()
+def postgres_url(postgres_server) -> Iterator[str]:
+    """The URL of a fresh, empty database on the session's server, dropped after the test."""
+    name = postgres_server.create_database()
+    yield postgres_server.url_for(name)
+    postgres_server.drop_database(name)
+
+
 def engine_config(model: Path, **overrides: Any):
     """Small, fp32, eager engine settings for tests on 2 CPU cores."""
     from inferscale_engine.config import EngineConfig

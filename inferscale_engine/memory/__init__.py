@@ -10,7 +10,7 @@
   config.py      MemoryConfig, open_store
   types.py       AddResult, SearchResult, MemoryStats
   fingerprint.py what stored token ids and embeddings were derived with
-  store.py       FactStore (SQLite), records.py its rows
+  store.py       FactStore (SQLite or PostgreSQL: sql/), records.py its rows
   embedder.py    sentence-transformers embeddings; retrieval.py per-user cosine top-k
 """
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from inferscale_engine.checks import check_half_scan_min_rows
 from inferscale_engine.config import EngineConfig
 from inferscale_engine.errors import ConfigError, InvalidRequestError
+from inferscale_engine.memory.sql import is_url
 from inferscale_engine.memory.store import FactStore
 
 DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -29,7 +30,8 @@ class MemoryConfig:
     engine: EngineConfig
     """The serving engine (model, slab size, eviction policy, ...)."""
     db_path: str = DEFAULT_DB_PATH
-    """SQLite file holding facts and turns; ':memory:' for a throwaway store."""
+    """SQLite file holding facts and turns; ':memory:' for a throwaway store; or a
+    postgresql://user:password@host/dbname URL (the `postgres` extra) that replicas share."""
     embedding_model: str = DEFAULT_EMBEDDING_MODEL
     """sentence-transformers model name or folder (default: offline all-MiniLM-L6-v2)."""
     dedupe_threshold: float | None = 0.95
@@ -50,7 +52,8 @@ class MemoryConfig:
             raise ConfigError(f"MemoryConfig.engine must be an EngineConfig, got "
                               f"{type(self.engine).__name__}")
         if not isinstance(self.db_path, str) or not self.db_path.strip():
-            raise ConfigError(f"db_path={self.db_path!r} must be a file path or ':memory:'")
+            raise ConfigError(f"db_path={self.db_path!r} must be a file path, ':memory:' or a "
+                              "postgresql:// URL")
         if not isinstance(self.embedding_model, str) or not self.embedding_model.strip():
             raise ConfigError(f"embedding_model={self.embedding_model!r} must be a "
                               "sentence-transformers name or folder")
@@ -85,13 +88,16 @@ def check_startup(value: object) -> str:
 
 
 def open_store(store: FactStore | str | os.PathLike[str]) -> FactStore:
-    """`store`, or the FactStore at that path (its folder created if missing)."""
+    """`store`, or the FactStore at that path (its folder created if missing) or URL."""
     if isinstance(store, FactStore):
         return store
     if not isinstance(store, str | os.PathLike):
-        raise InvalidRequestError(f"store must be a FactStore or a database path, got "
+        raise InvalidRequestError(f"store must be a FactStore, a database path or URL, got "
                                   f"{type(store).__name__}")
-    path = os.path.expanduser(os.fspath(store))
+    path = os.fspath(store)
+    if is_url(path):
+        return FactStore(path)
+    path = os.path.expanduser(path)
     if path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     return FactStore(path)

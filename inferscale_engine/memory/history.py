@@ -1,15 +1,19 @@
 """Each fact's history: every ADD, UPDATE and DELETE with the old and new text and the time.
 
 Rows are written in the same transaction as the change they record (store.py), so history and
-facts never disagree. A user's reset erases the user's history too: a deleted user leaves no
-text behind. Schema step 3 creates the table and records an ADD for every fact already stored.
+facts never disagree, on either database (sql/). A user's reset erases the user's history too:
+a deleted user leaves no text behind. Schema step 3 creates the table and records an ADD for
+every fact already stored.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inferscale_engine.memory.sql.database import Database
 
 EVENTS = ("ADD", "UPDATE", "DELETE")
 
@@ -29,35 +33,36 @@ class HistoryEvent:
     """Seconds since the epoch."""
 
 
-def create_v3(conn: sqlite3.Connection) -> None:
+def create_v3(db: Database) -> None:
     """The history table, with an ADD for each stored fact (at its creation time)."""
-    conn.execute("""CREATE TABLE history (
-        event_id INTEGER PRIMARY KEY AUTOINCREMENT, fact_id INTEGER NOT NULL,
+    t = db.types
+    db.execute(f"""CREATE TABLE history (
+        event_id {t.id}, fact_id {t.integer} NOT NULL,
         user_id TEXT NOT NULL, event TEXT NOT NULL, old_text TEXT, new_text TEXT,
-        created_at REAL NOT NULL)""")
-    conn.execute("CREATE INDEX history_fact ON history (fact_id, event_id)")
-    conn.execute("CREATE INDEX history_user ON history (user_id)")
-    conn.execute("INSERT INTO history (fact_id, user_id, event, old_text, new_text, created_at) "
+        created_at {t.real} NOT NULL)""")
+    db.execute("CREATE INDEX history_fact ON history (fact_id, event_id)")
+    db.execute("CREATE INDEX history_user ON history (user_id)")
+    db.execute("INSERT INTO history (fact_id, user_id, event, old_text, new_text, created_at) "
                  "SELECT fact_id, user_id, 'ADD', NULL, text, created_at FROM facts "
                  "ORDER BY fact_id")
 
 
-def record(conn: sqlite3.Connection, user_id: str,
+def record(db: Database, user_id: str,
            events: Iterable[tuple[int, str, str | None, str | None]], now: float) -> None:
     """Append (fact id, event, old text, new text) rows for one user."""
-    conn.executemany(
+    db.executemany(
         "INSERT INTO history (fact_id, user_id, event, old_text, new_text, created_at) "
         "VALUES (?, ?, ?, ?, ?, ?)",
         [(fact_id, user_id, event, old, new, now) for fact_id, event, old, new in events])
 
 
-def read(conn: sqlite3.Connection, user_id: str, fact_id: int) -> list[HistoryEvent]:
+def read(db: Database, user_id: str, fact_id: int) -> list[HistoryEvent]:
     """A fact's events, oldest first ([] for an id the user never had)."""
-    return [HistoryEvent(*row) for row in conn.execute(
+    return [HistoryEvent(*row) for row in db.execute(
         "SELECT event_id, fact_id, user_id, event, old_text, new_text, created_at FROM history "
         "WHERE fact_id = ? AND user_id = ? ORDER BY event_id", (fact_id, user_id))]
 
 
-def erase_user(conn: sqlite3.Connection, user_id: str) -> None:
+def erase_user(db: Database, user_id: str) -> None:
     """Forget every event of a user (a reset)."""
-    conn.execute("DELETE FROM history WHERE user_id = ?", (user_id,))
+    db.execute("DELETE FROM history WHERE user_id = ?", (user_id,))

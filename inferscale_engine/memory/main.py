@@ -70,7 +70,8 @@ class Memory(MemoryServing, AsyncVerbs):
         Args:
             engine: the serving engine. This Memory owns its fact ids: add no facts to it
                 directly.
-            store: a FactStore, or the path of its SQLite file (created if missing).
+            store: a FactStore, the path of its SQLite file (created if missing), or a
+                postgresql:// URL (a database that several processes may share).
             embedder: an Embedder, a sentence-transformers model name, or None (the offline
                 all-MiniLM-L6-v2).
             dedupe_threshold: cosine similarity at or above which an added fact is reported as a

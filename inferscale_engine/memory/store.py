@@ -1,21 +1,19 @@
-"""FactStore: facts, conversation turns and fact history (history.py), durable in SQLite.
+"""FactStore: facts, conversation turns and fact history (history.py), durable in a database.
 
 Facts (text, token ids, embedding, metadata) are the source of truth; fact KV and the retrieval
-index are caches rebuilt from them. Each write call is ONE transaction (all or nothing), in WAL
-mode with synchronous=FULL by default: once a call returns, its rows survive a kill.
+index are caches rebuilt from them. Each write call is ONE transaction (all or nothing): once a
+call returns, its rows survive a kill. The database is a SQLite file (the default; WAL,
+synchronous=FULL) or a PostgreSQL database that several processes share (a postgresql:// URL);
+sql/ holds what differs between them, so this module is the same for both.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import sqlite3
-import threading
 import time
-import unicodedata
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from typing import Any, cast
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from inferscale_engine.checks import (
     check_fact_ids,
@@ -29,7 +27,6 @@ from inferscale_engine.errors import (
     FactNotFoundError,
     InvalidFactError,
     InvalidTurnError,
-    StoreError,
 )
 from inferscale_engine.facts import FactId
 from inferscale_engine.memory import history
@@ -42,87 +39,60 @@ from inferscale_engine.memory.records import (
     token_blob,
     turn_rows,
 )
+from inferscale_engine.memory.sql import Database, open_database, schema
 
-_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _IDS_PER_QUERY = 500  # stays under SQLITE_MAX_VARIABLE_NUMBER of every SQLite build (999)
 _FACT_COLUMNS = ("fact_id, user_id, session_id, text, token_ids, embedding, metadata, "
                  "created_at, updated_at")
 _TURN_COLUMNS = "turn_id, user_id, session_id, role, content, created_at"
 _FINGERPRINT_KEY = "fingerprint"
-_VERSION_KEY = "schema_version"
-
-
-def _create_v1(conn: sqlite3.Connection) -> None:
-    conn.execute("""CREATE TABLE facts (
-        fact_id INTEGER PRIMARY KEY AUTOINCREMENT, user_id TEXT NOT NULL, session_id TEXT,
-        text TEXT NOT NULL, token_ids BLOB NOT NULL, embedding BLOB NOT NULL,
-        metadata TEXT NOT NULL DEFAULT '{}', created_at REAL NOT NULL, updated_at REAL NOT NULL,
-        content_hash TEXT NOT NULL)""")
-    conn.execute("CREATE INDEX facts_user_id ON facts (user_id)")
-    conn.execute("""CREATE TABLE turns (
-        turn_id INTEGER PRIMARY KEY AUTOINCREMENT, user_id TEXT NOT NULL, session_id TEXT,
-        role TEXT NOT NULL, content TEXT NOT NULL, created_at REAL NOT NULL)""")
-    conn.execute("CREATE INDEX turns_session ON turns (user_id, session_id, turn_id)")
-
-
-def _nfc_user_ids_v2(conn: sqlite3.Connection) -> None:
-    """User ids are NFC from this version on: two spellings of one name become one user."""
-    conn.create_function("inferscale_nfc", 1, lambda v: unicodedata.normalize("NFC", v),
-                         deterministic=True)
-    for table in ("facts", "turns"):
-        conn.execute(f"UPDATE {table} SET user_id = inferscale_nfc(user_id) "
-                     "WHERE user_id != inferscale_nfc(user_id)")
-
-
-# Migration hook: _MIGRATIONS[v] upgrades schema version v to v + 1 inside the opening
-# transaction; version 0 is an empty file. Append a step to change the schema, never edit one.
-_MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_create_v1, _nfc_user_ids_v2,
-                                                           history.create_v3]
 
 
 class FactStore:
-    """Durable facts and turns of every user in one SQLite file. Thread-safe.
+    """Durable facts and turns of every user, in SQLite or PostgreSQL. Thread-safe.
 
-    AUTOINCREMENT keeps fact ids unique forever: a deleted id is never reused, so a stale
-    handle or KV entry can never name a newer fact.
+    Fact ids are unique forever (AUTOINCREMENT, identity columns): a deleted id is never
+    reused, so a stale handle or KV entry can never name a newer fact. Several processes may
+    share one PostgreSQL database (`shared`); user_version() tells them a user changed.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "FULL",
+    def __init__(self, path: str | os.PathLike[str], *, synchronous: str | None = None,
                  busy_timeout_ms: int = 5000) -> None:
         """Open (creating and migrating if needed) the database at `path`.
 
         Args:
-            path: database file, or ":memory:" (tests).
-            synchronous: SQLite synchronous level. FULL (default) makes every commit survive a
-                power loss; NORMAL only a crash of the process; EXTRA also syncs the folder.
+            path: a SQLite file, ":memory:" (tests), or a postgresql:// (postgres://) URL such
+                as postgresql://user:password@host:5432/dbname (needs the `postgres` extra).
+            synchronous: SQLite only: its synchronous level. FULL (the default) makes every
+                commit survive a power loss; NORMAL only a crash of the process; EXTRA also
+                syncs the folder.
             busy_timeout_ms: how long a write waits for another connection's lock.
+
+        Raises:
+            ConfigError: a bad option, or a URL of another database.
+            StoreError: the database cannot be opened or migrated (the message never holds a
+                password).
         """
-        if not isinstance(synchronous, str) or synchronous.upper() not in _SYNCHRONOUS:
-            raise ConfigError(f"synchronous={synchronous!r} is not a SQLite level; use one of "
-                              f"{', '.join(_SYNCHRONOUS)} (FULL keeps commits on power loss)")
-        check_int(busy_timeout_ms, "busy_timeout_ms", 0, ConfigError)
-        self.path = os.fspath(path)
-        self._lock = threading.RLock()
+        self._db: Database = open_database(os.fspath(path), synchronous=synchronous,
+                                           busy_timeout_ms=busy_timeout_ms)
         try:
-            self._conn: sqlite3.Connection | None = sqlite3.connect(
-                self.path, timeout=busy_timeout_ms / 1000, check_same_thread=False,
-                isolation_level=None)  # autocommit: transactions are explicit BEGIN/COMMIT
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot open fact database {self.path!r}: {exc}; check that its "
-                             "folder exists and is writable") from exc
-        try:
-            self._conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
-            self._conn.execute("PRAGMA journal_mode = WAL")  # ':memory:' stays 'memory'
-            self._conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
-            self._conn.execute("PRAGMA foreign_keys = ON")
-            self._migrate()
-        except BaseException as exc:
-            self._conn.close()
-            self._conn = None
-            if isinstance(exc, sqlite3.Error):
-                raise StoreError(f"cannot open fact database {self.path!r}: {exc}; is it an "
-                                 "InferScale database (not another file)?") from exc
+            schema.migrate(self._db)
+        except BaseException:
+            self._db.close()
             raise
+
+    @property
+    def path(self) -> str:
+        """The database: its file path, ':memory:', or its URL with the password as ***."""
+        return self._db.name
+
+    @property
+    def shared(self) -> bool:
+        """True if other processes may write to this database too (PostgreSQL).
+
+        Then a user's facts may change under this process; see user_version().
+        """
+        return self._db.shared
 
     # ---- facts -------------------------------------------------------------------------
     def add_facts(self, *, user_id: str, texts: Sequence[str],
@@ -167,15 +137,18 @@ class FactStore:
             session_id = check_text(session_id, "session_id", InvalidFactError, strip=False)
         turn_list = turn_rows(turns)
         now = time.time()
-        with self._transaction("add_facts") as conn:
-            _insert_turns(conn, user_id, session_id, turn_list, now)
-            ids = [FactId(cast(int, conn.execute(
+        with self._db.transaction("add_facts") as db:
+            if texts:
+                schema.bump_user_version(db, user_id)
+            _insert_turns(db, user_id, session_id, turn_list, now)
+            ids = [FactId(i) for i in db.insert(
                 "INSERT INTO facts (user_id, session_id, text, token_ids, embedding, metadata, "
                 "created_at, updated_at, content_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (user_id, session_id, text, tokens, embedding, meta, now, now, _hash(text)),
-            ).lastrowid)) for text, tokens, embedding, meta in
-                zip(texts, token_blobs, embedding_blobs, metadata_rows, strict=True)]
-            history.record(conn, user_id, ((i, "ADD", None, t) for i, t in zip(ids, texts)), now)
+                [(user_id, session_id, text, tokens, embedding, meta, now, now, _hash(text))
+                 for text, tokens, embedding, meta in
+                 zip(texts, token_blobs, embedding_blobs, metadata_rows, strict=True)],
+                "fact_id")]
+            history.record(db, user_id, ((i, "ADD", None, t) for i, t in zip(ids, texts)), now)
             return ids
 
     def get(self, *, user_id: str, fact_ids: Sequence[int]) -> list[StoredFact]:
@@ -186,17 +159,17 @@ class FactStore:
         """
         user_id = check_user_id(user_id)
         ids = check_fact_ids(fact_ids)
-        with self._reading("get") as conn:
+        with self._db.reading("get") as db:
             found = {row[0]: fact_from_row(row)
-                     for row in _select_facts(conn, _FACT_COLUMNS, user_id, ids)}
+                     for row in _select_facts(db, _FACT_COLUMNS, user_id, ids)}
         _raise_missing(user_id, [i for i in ids if i not in found])
         return [found[i] for i in ids]
 
     def get_all(self, *, user_id: str) -> list[StoredFact]:
         """All facts of a user, oldest first (by fact id, which only grows)."""
         user_id = check_user_id(user_id)
-        with self._reading("get_all") as conn:
-            return [fact_from_row(row) for row in conn.execute(
+        with self._db.reading("get_all") as db:
+            return [fact_from_row(row) for row in db.execute(
                 f"SELECT {_FACT_COLUMNS} FROM facts WHERE user_id = ? ORDER BY fact_id",
                 (user_id,))]
 
@@ -213,49 +186,54 @@ class FactStore:
         tokens = token_blob(token_ids, "token_ids")
         vector = embedding_blob(embedding, "embedding")
         meta = None if metadata is None else metadata_json(metadata, 1)[0]
-        with self._transaction("update") as conn:
-            before = conn.execute("SELECT text FROM facts WHERE fact_id = ? AND user_id = ?",
-                                  (fact_id, user_id)).fetchone()
-            cursor = conn.execute(
+        with self._db.transaction("update") as db:
+            schema.bump_user_version(db, user_id)
+            before = db.execute("SELECT text FROM facts WHERE fact_id = ? AND user_id = ?",
+                                (fact_id, user_id)).fetchone()
+            cursor = db.execute(
                 "UPDATE facts SET text = ?, token_ids = ?, embedding = ?, content_hash = ?, "
                 "metadata = COALESCE(?, metadata), updated_at = ? WHERE fact_id = ? AND "
                 "user_id = ?", (text, tokens, vector, _hash(text), meta, time.time(), fact_id,
                                 user_id))
             if cursor.rowcount == 0:
                 _raise_missing(user_id, [fact_id])
-            row = conn.execute(f"SELECT {_FACT_COLUMNS} FROM facts WHERE fact_id = ?",
-                               (fact_id,)).fetchone()
-            history.record(conn, user_id, [(fact_id, "UPDATE", before[0], text)], row[8])
+            row = db.execute(f"SELECT {_FACT_COLUMNS} FROM facts WHERE fact_id = ?",
+                             (fact_id,)).fetchone()
+            history.record(db, user_id, [(fact_id, "UPDATE", before[0], text)], row[8])
         return fact_from_row(row)
 
     def delete(self, *, user_id: str, fact_ids: Sequence[int]) -> None:
         """Delete the user's facts, all or none (FactNotFoundError: an unknown or foreign id)."""
         user_id = check_user_id(user_id)
         ids = list(dict.fromkeys(check_fact_ids(fact_ids)))
+        if not ids:
+            return
         now = time.time()
-        with self._transaction("delete") as conn:
-            existing = dict(_select_facts(conn, "fact_id, text", user_id, ids))
+        with self._db.transaction("delete") as db:
+            schema.bump_user_version(db, user_id)
+            existing = dict(_select_facts(db, "fact_id, text", user_id, ids))
             _raise_missing(user_id, [i for i in ids if i not in existing])
-            conn.executemany("DELETE FROM facts WHERE fact_id = ?", [(i,) for i in ids])
-            history.record(conn, user_id, [(i, "DELETE", existing[i], None) for i in ids], now)
+            db.executemany("DELETE FROM facts WHERE fact_id = ?", [(i,) for i in ids])
+            history.record(db, user_id, [(i, "DELETE", existing[i], None) for i in ids], now)
 
     def reset(self, *, user_id: str) -> list[FactId]:
         """Delete all facts, turns and history of a user; returns the deleted fact ids."""
         user_id = check_user_id(user_id)
-        with self._transaction("reset") as conn:
-            fact_ids = [FactId(r[0]) for r in conn.execute(
+        with self._db.transaction("reset") as db:
+            schema.bump_user_version(db, user_id)
+            fact_ids = [FactId(r[0]) for r in db.execute(
                 "SELECT fact_id FROM facts WHERE user_id = ? ORDER BY fact_id", (user_id,))]
-            conn.execute("DELETE FROM facts WHERE user_id = ?", (user_id,))
-            conn.execute("DELETE FROM turns WHERE user_id = ?", (user_id,))
-            history.erase_user(conn, user_id)
+            db.execute("DELETE FROM facts WHERE user_id = ?", (user_id,))
+            db.execute("DELETE FROM turns WHERE user_id = ?", (user_id,))
+            history.erase_user(db, user_id)
         return fact_ids
 
     def history(self, *, user_id: str, fact_id: int) -> list[history.HistoryEvent]:
         """A fact's ADD / UPDATE / DELETE events, oldest first ([] if the user never had it)."""
         user_id = check_user_id(user_id)
         (fact_id,) = check_fact_ids([fact_id])
-        with self._reading("history") as conn:
-            return history.read(conn, user_id, fact_id)
+        with self._db.reading("history") as db:
+            return history.read(db, user_id, fact_id)
 
     # ---- turns -------------------------------------------------------------------------
     def add_turns(self, *, user_id: str, session_id: str | None,
@@ -266,18 +244,19 @@ class FactStore:
             session_id = check_text(session_id, "session_id", InvalidTurnError, strip=False)
         rows = turn_rows(turns)
         now = time.time()
-        with self._transaction("add_turns") as conn:
-            return _insert_turns(conn, user_id, session_id, rows, now)
+        with self._db.transaction("add_turns") as db:
+            return _insert_turns(db, user_id, session_id, rows, now)
 
     def recent_turns(self, *, user_id: str, session_id: str | None,
                      limit: int = 20) -> list[Turn]:
         """The last `limit` turns of a session, oldest first."""
         user_id = check_user_id(user_id)
         check_int(limit, "limit", 0, InvalidTurnError)
-        with self._reading("recent_turns") as conn:
-            rows = conn.execute(f"SELECT {_TURN_COLUMNS} FROM turns WHERE user_id = ? AND "
-                                "session_id IS ? ORDER BY turn_id DESC LIMIT ?",
-                                (user_id, session_id, limit)).fetchall()
+        session, args = ("IS NULL", ()) if session_id is None else ("= ?", (session_id,))
+        with self._db.reading("recent_turns") as db:
+            rows = db.execute(f"SELECT {_TURN_COLUMNS} FROM turns WHERE user_id = ? AND "
+                              f"session_id {session} ORDER BY turn_id DESC LIMIT ?",
+                              (user_id, *args, limit)).fetchall()
         return [Turn(*row) for row in reversed(rows)]
 
     def recent_facts(self, *, user_id: str, limit: int = 20,
@@ -286,47 +265,47 @@ class FactStore:
         user_id = check_user_id(user_id)
         check_int(limit, "limit", 0, InvalidFactError)
         where, args = ("AND session_id = ?", (session_id,)) if session_id is not None else ("", ())
-        with self._reading("recent_facts") as conn:
-            rows = conn.execute(f"SELECT {_FACT_COLUMNS} FROM facts WHERE user_id = ? {where} "
-                                "ORDER BY fact_id DESC LIMIT ?",
-                                (user_id, *args, limit)).fetchall()
+        with self._db.reading("recent_facts") as db:
+            rows = db.execute(f"SELECT {_FACT_COLUMNS} FROM facts WHERE user_id = ? {where} "
+                              "ORDER BY fact_id DESC LIMIT ?", (user_id, *args, limit)).fetchall()
         return [fact_from_row(row) for row in reversed(rows)]
 
     def owner(self, fact_id: int) -> str | None:
         """The user a fact id belongs (or, deleted, belonged) to, or None (no such fact)."""
         (fact_id,) = check_fact_ids([fact_id], "fact_id")
-        with self._reading("owner") as conn:
-            row = conn.execute("SELECT user_id FROM facts WHERE fact_id = ? UNION ALL SELECT "
-                               "user_id FROM history WHERE fact_id = ?", (fact_id, fact_id)
-                               ).fetchone()
+        with self._db.reading("owner") as db:
+            row = db.execute("SELECT user_id FROM facts WHERE fact_id = ? UNION ALL SELECT "
+                             "user_id FROM history WHERE fact_id = ?", (fact_id, fact_id)
+                             ).fetchone()
         return None if row is None else str(row[0])
 
     # ---- whole store -------------------------------------------------------------------
     def users(self) -> list[str]:
         """Every user with facts or turns, sorted."""
-        with self._reading("users") as conn:
-            return [r[0] for r in conn.execute(
-                "SELECT user_id FROM facts UNION SELECT user_id FROM turns ORDER BY 1")]
+        with self._db.reading("users") as db:  # sorted here: the same order in every database
+            return sorted(r[0] for r in db.execute(
+                "SELECT user_id FROM facts UNION SELECT user_id FROM turns"))
 
     def count(self, *, user_id: str | None = None) -> int:
         """Number of facts of one user, or of all users when user_id is None."""
-        with self._reading("count") as conn:
+        with self._db.reading("count") as db:
             if user_id is None:
-                return conn.execute("SELECT COUNT(*) FROM facts").fetchone()[0]
-            return conn.execute("SELECT COUNT(*) FROM facts WHERE user_id = ?",
-                                (check_user_id(user_id),)).fetchone()[0]
+                return int(db.execute("SELECT COUNT(*) FROM facts").fetchone()[0])
+            return int(db.execute("SELECT COUNT(*) FROM facts WHERE user_id = ?",
+                                  (check_user_id(user_id),)).fetchone()[0])
 
     def iter_all(self, batch_size: int = 256) -> Iterator[list[StoredFact]]:
         """Every fact of every user in id order, in batches (to rebuild KV and the index).
 
-        The lock is held per batch only, so writes from other threads may interleave; facts
-        added meanwhile with larger ids are yielded too.
+        The lock is held per batch only, so writes from other threads (or, on a shared
+        database, processes) may interleave; facts added meanwhile with larger ids are yielded
+        too.
         """
         check_int(batch_size, "batch_size", 1, ConfigError)
         last_id = 0
         while True:
-            with self._reading("iter_all") as conn:
-                batch = [fact_from_row(row) for row in conn.execute(
+            with self._db.reading("iter_all") as db:
+                batch = [fact_from_row(row) for row in db.execute(
                     f"SELECT {_FACT_COLUMNS} FROM facts WHERE fact_id > ? ORDER BY fact_id "
                     "LIMIT ?", (last_id, batch_size))]
             if not batch:
@@ -336,27 +315,35 @@ class FactStore:
 
     def fingerprint(self) -> str | None:
         """The stored model fingerprint (model + tokenizer identity), or None if never set."""
-        with self._reading("fingerprint") as conn:
-            return _meta(conn, _FINGERPRINT_KEY)
+        with self._db.reading("fingerprint") as db:
+            return schema.get_meta(db, _FINGERPRINT_KEY)
 
     def set_fingerprint(self, value: str) -> None:
         """Record the fingerprint of the model and tokenizer the stored facts were made with."""
         value = check_text(value, "fingerprint", ConfigError, strip=False)
-        with self._transaction("set_fingerprint") as conn:
-            _set_meta(conn, _FINGERPRINT_KEY, value)
+        with self._db.transaction("set_fingerprint") as db:
+            schema.set_meta(db, _FINGERPRINT_KEY, value)
 
     @property
     def schema_version(self) -> int:
         """Schema version of the open database."""
-        with self._reading("schema_version") as conn:
-            return int(_meta(conn, _VERSION_KEY) or 0)
+        with self._db.reading("schema_version") as db:
+            return int(schema.get_meta(db, schema.VERSION_KEY) or 0)
+
+    def user_version(self, user_id: str) -> int:
+        """A number that grows with every committed change of the user's facts; 0 if never written.
+
+        Every add_facts, update, delete and reset, by any process, raises it in its own
+        transaction. One key lookup: cheap enough to ask before serving a user whose facts this
+        process has cached.
+        """
+        user_id = check_user_id(user_id)
+        with self._db.reading("user_version") as db:
+            return schema.user_version(db, user_id)
 
     def close(self) -> None:
         """Close the database (idempotent); later calls raise StoreError."""
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        self._db.close()
 
     def __enter__(self) -> FactStore:
         return self
@@ -364,79 +351,25 @@ class FactStore:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # ---- internals ---------------------------------------------------------------------
-    def _migrate(self) -> None:
-        with self._transaction("schema migration") as conn:
-            conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, "
-                         "value TEXT NOT NULL)")
-            version = int(_meta(conn, _VERSION_KEY) or 0)
-            if version > len(_MIGRATIONS):
-                raise StoreError(f"{self.path!r} has schema version {version}, newer than this "
-                                 f"InferScale supports ({len(_MIGRATIONS)}); upgrade inferscale")
-            for step in _MIGRATIONS[version:]:
-                step(conn)
-            _set_meta(conn, _VERSION_KEY, str(len(_MIGRATIONS)))
 
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            raise StoreError(f"the FactStore of {self.path!r} is closed; open a new FactStore")
-        return self._conn
-
-    @contextmanager
-    def _transaction(self, what: str) -> Iterator[sqlite3.Connection]:
-        """One IMMEDIATE transaction under the lock: all of the block's writes or none."""
-        with self._lock:
-            conn = self._connection()
-            try:
-                conn.execute("BEGIN IMMEDIATE")  # takes the write lock now: no upgrade deadlock
-                try:
-                    yield conn
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-            except sqlite3.Error as exc:
-                raise StoreError(f"{what} failed, nothing was written: {exc}; check disk space "
-                                 f"and that no other process holds {self.path!r} locked") from exc
-
-    @contextmanager
-    def _reading(self, what: str) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            conn = self._connection()
-            try:
-                yield conn
-            except sqlite3.Error as exc:
-                raise StoreError(f"{what} failed reading {self.path!r}: {exc}") from exc
-
-
-def _insert_turns(conn: sqlite3.Connection, user_id: str, session_id: str | None,
+def _insert_turns(db: Database, user_id: str, session_id: str | None,
                   rows: list[tuple[str, str]], now: float) -> list[int]:
-    return [cast(int, conn.execute(
-        "INSERT INTO turns (user_id, session_id, role, content, created_at) VALUES "
-        "(?, ?, ?, ?, ?)", (user_id, session_id, role, content, now)).lastrowid)
-        for role, content in rows]
+    return db.insert("INSERT INTO turns (user_id, session_id, role, content, created_at) "
+                     "VALUES (?, ?, ?, ?, ?)",
+                     [(user_id, session_id, role, content, now) for role, content in rows],
+                     "turn_id")
 
 
 def _hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _select_facts(conn: sqlite3.Connection, columns: str, user_id: str,
+def _select_facts(db: Database, columns: str, user_id: str,
                   fact_ids: Sequence[int]) -> Iterator[tuple[Any, ...]]:
     for start in range(0, len(fact_ids), _IDS_PER_QUERY):
         chunk = fact_ids[start:start + _IDS_PER_QUERY]
-        yield from conn.execute(f"SELECT {columns} FROM facts WHERE user_id = ? AND fact_id IN "
-                                f"({','.join('?' * len(chunk))})", (user_id, *chunk))
-
-
-def _meta(conn: sqlite3.Connection, key: str) -> str | None:
-    row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-    return None if row is None else row[0]
-
-
-def _set_meta(conn: sqlite3.Connection, key: str, value: str) -> None:
-    conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+        yield from db.execute(f"SELECT {columns} FROM facts WHERE user_id = ? AND fact_id IN "
+                              f"({','.join('?' * len(chunk))})", (user_id, *chunk))
 
 
 def _raise_missing(user_id: str, missing: list[int]) -> None:

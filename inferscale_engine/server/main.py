@@ -1,6 +1,6 @@
 """`inferscale serve`: start vLLM's OpenAI server with InferScale's memory installed.
 
-    inferscale serve [MODEL | --model MODEL] [--host 127.0.0.1] [--port 8000] [--db PATH]
+    inferscale serve [MODEL | --model MODEL] [--host 127.0.0.1] [--port 8000] [--db PATH|URL]
                      [--api-keys FILE] [--k 5] [--window 256] [--context-source similar|recent]
                      [--run-tokens 512] [--slab-mib 256] [--host-tier-mib N] [--disk-tier DIR]
                      [--embedding-model NAME|DIR] [--dedupe-threshold 0.95|none]
@@ -57,7 +57,9 @@ def our_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default=None, help="small | a model folder (or give it first)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--db", default="~/.inferscale/server.db", help="the fact database")
+    parser.add_argument("--db", default="~/.inferscale/server.db",
+                        help="the fact database: a SQLite file, or a postgresql:// URL that "
+                             "replicas share")
     parser.add_argument("--api-keys", default=None, help="JSON file: keys -> tenant, users")
     parser.add_argument("--k", type=int, default=5, help="facts retrieved per request")
     parser.add_argument("--window", type=int, default=256, help="context window W (tokens)")

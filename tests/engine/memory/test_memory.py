@@ -1,7 +1,8 @@
 """Memory's verbs and errors on the real engine (tiny Qwen2 fixture, one engine per module).
 
 Each test opens its own Memory (fresh SQLite file) over the shared engine; closing a Memory
-makes the engine forget its facts, so the next test starts from an empty engine.
+makes the engine forget its facts, so the next test starts from an empty engine. The verbs'
+tests also run once on a fresh PostgreSQL database (ON_POSTGRES), the store a URL selects.
 """
 
 from __future__ import annotations
@@ -47,8 +48,15 @@ def engine(tiny_models):
 
 
 @pytest.fixture()
-def db(tmp_path):
+def db(tmp_path, request):
+    """A fresh SQLite file; or, parametrized with "postgres", a fresh PostgreSQL database."""
+    if getattr(request, "param", "sqlite") == "postgres":
+        return request.getfixturevalue("postgres_url")
     return str(tmp_path / "memory.db")
+
+
+ON_POSTGRES = pytest.mark.parametrize("db", ["sqlite", "postgres"], indirect=True)
+"""Run a test on SQLite and again on PostgreSQL (tests/pgserver.py)."""
 
 
 @pytest.fixture()
@@ -62,6 +70,7 @@ def generation(memory, user_id, handle, question="What do you know about me?"):
 
 
 # ---- verbs -----------------------------------------------------------------------------------
+@ON_POSTGRES
 def test_add_search_and_generate(memory):
     results = memory.add(user_id="alice", texts=FACTS[:4], metadata={"source": "test"})
     assert [r.event for r in results] == ["ADD"] * 4 and [r.text for r in results] == FACTS[:4]
@@ -146,6 +155,7 @@ def test_messages_become_turns_and_context_encoded_facts(memory, engine):
     assert len(memory.get_all(user_id="carol")) == 4
 
 
+@ON_POSTGRES
 def test_restart_rebuilds_kv_with_the_same_context(engine, db):
     with Memory(engine, db, HashEmbedder(), progress_bar=False) as mem:
         ids = [r.fact_id for r in mem.add(user_id="carol", session_id="s1", messages=CHAT)]
@@ -165,6 +175,7 @@ def test_restart_rebuilds_kv_with_the_same_context(engine, db):
         assert max_abs_diff(after.logprobs, before.logprobs) <= 1e-5
 
 
+@ON_POSTGRES
 def test_update_replaces_text_and_rebuilds_kv(memory, engine):
     ids = [r.fact_id for r in memory.add(user_id="dan", texts=FACTS[:2], metadata={"a": 1})]
     old_key = engine._facts[ids[0]].slab_key
@@ -181,6 +192,7 @@ def test_update_replaces_text_and_rebuilds_kv(memory, engine):
     assert generation(memory, "dan", MemoryHandle("dan", tuple(ids))).plan_status == "inject"
 
 
+@ON_POSTGRES
 def test_delete_and_reset(memory, engine):
     ids = [r.fact_id for r in memory.add(user_id="eve", texts=FACTS[:3])]
     other = memory.add(user_id="frank", texts=[FACTS[4]])[0].fact_id

@@ -1,4 +1,10 @@
-"""FactStore: round trips, validation, user isolation, transactions, migrations, durability."""
+"""FactStore: round trips, validation, user isolation, transactions, migrations, durability.
+
+Every test that takes `store` or `target` runs twice: on SQLite and on a fresh PostgreSQL
+database (tests/pgserver.py). Tests of SQLite's own machinery (pragmas, files that are not
+databases, migrations of old files) say so and run on SQLite only; test_store_postgres.py
+holds PostgreSQL's own (several processes, lost connections, URLs).
+"""
 
 from __future__ import annotations
 
@@ -16,7 +22,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from inferscale_engine.checks import has_visible
 from inferscale_engine.errors import (
@@ -29,16 +41,32 @@ from inferscale_engine.errors import (
     StoreError,
 )
 from inferscale_engine.facts import Fact
-from inferscale_engine.memory import store as store_module
 from inferscale_engine.memory.records import StoredFact, Turn
+from inferscale_engine.memory.sql import schema
 from inferscale_engine.memory.store import FactStore
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
+SCHEMA_VERSION = 4
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request) -> str:
+    return request.param
 
 
 @pytest.fixture
-def store():
-    with FactStore(":memory:") as fact_store:
+def target(backend, tmp_path, request) -> str:
+    """Where the test's database lives: a SQLite file, or a fresh PostgreSQL database."""
+    if backend == "sqlite":
+        return str(tmp_path / "facts.db")
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def store(backend, request):
+    """A FactStore on ':memory:' (SQLite) or on a fresh PostgreSQL database."""
+    where = ":memory:" if backend == "sqlite" else request.getfixturevalue("postgres_url")
+    with FactStore(where) as fact_store:
         yield fact_store
 
 
@@ -85,9 +113,22 @@ def test_metadata_dict_applies_to_every_fact(store):
 
 
 def test_unusual_text_round_trips(store):
-    texts = ["nul\x00inside", "emoji 🧠 and 中文", "  padded  ", "line\nbreak", "é" * 10_000]
-    ids = add(store, "ü-user", texts)
-    assert [f.text for f in store.get(user_id="ü-user", fact_ids=ids)] == texts
+    texts = ["nul\x00inside", "emoji 🧠 and 中文", "  padded  ", "line\nbreak", "é" * 10_000,
+             "x\uffff", "\uffff0 \uffff\uffff\x00", "a\x00\uffff", "% ? %s $1 ' \\"]
+    ids = add(store, "ü-user", texts, session_id="s\x00\uffff", metadata={"k": "v\x00"})
+    facts = store.get(user_id="ü-user", fact_ids=ids)
+    assert [f.text for f in facts] == texts and facts[0].session_id == "s\x00\uffff"
+    assert facts[0].metadata == {"k": "v\x00"}
+    assert store.recent_facts(user_id="ü-user", session_id="s\x00\uffff") == facts
+    store.add_turns(user_id="ü-user", session_id="s\x00", turns=[("user", "a\x00\uffffb")])
+    assert [t.content for t in store.recent_turns(user_id="ü-user", session_id="s\x00")] == [
+        "a\x00\uffffb"]
+    store.update(user_id="ü-user", fact_id=ids[0], text="new\x00", token_ids=[1],
+                 embedding=[1.0, 0.0, 0.0])
+    assert [(e.old_text, e.new_text) for e in store.history(user_id="ü-user", fact_id=ids[0])
+            ] == [(None, texts[0]), (texts[0], "new\x00")]
+    store.set_fingerprint("fp\x00\uffff")
+    assert store.fingerprint() == "fp\x00\uffff"
 
 
 def test_empty_add_returns_nothing(store):
@@ -146,6 +187,7 @@ def test_bad_fact_ids_are_rejected(store):
 
 
 def test_bad_config_is_rejected(tmp_path):
+    """SQLite's options and files (PostgreSQL's URLs: test_store_postgres.py)."""
     with pytest.raises(ConfigError, match="synchronous='SOMETIMES'"):
         FactStore(":memory:", synchronous="SOMETIMES")
     with pytest.raises(ConfigError, match="busy_timeout_ms"):
@@ -281,13 +323,12 @@ def test_users_count_and_iter_all(store):
         next(store.iter_all(batch_size=0))
 
 
-def test_fingerprint_persists(tmp_path):
-    path = tmp_path / "facts.db"
-    with FactStore(path) as first:
+def test_fingerprint_persists(target):
+    with FactStore(target) as first:
         assert first.fingerprint() is None
         first.set_fingerprint("model=llama-3|tokenizer=abc")
         first.set_fingerprint("model=qwen2|tokenizer=def")
-    with FactStore(path) as second:
+    with FactStore(target) as second:
         assert second.fingerprint() == "model=qwen2|tokenizer=def"
         with pytest.raises(ConfigError):
             second.set_fingerprint("")
@@ -295,64 +336,63 @@ def test_fingerprint_persists(tmp_path):
 
 # ---- database level --------------------------------------------------------------------------
 def test_pragmas_and_schema(tmp_path):
+    """SQLite only: its pragmas and file layout."""
     path = tmp_path / "facts.db"
     with FactStore(path) as fact_store:
-        conn = fact_store._conn
+        assert (fact_store.shared, fact_store.path) == (False, str(path))
+        conn = fact_store._db._conn
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
         assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
         assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
-        assert fact_store.schema_version == 3
+        assert fact_store.schema_version == SCHEMA_VERSION
     with FactStore(path, synchronous="normal", busy_timeout_ms=250) as fact_store:
-        assert fact_store._conn.execute("PRAGMA synchronous").fetchone()[0] == 1
+        assert fact_store._db._conn.execute("PRAGMA synchronous").fetchone()[0] == 1
     raw = sqlite3.connect(path)
     tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"facts", "turns", "meta", "history"} <= tables
+    assert {"facts", "turns", "meta", "history", "user_versions"} <= tables
     indexes = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='index'")}
     assert {"facts_user_id", "turns_session"} <= indexes
     raw.close()
 
 
-def test_data_survives_reopen_and_content_hash_is_set(tmp_path):
-    path = tmp_path / "facts.db"
-    with FactStore(path) as fact_store:
+def test_data_survives_reopen_and_content_hash_is_set(target):
+    with FactStore(target) as fact_store:
         ids = add(fact_store, "u", ["persisted"])
-    with FactStore(path) as fact_store:
+    with FactStore(target) as fact_store:
         assert [f.text for f in fact_store.get(user_id="u", fact_ids=ids)] == ["persisted"]
-    raw = sqlite3.connect(path)
-    (content_hash,) = raw.execute("SELECT content_hash FROM facts").fetchone()
-    raw.close()
+        (content_hash,) = fact_store._db.execute("SELECT content_hash FROM facts").fetchone()
     assert len(content_hash) == 64
 
 
-def test_migration_hook_upgrades_once_and_newer_schema_is_refused(tmp_path, monkeypatch):
-    path = tmp_path / "facts.db"
-    with FactStore(path) as fact_store:
+def test_migration_hook_upgrades_once_and_newer_schema_is_refused(target, monkeypatch):
+    with FactStore(target) as fact_store:
         add(fact_store, "u", ["before upgrade"])
     calls = []
 
-    def add_pinned(conn: sqlite3.Connection) -> None:
+    def add_pinned(db) -> None:
         calls.append(1)
-        conn.execute("ALTER TABLE facts ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0")
+        db.execute("ALTER TABLE facts ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0")
 
-    monkeypatch.setattr(store_module, "_MIGRATIONS", [*store_module._MIGRATIONS, add_pinned])
-    with FactStore(path) as fact_store:
-        assert fact_store.schema_version == 4
+    monkeypatch.setattr(schema, "_MIGRATIONS", [*schema._MIGRATIONS, add_pinned])
+    with FactStore(target) as fact_store:
+        assert fact_store.schema_version == SCHEMA_VERSION + 1
         assert [f.text for f in fact_store.get_all(user_id="u")] == ["before upgrade"]
-    with FactStore(path) as fact_store:
-        assert fact_store.schema_version == 4
+    with FactStore(target) as fact_store:
+        assert fact_store.schema_version == SCHEMA_VERSION + 1
     assert calls == [1]
     monkeypatch.undo()
-    with pytest.raises(StoreError, match="schema version 4, newer than"):
-        FactStore(path)
+    with pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1}, newer than"):
+        FactStore(target)
 
 
-def test_a_version_1_store_gets_nfc_user_ids(tmp_path):
+def test_a_version_1_store_gets_nfc_user_ids(tmp_path, monkeypatch):
+    """SQLite only: a file written by a version-1 InferScale upgrades to the current schema."""
     path = tmp_path / "v1.db"
+    with monkeypatch.context() as patch:
+        patch.setattr(schema, "_MIGRATIONS", schema._MIGRATIONS[:1])
+        FactStore(path).close()
     raw = sqlite3.connect(path)
-    raw.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    store_module._create_v1(raw)
-    raw.execute("INSERT INTO meta VALUES ('schema_version', '1')")
     blob = np.asarray([1, 2], dtype="<i4").tobytes()
     for user in ("cafe\u0301", "caf\u00e9"):
         raw.execute("INSERT INTO facts (user_id, text, token_ids, embedding, created_at, "
@@ -363,7 +403,7 @@ def test_a_version_1_store_gets_nfc_user_ids(tmp_path):
     raw.commit()
     raw.close()
     with FactStore(path) as fact_store:
-        assert fact_store.schema_version == 3
+        assert fact_store.schema_version == SCHEMA_VERSION
         assert len(fact_store.get_all(user_id="caf\u00e9")) == 2
         # version 3 gave every stored fact its ADD event
         assert [e.event for e in fact_store.history(user_id="caf\u00e9", fact_id=1)] == ["ADD"]
@@ -372,23 +412,29 @@ def test_a_version_1_store_gets_nfc_user_ids(tmp_path):
                                                            session_id=None, limit=5)] == ["hi"]
 
 
-def test_failure_inside_the_transaction_rolls_back_the_whole_call(tmp_path):
-    path = tmp_path / "facts.db"
-    fact_store = FactStore(path)
-    raw = sqlite3.connect(path)
-    raw.execute("CREATE TRIGGER boom BEFORE INSERT ON facts WHEN NEW.text = 'boom' "
-                "BEGIN SELECT RAISE(ABORT, 'boom trigger'); END")
-    raw.commit()
+BOOM_TRIGGER = {
+    "sqlite": ["CREATE TRIGGER boom BEFORE INSERT ON facts WHEN NEW.text = 'boom' "
+               "BEGIN SELECT RAISE(ABORT, 'boom trigger'); END"],
+    "postgres": ["CREATE FUNCTION boom() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                 "IF NEW.text = 'boom' THEN RAISE EXCEPTION 'boom trigger'; END IF; "
+                 "RETURN NEW; END $$",
+                 "CREATE TRIGGER boom BEFORE INSERT ON facts FOR EACH ROW EXECUTE FUNCTION boom()"],
+}
+
+
+def test_failure_inside_the_transaction_rolls_back_the_whole_call(store, backend):
+    for statement in BOOM_TRIGGER[backend]:
+        store._db.execute(statement)
+    version = store.user_version("u")
     with pytest.raises(StoreError, match="nothing was written: boom trigger"):
-        add(fact_store, "u", ["first", "boom", "third"])
-    assert fact_store.count() == 0
-    assert len(add(fact_store, "u", ["first", "third"])) == 2
-    raw.close()
-    fact_store.close()
+        add(store, "u", ["first", "boom", "third"], turns=[("user", "hi")])
+    assert store.count() == 0 and store.recent_turns(user_id="u", session_id=None) == []
+    assert store.user_version("u") == version
+    assert len(add(store, "u", ["first", "third"])) == 2
 
 
-def test_closed_store_raises(tmp_path):
-    fact_store = FactStore(tmp_path / "facts.db")
+def test_closed_store_raises(target):
+    fact_store = FactStore(target)
     fact_store.close()
     fact_store.close()
     with pytest.raises(StoreError, match="is closed"):
@@ -397,10 +443,11 @@ def test_closed_store_raises(tmp_path):
         add(fact_store, "u", ["x"])
 
 
-def test_concurrent_writers_and_readers(tmp_path):
-    """Threads share one store; a second store on the same file waits on SQLite's lock."""
-    fact_store = FactStore(tmp_path / "facts.db", synchronous="NORMAL")
-    other_store = FactStore(tmp_path / "facts.db", synchronous="NORMAL")
+def test_concurrent_writers_and_readers(target, backend):
+    """Threads share one store; a second store on the same database waits on its locks."""
+    options = {"synchronous": "NORMAL"} if backend == "sqlite" else {}
+    fact_store = FactStore(target, **options)
+    other_store = FactStore(target, **options)
     errors: list[BaseException] = []
     results: dict[str, list[int]] = {}
 
@@ -427,6 +474,7 @@ def test_concurrent_writers_and_readers(tmp_path):
     for user_id, ids in results.items():
         assert [f.text for f in fact_store.get(user_id=user_id, fact_ids=ids)] == [
             f"{user_id}-{i}" for i in range(15)]
+        assert other_store.user_version(user_id) == 15
     fact_store.close()
     other_store.close()
 
@@ -451,11 +499,10 @@ while True:
 
 
 @pytest.mark.parametrize("batch", [1, 25])
-def test_acknowledged_facts_survive_sigkill(tmp_path, batch):
-    """Every id printed after add_facts() returned is on disk after a SIGKILL; no call is half
-    applied (count is a multiple of the batch size)."""
-    path = tmp_path / "facts.db"
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(batch)],
+def test_acknowledged_facts_survive_sigkill(target, batch):
+    """Every id printed after add_facts() returned is stored after a SIGKILL of the writer; no
+    call is half applied (count is a multiple of the batch size)."""
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, target, str(batch)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=REPO_ROOT)
     try:
@@ -476,7 +523,7 @@ def test_acknowledged_facts_survive_sigkill(tmp_path, batch):
     assert proc.returncode == -signal.SIGKILL
     acknowledged = {int(fact_id): text for fact_id, text in
                     (line.rstrip("\n").split(" ", 1) for line in lines)}
-    with FactStore(path) as reopened:
+    with FactStore(target) as reopened:
         stored = reopened.get(user_id="crash", fact_ids=list(acknowledged))
         assert {f.fact_id: f.text for f in stored} == acknowledged
         assert reopened.count() % batch == 0
@@ -493,9 +540,12 @@ TEXTS = st.text(min_size=1, max_size=12).filter(has_visible)
 class StoreMachine(RuleBasedStateMachine):
     """Random add / update / delete / reset sequences against a dict model."""
 
-    def __init__(self) -> None:
+    def __init__(self, target: str = ":memory:") -> None:
         super().__init__()
-        self.store = FactStore(":memory:")
+        self.store = FactStore(target)
+        if target != ":memory:":  # one database for every example: start each from empty
+            for table in ("facts", "turns", "history", "user_versions"):
+                self.store._db.execute(f"DELETE FROM {table}")
         self.model: dict[int, tuple[str, str, tuple[int, ...]]] = {}  # id -> user, text, tokens
 
     def ids_of(self, user_id: str) -> list[int]:
@@ -556,10 +606,11 @@ class StoreMachine(RuleBasedStateMachine):
         self.store.close()
 
 
-StoreMachine.TestCase.settings = settings(
-    max_examples=40, stateful_step_count=15, deadline=None,
-    suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
-test_store_matches_model = StoreMachine.TestCase
+def test_store_matches_model(backend, request):
+    target = ":memory:" if backend == "sqlite" else request.getfixturevalue("postgres_url")
+    run_state_machine_as_test(lambda: StoreMachine(target), settings=settings(
+        max_examples=40, stateful_step_count=15, deadline=None,
+        suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow]))
 
 
 def test_history_records_every_change_in_its_transaction_and_reset_erases_it(store):
@@ -580,3 +631,48 @@ def test_history_records_every_change_in_its_transaction_and_reset_erases_it(sto
     assert len(store.history(user_id="hist", fact_id=first)) == 2
     store.reset(user_id="hist")
     assert store.history(user_id="hist", fact_id=first) == []
+
+
+# ---- per-user versions (how replicas sharing a database notice each other's writes) ----------
+def test_user_version_grows_with_every_change_of_the_users_facts(target):
+    with FactStore(target) as writer, FactStore(target) as reader:
+        assert reader.user_version("u") == 0 == reader.user_version("never written")
+        seen = [reader.user_version("u")]
+
+        def changed() -> bool:
+            seen.append(reader.user_version("u"))  # another store sees each commit
+            return seen[-1] > seen[-2]
+
+        ids = add(writer, "u", ["a", "b", "c"])
+        assert changed()
+        writer.update(user_id="u", fact_id=ids[0], text="a2", token_ids=[1],
+                      embedding=[1.0, 0.0, 0.0])
+        assert changed()
+        writer.delete(user_id="u", fact_ids=[ids[1]])
+        assert changed()
+        writer.reset(user_id="u")
+        assert changed()
+        # calls that change none of the user's facts leave the version alone
+        with pytest.raises(FactNotFoundError):
+            writer.delete(user_id="u", fact_ids=[ids[2]])
+        with pytest.raises(FactNotFoundError):
+            writer.update(user_id="u", fact_id=ids[0], text="x", token_ids=[1], embedding=[1.0])
+        with pytest.raises(InvalidFactError):
+            add(writer, "u", [""])
+        writer.add_turns(user_id="u", session_id="s", turns=[("user", "hi")])
+        writer.add_facts(user_id="u", texts=[], token_ids=[], embeddings=[])
+        writer.delete(user_id="u", fact_ids=[])
+        add(writer, "other", ["o"])
+        assert not changed()
+        assert reader.user_version("cafe\u0301") == reader.user_version("caf\u00e9") == 0
+        add(writer, "caf\u00e9", ["x"])
+        assert reader.user_version("cafe\u0301") == 1  # NFC, like every user id
+    with pytest.raises(InvalidUserIdError):
+        FactStore(target).user_version(" ")
+
+
+def test_shared_and_path_name_the_database(backend, target):
+    with FactStore(target) as fact_store:
+        assert fact_store.shared is (backend == "postgres")
+        assert fact_store.path == target
+        assert isinstance(fact_store, FactStore)
