@@ -1,4 +1,4 @@
-"""FactStore: facts, conversation turns and fact history (history.py), durable in SQLite.
+"""FactStore: facts, conversation turns (turns.py) and fact history (history.py), in SQLite.
 
 Facts (text, token ids, embedding, metadata) are the source of truth; fact KV and the retrieval
 index are caches rebuilt from them. Each write call is ONE transaction (all or nothing), in WAL
@@ -33,6 +33,7 @@ from inferscale_engine.errors import (
 )
 from inferscale_engine.facts import FactId
 from inferscale_engine.memory import history
+from inferscale_engine.memory import turns as turn_log
 from inferscale_engine.memory.records import (
     StoredFact,
     Turn,
@@ -47,7 +48,6 @@ _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _IDS_PER_QUERY = 500  # stays under SQLITE_MAX_VARIABLE_NUMBER of every SQLite build (999)
 _FACT_COLUMNS = ("fact_id, user_id, session_id, text, token_ids, embedding, metadata, "
                  "created_at, updated_at")
-_TURN_COLUMNS = "turn_id, user_id, session_id, role, content, created_at"
 _FINGERPRINT_KEY = "fingerprint"
 _VERSION_KEY = "schema_version"
 
@@ -168,7 +168,7 @@ class FactStore:
         turn_list = turn_rows(turns)
         now = time.time()
         with self._transaction("add_facts") as conn:
-            _insert_turns(conn, user_id, session_id, turn_list, now)
+            turn_log.insert(conn, user_id, session_id, turn_list, now)
             ids = [FactId(cast(int, conn.execute(
                 "INSERT INTO facts (user_id, session_id, text, token_ids, embedding, metadata, "
                 "created_at, updated_at, content_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -267,7 +267,7 @@ class FactStore:
         rows = turn_rows(turns)
         now = time.time()
         with self._transaction("add_turns") as conn:
-            return _insert_turns(conn, user_id, session_id, rows, now)
+            return turn_log.insert(conn, user_id, session_id, rows, now)
 
     def recent_turns(self, *, user_id: str, session_id: str | None,
                      limit: int = 20) -> list[Turn]:
@@ -275,10 +275,13 @@ class FactStore:
         user_id = check_user_id(user_id)
         check_int(limit, "limit", 0, InvalidTurnError)
         with self._reading("recent_turns") as conn:
-            rows = conn.execute(f"SELECT {_TURN_COLUMNS} FROM turns WHERE user_id = ? AND "
-                                "session_id IS ? ORDER BY turn_id DESC LIMIT ?",
-                                (user_id, session_id, limit)).fetchall()
-        return [Turn(*row) for row in reversed(rows)]
+            return turn_log.recent(conn, user_id, session_id, limit)
+
+    def sessions(self, *, user_id: str) -> list[turn_log.Session]:
+        """Every session of a user with turns (None: turns without one), latest first."""
+        user_id = check_user_id(user_id)
+        with self._reading("sessions") as conn:
+            return turn_log.sessions(conn, user_id)
 
     def recent_facts(self, *, user_id: str, limit: int = 20,
                      session_id: str | None = None) -> list[StoredFact]:
@@ -408,14 +411,6 @@ class FactStore:
                 yield conn
             except sqlite3.Error as exc:
                 raise StoreError(f"{what} failed reading {self.path!r}: {exc}") from exc
-
-
-def _insert_turns(conn: sqlite3.Connection, user_id: str, session_id: str | None,
-                  rows: list[tuple[str, str]], now: float) -> list[int]:
-    return [cast(int, conn.execute(
-        "INSERT INTO turns (user_id, session_id, role, content, created_at) VALUES "
-        "(?, ?, ?, ?, ?)", (user_id, session_id, role, content, now)).lastrowid)
-        for role, content in rows]
 
 
 def _hash(text: str) -> str:
