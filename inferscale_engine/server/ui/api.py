@@ -2,6 +2,7 @@
 
   GET    /ui/api/whoami                  the key's tenant, whether it is an admin key
   GET    /ui/api/users?q=                the users the key reaches (with facts or turns)
+  GET    /ui/api/user?user_id=           the user id as the server reads it, if the key reaches it
   GET    /ui/api/memories?user_id=       a user's memories: times, session, tokens, KV tier
   GET    /ui/api/history?id=             one memory's ADD / UPDATE / DELETE events
   POST   /ui/api/search                  {user_id, query, top_k}: memories with scores
@@ -86,6 +87,12 @@ async def users(request: Request, q: str = Query(default="", max_length=256)
     mine = [u for u in everyone if (principal is None or principal.allows(u))
             and q.lower() in u.lower()]
     return {"users": mine[:MAX_USERS], "total": len(mine)}
+
+
+@router.get("/user")
+async def user(request: Request, user_id: str | None = Query(default=None)) -> dict[str, Any]:
+    """The user id normalized, or 403: what the page checks before it shows a user."""
+    return {"user_id": _user(request, ("user_id", user_id))}
 
 
 @router.get("/memories")

@@ -117,11 +117,11 @@
     }
     $("nav").replaceChildren(...(who ? nav : []));
     if (!who) { $("who").replaceChildren(); return; }
-    $("who").replaceChildren(
+    $("who").replaceChildren(...[
       h("span", { id: "tenant" }, who.keys ? `tenant ${who.tenant}` : "no API keys (loopback)"),
       who.admin ? h("span", { class: "badge admin" }, "admin") : null,
       who.keys ? h("button", { id: "signout", class: "secondary", onclick: signOut }, "Sign out")
-        : null);
+        : null].filter((n) => n));
   }
 
   function renderSignIn(message) {
@@ -215,7 +215,7 @@
   const TABS = [["memories", "Memories"], ["search", "Search"], ["ask", "Ask"],
     ["sessions", "Sessions"]];
 
-  function renderUser(user, tab) {
+  async function renderUser(user, tab) {
     const body = h("div", { id: "user-body" }, h("p", { class: "muted" }, "Loading…"));
     const head = h("div", { id: "user-head" });
     show(h("div", { class: "card" },
@@ -229,6 +229,9 @@
             id: `tab-${name}` }, label))));
     };
     const refused = (err) => { head.replaceChildren(); fill(errorBox(err)); };
+    try {
+      await api("GET", "/ui/api/user" + q({ user_id: user }));  // 403 for a user not ours
+    } catch (err) { refused(err); return; }
     const views = { memories: memoriesTab, search: searchTab, ask: askTab, sessions: sessionsTab };
     (views[tab] || memoriesTab)(user, fill, opened, refused);
   }
@@ -286,7 +289,8 @@
         h("td", { class: "num" }, m.id), textCell,
         h("td", { class: "nowrap" }, fmtTime(m.created_at)),
         h("td", { class: "nowrap" }, fmtTime(m.updated_at)),
-        h("td", {}, m.session_id === null ? h("span", { class: "muted" }, "–") : m.session_id),
+        h("td", { class: "session", title: m.session_id },
+          m.session_id === null ? h("span", { class: "muted" }, "–") : m.session_id),
         h("td", { class: "num" }, m.tokens),
         h("td", { class: "kv" }, tierBadges(m.tiers)),
         h("td", { class: "nowrap" }, historyButton, editButton, deleteButton)), sub);
@@ -389,12 +393,12 @@
       try {
         const data = await api("POST", "/ui/api/ask", body);
         out.replaceChildren(
-          h("div", { class: "card" }, h("h2", {}, `Retrieved facts (k = ${data.k})`),
-            data.facts.length ? factsTable(data.facts, "ask-facts")
-              : h("p", { class: "muted" }, "No facts retrieved.")),
           h("div", { class: "row" },
             answerCard("kv", "KV mode: facts injected as stored KV", data.kv),
-            answerCard("text", "Text mode: facts prefilled as text", data.text)));
+            answerCard("text", "Text mode: facts prefilled as text", data.text)),
+          h("div", { class: "card" }, h("h2", {}, `Retrieved facts (k = ${data.k})`),
+            data.facts.length ? factsTable(data.facts, "ask-facts")
+              : h("p", { class: "muted" }, "No facts retrieved.")));
       } catch (err) { out.replaceChildren(errorBox(err)); }
     } }, question, h("label", {}, "k ", k), h("label", {}, "max tokens ", maxTokens),
     h("button", { id: "ask-submit" }, "Ask"));
@@ -540,8 +544,8 @@
             stat("plans rejected", fmtNum(v("inferscale_fallback_rejected_total"))),
             stat("plans mismatched", fmtNum(v("inferscale_fallback_mismatch_total"))),
             stat("injection errors", fmtNum(v("inferscale_load_errors_total"))),
-            stat("facts repaired as text", fmtNum(v("inferscale_repaired_facts_total")))))),
-      ttftCard(snap.ttft),
+            stat("facts repaired as text", fmtNum(v("inferscale_repaired_facts_total"))))),
+        ttftCard(snap.ttft)),
     ];
   }
 
@@ -563,11 +567,12 @@
       fill.style.height = `${(100 * count) / top}%`;
       bars.push(h("div", { class: "bar", title: `≤ ${le === null ? "∞" : le} s: ${count}` },
         h("span", {}, count ? fmtNum(count) : ""), fill));
-      labels.push(h("span", {}, le === null ? "∞" : (le < 1 ? `${fmtNum(le * 1000)}ms` : `${le}s`)));
+      labels.push(h("span", {}, le === null ? "∞" : (le < 1 ? fmtNum(le * 1000) : `${le}s`)));
     }
     const mean = ttft.count > 0 ? (1000 * ttft.sum) / ttft.count : null;
     return h("div", { class: "card", id: "card-ttft" },
-      h("h2", {}, "Time to first token (vLLM's histogram, every request)"),
+      h("h2", {}, "Time to first token"),
+      h("div", { class: "muted" }, "vLLM's histogram of every request; buckets up to (ms)"),
       h("dl", { class: "stats" }, stat("requests", fmtNum(ttft.count), "stat-ttft-count"),
         stat("mean", mean === null ? "–" : `${fmtNum(mean, 1)} ms`)),
       bars.length ? [h("div", { class: "hist", id: "ttft-hist" }, bars),
