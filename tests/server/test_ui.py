@@ -326,7 +326,9 @@ def test_cross_site_writes_are_refused(http, caroline):
                     {"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"}):
         for method, path, body in [("POST", f"/ui/api/memories/{fact}", {"text": "hacked"}),
                                    ("DELETE", f"/ui/api/memories/{fact}", None),
-                                   ("DELETE", "/ui/api/memories", None)]:
+                                   ("DELETE", "/ui/api/memories", None),
+                                   ("POST", "/ui/api/ask", {"user_id": caroline,
+                                                            "question": "Car?"})]:
             response = http.request(method, path, headers={**auth("a"), **headers}, json=body,
                                     params={"user_id": caroline, "confirm": caroline})
             assert response.status_code == 403, (headers, method, path, response.text)

@@ -16,7 +16,8 @@
   GET    /ui/api/server                  the server's metrics (admin keys: they are server-wide)
 
 Users are resolved and checked as on every memory route (routes._user: normalized, then the
-key's users); a memory id the key may not see is 404. Writes also pass page.check_same_origin.
+key's users); a memory id the key may not see is 404. Every POST and DELETE also passes
+page.check_same_origin (a browser's cross-site request is refused).
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ MAX_USERS = 500
 MAX_TURNS = 500
 """Turns of a conversation shown at most (its last ones)."""
 
-router = APIRouter(prefix="/ui/api", include_in_schema=False)
-writes = [Depends(check_same_origin)]
+router = APIRouter(prefix="/ui/api", include_in_schema=False,
+                   dependencies=[Depends(check_same_origin)])  # every POST and DELETE
 
 
 class _Body(BaseModel):
@@ -164,7 +165,7 @@ async def ask(request: Request, body: AskBody) -> dict[str, Any]:
                       for f, s in found.hits], **answers}
 
 
-@router.post("/memories/{memory_id}", dependencies=writes)
+@router.post("/memories/{memory_id}")
 async def update(request: Request, memory_id: int, body: UpdateBody) -> dict[str, Any]:
     """Replace a memory's text (its KV is encoded again)."""
     user_id = await _owned(request, memory_id)
@@ -173,7 +174,7 @@ async def update(request: Request, memory_id: int, body: UpdateBody) -> dict[str
     return {"id": int(fact.fact_id), "memory": fact.text, "user_id": user_id}
 
 
-@router.delete("/memories/{memory_id}", dependencies=writes)
+@router.delete("/memories/{memory_id}")
 async def delete(request: Request, memory_id: int) -> dict[str, Any]:
     """Delete one memory (its history keeps the DELETE)."""
     user_id = await _owned(request, memory_id)
@@ -181,7 +182,7 @@ async def delete(request: Request, memory_id: int) -> dict[str, Any]:
     return {"deleted": [memory_id], "user_id": user_id}
 
 
-@router.delete("/memories", dependencies=writes)
+@router.delete("/memories")
 async def delete_all(request: Request, user_id: str | None = Query(default=None),
                      confirm: str | None = Query(default=None)) -> dict[str, Any]:
     """Delete every memory of a user, in one transaction; `confirm` must repeat the user id.

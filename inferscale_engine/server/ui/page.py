@@ -52,11 +52,13 @@ def secured(path: str, response: Any) -> Any:
 
 
 def check_same_origin(request: Request) -> None:
-    """Refuse (403) a write that the browser says comes from another site.
+    """Refuse (403) a POST or DELETE that the browser says comes from another site.
 
     Requests without these headers (API clients, curl) pass: they carry the key themselves.
     Behind a proxy, keep the Host header (nginx: proxy_set_header Host $host).
     """
+    if request.method in ("GET", "HEAD", "OPTIONS"):
+        return
     origin = request.headers.get("origin")
     site = request.headers.get("sec-fetch-site")
     host = request.headers.get("host", "")
