@@ -1,4 +1,4 @@
-"""Command line: `inferscale serve | demo | calibrate | build-model`."""
+"""Command line: `inferscale serve | demo [--ui] | calibrate | build-model`."""
 
 from __future__ import annotations
 
@@ -21,6 +21,11 @@ DEMO_FACTS = [
     "Caroline's birthday is on the 14th of March.",
 ]
 DEMO_QUESTION = "What is the name of Caroline's dog?"
+DEMO_CHAT = [
+    {"role": "user", "content": "I'm thinking of a weekend in Boston to see my sister."},
+    {"role": "assistant", "content": "Lovely! Melanie could show you the marathon route."},
+]
+DEMO_USER = "demo:caroline"
 
 
 def _ttft_ms(engine, handle, question: str, mode: str, repeats: int) -> float:
@@ -81,6 +86,57 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def demo_ui(args: argparse.Namespace, serve_flags: list[str]) -> int:
+    """`inferscale demo --ui`: serve the model with the inspector, Caroline's memories, a key.
+
+    The key (admin, this run only), the database and the keys file live in a temporary folder
+    removed at exit; `serve_flags` go to `inferscale serve` as they are.
+    """
+    import json
+    import secrets
+    import tempfile
+    import threading
+    from pathlib import Path
+
+    from inferscale_engine.server.main import main as serve
+
+    key = "sk-demo-" + secrets.token_urlsafe(18)
+    with tempfile.TemporaryDirectory(prefix="inferscale-demo-ui-") as folder:
+        keys = Path(folder) / "keys.json"
+        keys.touch(mode=0o600)
+        keys.write_text(json.dumps({"keys": {key: {"tenant": "demo", "users": ["demo:*"],
+                                                   "admin": True}}}))
+        host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+        threading.Thread(target=_seed_demo, args=(f"http://{host}:{args.port}", key),
+                         name="inferscale-demo-seed", daemon=True).start()
+        return serve([args.model, "--host", args.host, "--port", str(args.port),
+                      "--db", str(Path(folder) / "demo.db"), "--api-keys", str(keys),
+                      "--window", str(args.window), "--run-tokens", str(args.run_tokens),
+                      *serve_flags])
+
+
+def _seed_demo(base_url: str, key: str, timeout_s: float = 3600.0) -> None:
+    """Once the server answers: add Caroline's facts and a chat, print where to look."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {key}"}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{base_url}/health", headers=headers, timeout=5).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            return
+        time.sleep(1)
+    for body in ({"texts": DEMO_FACTS}, {"messages": DEMO_CHAT, "session_id": "weekend-plans"}):
+        httpx.post(f"{base_url}/v1/memories", headers=headers, timeout=600,
+                   json={"user_id": DEMO_USER, **body}).raise_for_status()
+    print(f"\nInferScale memory inspector: {base_url}/ui\nAPI key (admin, this run only): "
+          f"{key}\nUser {DEMO_USER}: open it and Ask {DEMO_QUESTION!r}\n", flush=True)
+
+
 def calibrate(args: argparse.Namespace) -> int:
     """Fit the key temperature on a user's stored facts and save it (no gold answers)."""
     from inferscale_engine.config import EngineConfig
@@ -124,6 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--repeats", type=int, default=5, help="TTFT samples per mode")
     run.set_defaults(func=demo)
     run.add_argument("--verbose", action="store_true", help="show vLLM's INFO log")
+    run.add_argument("--ui", action="store_true",
+                     help="instead: serve the model with the memory inspector (/ui) and "
+                          "Caroline's memories; prints the URL and an API key. Other flags "
+                          "go to `inferscale serve`")
+    run.add_argument("--host", default="127.0.0.1", help="with --ui: where to listen")
+    run.add_argument("--port", type=int, default=8000, help="with --ui: the port")
     cal = sub.add_parser("calibrate", help="fit the key temperature on a user's facts")
     cal.add_argument("--model", default="small", help="small | a model folder")
     cal.add_argument("--db", required=True,
@@ -145,9 +207,13 @@ def main(argv: list[str] | None = None) -> int:
         from inferscale_engine.server.main import main as serve
 
         return serve(argv[1:])
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if rest and not getattr(args, "ui", False):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if not getattr(args, "verbose", False):  # vLLM reads it when first imported
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if getattr(args, "ui", False):
+        return demo_ui(args, rest)
     return int(args.func(args))
 
 

@@ -44,6 +44,7 @@ from inferscale_engine.memory.records import StoredFact, Turn
 from inferscale_engine.memory.retrieval import RetrievalIndex
 from inferscale_engine.memory.served import ServedFacts
 from inferscale_engine.memory.store import FactStore
+from inferscale_engine.memory.turns import Session
 from inferscale_engine.memory.types import AddResult, MemoryStats, SearchResult
 from inferscale_engine.runtime.engine import Engine
 
@@ -367,6 +368,13 @@ class Memory(MemoryServing, AsyncVerbs):
         with self._lock:
             self._check_open()
             return self._store.recent_turns(user_id=user_id, session_id=session_id, limit=limit)
+
+    def sessions(self, *, user_id: str) -> list[Session]:
+        """The user's conversations with stored turns, the most recently active first."""
+        user_id = checks.check_user_id(user_id)
+        with self._lock:
+            self._check_open()
+            return self._store.sessions(user_id=user_id)
 
     def stats(self) -> MemoryStats:
         """Sizes and counters (the engine's include evictions, re-encodes and fallbacks)."""

@@ -30,6 +30,7 @@ from inferscale_engine.errors import (
 )
 from inferscale_engine.facts import FactId
 from inferscale_engine.memory import history
+from inferscale_engine.memory import turns as turn_log
 from inferscale_engine.memory.records import (
     StoredFact,
     Turn,
@@ -258,6 +259,12 @@ class FactStore:
                               f"session_id {session} ORDER BY turn_id DESC LIMIT ?",
                               (user_id, *args, limit)).fetchall()
         return [Turn(*row) for row in reversed(rows)]
+
+    def sessions(self, *, user_id: str) -> list[turn_log.Session]:
+        """Every session of a user with turns (None: turns without one), latest first."""
+        user_id = check_user_id(user_id)
+        with self._db.reading("sessions") as db:
+            return turn_log.sessions(db, user_id)
 
     def recent_facts(self, *, user_id: str, limit: int = 20,
                      session_id: str | None = None) -> list[StoredFact]:

@@ -93,7 +93,6 @@ class Engine:
     _planner = property(lambda self: self._shards[0].planner)
     _writer = property(lambda self: self._shards[0].writer)
     _preambles = property(lambda self: self._shards[0].preambles)
-    _residency = property(lambda self: self._shards[0].residency)
 
     # ---- write path --------------------------------------------------------------------
     def add_facts(self, user_id: str, texts: Sequence[str],
@@ -104,8 +103,6 @@ class Engine:
         """Register facts and encode their KV once (batched); returns their ids, in order.
 
         Args:
-            user_id: owner of the facts.
-            texts: fact texts.
             contexts: per fact, what it is encoded after (Context-Window Encoding): the
                 text that preceded it (its last `window` tokens are kept), a RunContext
                 (facts added together; inferscale_engine.prompting.contexts), or None.
@@ -194,10 +191,9 @@ class Engine:
 
     def _check_length(self, token_ids: Sequence[int], text: str) -> None:
         if len(token_ids) > self.config.max_fact_tokens:
-            raise InvalidFactError(
-                f"a fact has {len(token_ids)} tokens, over max_fact_tokens="
-                f"{self.config.max_fact_tokens}; split it (Memory splits turns) or raise "
-                f"EngineConfig.max_fact_tokens: {text[:60]!r}...")
+            raise InvalidFactError(f"a fact has {len(token_ids)} tokens, over max_fact_tokens="
+                                   f"{self.config.max_fact_tokens}; split it (Memory splits turns)"
+                                   f" or raise EngineConfig.max_fact_tokens: {text[:60]!r}...")
 
     def split_text(self, text: str) -> list[str]:
         """`text` cut into pieces that each fit in one fact (max_fact_tokens), in order."""
@@ -303,9 +299,8 @@ class Engine:
         with self._lock:
             self._check_open()
             planner = self._shard_of(handle).planner
-            records = planner.resolve(handle)
             chosen = layout or self.config.layout
-            injected, repaired = planner.arrange(handle, records, chosen)
+            injected, repaired = planner.arrange(handle, planner.resolve(handle), chosen)
             return planner.build(as_messages(messages), injected, repaired, chosen, tools)
 
     def prepare_request(self, handle: MemoryHandle, messages: Messages | str, *,
@@ -381,10 +376,15 @@ class Engine:
     def is_resident(self, fact_id: FactId) -> bool:
         """True if the fact's KV is in the slab now."""
         with self._lock:
-            record = self._facts.get(fact_id)
-            if record is None:
+            if (record := self._facts.get(fact_id)) is None:
                 raise FactNotFoundError(f"fact {fact_id} does not exist")
             return record.resident
+
+    def tiers_of(self, fact_ids: Sequence[FactId]) -> dict[FactId, tuple[str, ...]]:
+        """Where each fact's KV is now, of 'slab', 'host', 'disk' (ids unknown: left out)."""
+        with self._lock:
+            return {f: self._shard(r.fact.user_id).writer.tiers_of(r, self.prompts.preamble())
+                    for f in fact_ids if (r := self._facts.get(f)) is not None}
 
     def delete(self, user_id: str, fact_ids: Sequence[FactId], keep_disk: bool = False) -> None:
         """Delete facts, their KV in every tier (keep_disk: not their disk entries).

@@ -160,6 +160,12 @@ class FactWriter:
             self._host.release(record)
         workers.forget(host_keys, names)
 
+    def tiers_of(self, record: FactRecord, preamble: Sequence[int]) -> tuple[str, ...]:
+        """Where the record's KV is now, of 'slab', 'host' and 'disk' (() = in none)."""
+        return tuple(name for name, here in (
+            ("slab", record.slab_key is not None), ("host", record.host_key is not None),
+            ("disk", self._on_disk(record, preamble))) if here)
+
     def run_saves(self, plans: list[SavePlan], prompts: list[list[int]]) -> None:
         """Run save requests in batches and check that every worker captured every fact.
 

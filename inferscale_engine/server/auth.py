@@ -6,9 +6,10 @@ prefix ending in '*') and an admin flag; only admin keys may reset or delete a w
     {"keys": {"sk-app-1": {"tenant": "acme", "users": ["acme:*"]},
               "sk-ops":   {"tenant": "acme", "users": ["acme:*"], "admin": true}}}
 
-With keys, every route but the liveness probes (PUBLIC_PATHS) needs `Authorization: Bearer <key>`
-(or `X-API-Key`); a tenant key reaches
-the chat, completion, model and memory routes only (tenant_route), an admin key every route.
+With keys, every route needs `Authorization: Bearer <key>` (or `X-API-Key`) but the liveness
+probes (PUBLIC_PATHS) and the inspector's page and files (server/ui: they hold no data); a tenant
+key reaches the chat, completion, model and memory routes only (tenant_route), an admin key every
+route.
 Without keys the server refuses to listen on anything but the loopback interface.
 """
 
@@ -34,8 +35,9 @@ bypass the memory seam) needs an admin key."""
 PUBLIC_PATHS = frozenset({"/health", "/ping"})
 """Liveness probes, answered without a key: load balancers and routers (vllm-router's health
 checker) poll them with no credentials, and they tell nothing but 'up'."""
-TENANT_PREFIXES = ("/v1/memories", "/v3/memories")
-"""The memory APIs (ours, and the routes mem0's client calls: server/mem0_api.py)."""
+TENANT_PREFIXES = ("/v1/memories", "/v3/memories", "/ui/api")
+"""The memory APIs (ours, the routes mem0's client calls: server/mem0_api.py, and the
+inspector's: server/ui/api.py)."""
 
 
 def tenant_route(path: str) -> bool:

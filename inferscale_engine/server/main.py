@@ -13,7 +13,8 @@ MODEL is 'small' (the default: the real 0.5B model) or a model folder, given fir
 
 vLLM's engine (AsyncLLM) starts with InferScale's KV connector and worker extension forced;
 the Memory runs on top of it in worker threads (AsyncRunner); vLLM's app is built as usual and
-gets the seam (seam.py), the memory routes, the auth middleware and the metrics.
+gets the seam (seam.py), the memory routes, the inspector (ui/), the auth middleware and the
+metrics.
 """
 
 from __future__ import annotations
@@ -225,13 +226,14 @@ def open_memory(config: EngineConfig, ours: argparse.Namespace, client: Any,
 def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
             max_add_facts: int = DEFAULT_MAX_ADD_FACTS, replica_id: str | None = None) -> Any:
     """The seam, routes, auth middleware and metrics on vLLM's app; returns the metrics."""
-    from inferscale_engine.server import mem0_api, routes
+    from inferscale_engine.server import mem0_api, routes, ui
     from inferscale_engine.server.metrics import MemoryMetrics
     from inferscale_engine.server.seam import (
         MemoryContext,
         MemoryServingChat,
         MemoryServingCompletion,
     )
+    from inferscale_engine.server.ui import api, page
 
     context = MemoryContext(memory, default_k, max_add_facts, replica_id)
     app.state.inferscale = context
@@ -242,6 +244,8 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
             setattr(app.state, name, cls.adopt(base, context))
     app.include_router(routes.router)
     app.include_router(mem0_api.router)
+    app.include_router(page.router)
+    app.include_router(api.router)
 
     @app.exception_handler(HttpError)
     async def http_error(request: Request, exc: HttpError) -> JSONResponse:
@@ -262,19 +266,19 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
 
     @app.middleware("http")
     async def gate(request: Request, call_next: Any) -> Any:
-        if keys is not None and request.url.path not in PUBLIC_PATHS:
+        path = request.url.path
+        if keys is not None and path not in PUBLIC_PATHS and not ui.public(path):
             try:
                 principal = request.state.principal = keys.principal(request.headers)
-                if not principal.admin and not tenant_route(request.url.path) and any(
+                if not principal.admin and not tenant_route(path) and any(
                         route.matches(request.scope)[0] is Match.FULL for route in app.routes):
-                    raise HttpError(403, f"{request.url.path} needs an admin API key",
-                                    "permission_error")
+                    raise HttpError(403, f"{path} needs an admin API key", "permission_error")
             except HttpError as exc:
-                return routes.http_error_response(exc)
+                return ui.secured(path, routes.http_error_response(exc))
         response = await call_next(request)
         for name, value in getattr(request.state, "inferscale_headers", {}).items():
             response.headers[name] = value
-        return response
+        return ui.secured(path, response)
 
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)  # before the key check
     app.add_middleware(CountRefusals, counts=context.refusals)  # outermost: counts them all

@@ -53,15 +53,19 @@ def test_host_and_disk_round_trips_inject_bit_identical_kv(tiny_models, tmp_path
                         host_tier_bytes=_bytes(model, 400),
                         disk_tier_path=str(tmp_path / "disk")) as engine:
         ids = engine.add_facts("alice", FACTS[:3])
+        tiers = engine.tiers_of([*ids, 10**9])  # disk files are written in the background
+        assert set(tiers) == set(ids) and all(t[0] == "slab" for t in tiers.values())
         reference = _answer(engine, "alice", ids)
         _fill(engine, "bob", 12)  # alice's facts leave the slab for host RAM
         assert not any(engine.is_resident(f) for f in ids)
+        assert engine.tiers_of(ids) == {f: ("host", "disk") for f in ids}  # what /ui shows
         assert engine.stats().num_host_facts >= 3
         hits = _counter(engine, "host_hits")
         assert _answer(engine, "alice", ids) == reference  # promoted from host RAM
         assert _counter(engine, "host_hits") - hits == 3
         _fill(engine, "carol", 30)  # out of the slab and out of host RAM: only disk has them
         assert not any(engine.is_resident(f) for f in ids)
+        assert engine.tiers_of(ids) == {f: ("disk",) for f in ids}
         hits, encoded = _counter(engine, "disk_hits"), _counter(engine, "encoded_facts")
         assert _answer(engine, "alice", ids) == reference  # loaded from disk
         assert _counter(engine, "disk_hits") - hits == 3

@@ -277,6 +277,10 @@ def test_turns_per_session_in_chronological_order(store):
     assert [t.content for t in store.recent_turns(user_id="u", session_id=None)] == ["no session"]
     assert store.recent_turns(user_id="someone", session_id="s1") == []
     assert store.recent_turns(user_id="u", session_id="s1", limit=0) == []
+    sessions = store.sessions(user_id="u")  # the most recently active first
+    assert [(s.session_id, s.num_turns) for s in sessions] == [(None, 1), ("s1", 4), ("s2", 1)]
+    assert sessions[1].first_at <= sessions[1].last_at
+    assert store.sessions(user_id="someone") == []
 
 
 @pytest.mark.parametrize(("turns", "message"), [

@@ -1,0 +1,30 @@
+"""A user's conversations as the FactStore's `turns` table tells them (the inspector lists them).
+
+The store runs these inside its own reads (store.py), as it does history.py's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferscale_engine.memory.sql import Database
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """One conversation of a user, as its stored turns tell it."""
+
+    session_id: str | None
+    """None: turns recorded without a session."""
+    num_turns: int
+    first_at: float
+    """Seconds since the epoch of its first turn, and of its last one."""
+    last_at: float
+
+
+def sessions(db: Database, user_id: str) -> list[Session]:
+    """Every session of a user with turns, the most recently active first."""
+    return [Session(row[0], int(row[1]), float(row[2]), float(row[3])) for row in db.execute(
+        "SELECT session_id, COUNT(*), MIN(created_at), MAX(created_at) FROM turns "
+        "WHERE user_id = ? GROUP BY session_id ORDER BY MAX(turn_id) DESC", (user_id,)
+    ).fetchall()]
