@@ -128,7 +128,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         router = None
         try:
             for replica in replicas:
-                replica.start(timeout_s=900)
+                replica.launch()
+            for replica in replicas:
+                replica.wait_ready(timeout_s=900)
             router = RouterProcess([r.base_url for r in replicas], work / "router.log")
             for name, url in (("router", router.base_url), ("one-replica", replicas[0].base_url)):
                 arms[name] = asyncio.run(Arm(name, url, KEYS["a"], args).run())

@@ -98,6 +98,15 @@ class ServerProcess:
 
     def start(self, timeout_s: float = 420.0) -> ServerProcess:
         """Start the server and wait until /health answers; raise with the log tail if not."""
+        return self.launch().wait_ready(timeout_s)
+
+    def launch(self) -> ServerProcess:
+        """Start the server process without waiting for it.
+
+        Call it from the thread that outlives the server: the child dies with the thread that
+        started it (PR_SET_PDEATHSIG is per thread), so start several servers by launching each
+        here, then wait_ready() on each.
+        """
         assert not self.attached, "an attached server is started elsewhere"
         command = self.command()
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
@@ -105,6 +114,11 @@ class ServerProcess:
             self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True,
                                             preexec_fn=_die_with_parent)
+        return self
+
+    def wait_ready(self, timeout_s: float = 420.0) -> ServerProcess:
+        """Wait until the launched server's /health answers; raise with the log tail if not."""
+        assert self.process is not None, "launch() the server first"
         deadline = time.monotonic() + timeout_s
         headers = {"Authorization": f"Bearer {self.admin_key}"} if self.admin_key else {}
         while time.monotonic() < deadline:
@@ -188,7 +202,8 @@ class RouterProcess:
     users move within about a second.
     """
 
-    def __init__(self, workers: Sequence[str], log_path: Path, timeout_s: float = 120.0) -> None:
+    def __init__(self, workers: Sequence[str], log_path: Path, timeout_s: float = 120.0,
+                 retries: bool = True) -> None:
         binary = self.binary()
         if binary is None:
             raise RuntimeError("vllm-router is not installed: "
@@ -199,7 +214,10 @@ class RouterProcess:
         command = [binary, "--host", "127.0.0.1", "--port", str(self.port),
                    "--worker-urls", *workers, "--policy", "consistent_hash",
                    "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
-                   "--health-check-timeout-secs", "2", "--log-level", "warning"]
+                   "--health-check-timeout-secs", "5", "--worker-startup-check-interval", "1",
+                   "--log-level", "info",
+                   "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+                   *([] if retries else ["--disable-retries"])]
         with open(log_path, "ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True,
