@@ -13,7 +13,11 @@ TTFT: request sent -> first streamed chunk carrying a choice. Our share is ours-
 ours-text - vllm-text (paired per question); ours-kv - vllm-text is what memory as KV saves
 against text RAG on plain vLLM. ours-kv responses carry a Server-Timing header (the seam's own
 phases: identify, vllm_render, hop, retrieve, plan, back), reported as medians: where our
-share goes. Nothing here asserts anything about speed.
+share goes. After every timed request the server's vLLM metrics are read (their sums move by
+that request alone): vLLM's own TTFT (API process: arrival -> first token), queue and prefill
+time (engine core), so each mode's client TTFT splits into before vLLM's arrival (HTTP, the
+seam), vLLM's API process, the engine core, and after the first token (streaming it out).
+Nothing here asserts anything about speed.
 
   python benchmarks/serve_overhead.py --model llama-3.1-8b --embedder /tmp/minilm   # H200
   python benchmarks/serve_overhead.py --model tiny --k 10 --requests 4 --warmup 1   # CPU
@@ -140,6 +144,25 @@ def stream_chat(http: Any, body: dict[str, Any]) -> tuple[float, dict[str, Any]]
         "server_timing": parse_server_timing(headers.get("server-timing", ""))}
 
 
+ENGINE_METRICS = {"vllm_ttft": "vllm:time_to_first_token_seconds",
+                  "queue": "vllm:request_queue_time_seconds",
+                  "prefill": "vllm:request_prefill_time_seconds"}
+"""Per-request histograms of vLLM read after each request (ms, from their _sum)."""
+
+
+def engine_sums(http: Any) -> dict[str, float]:
+    """The running sums (s) of ENGINE_METRICS on one server."""
+    text = http.get("/metrics").text
+    out = {}
+    for name, metric in ENGINE_METRICS.items():
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(metric + "_sum"):
+                total += float(line.rsplit(" ", 1)[1])
+        out[name] = total
+    return out
+
+
 def parse_server_timing(value: str) -> dict[str, float]:
     """{'retrieve': 3.1, ...} from 'retrieve;dur=3.1, plan;dur=0.8'."""
     out = {}
@@ -176,7 +199,11 @@ def run(args: argparse.Namespace, plain: Any, ours: Any, model_ids: list[str],
         rng.shuffle(order)
         for mode in order:
             client, body = calls[mode]
+            before = engine_sums(client)
             elapsed, info = stream_chat(client, {**chat, **body})
+            time.sleep(0.05)  # the engine core's stats reach the API process after the response
+            after = engine_sums(client)
+            info["engine_ms"] = {k: (after[k] - before[k]) * 1e3 for k in after}
             if i >= args.warmup:
                 raw[mode].append(elapsed)
                 served[mode].append(info)
@@ -197,6 +224,12 @@ def summary_of(result: dict[str, Any]) -> dict[str, Any]:
         out["differences_ms"][name] = {
             "of": f"{a} - {b}",
             "paired": summarize([x - y for x, y in zip(raw[a], raw[b], strict=True)])}
+    out["engine_ms"] = {mode: {name: statistics.median(s["engine_ms"][name] for s in served[mode])
+                               for name in ENGINE_METRICS} for mode in MODES}
+    for mode in MODES:  # client TTFT outside vLLM's own arrival -> first token
+        out["engine_ms"][mode]["outside_vllm"] = statistics.median(
+            t - s["engine_ms"]["vllm_ttft"] for t, s in zip(raw[mode], served[mode],
+                                                             strict=True))
     phases = sorted({p for s in served["ours-kv"] for p in s["server_timing"]})
     for phase in phases:
         values = [s["server_timing"].get(phase, 0.0) for s in served["ours-kv"]]
@@ -255,6 +288,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, d in summary["differences_ms"].items():
         print(f"{name} ({d['of']}): paired median {d['paired']['median_ms']:+.2f} ms, "
               f"p90 {d['paired']['p90_ms']:+.2f} ms")
+    print("\n| mode | client TTFT | vLLM TTFT (API) | queue | prefill | outside vLLM |")
+    print("|---|---|---|---|---|---|")
+    for mode, e in summary["engine_ms"].items():
+        print(f"| {mode} | {summary['modes'][mode]['median_ms']:.2f} | {e['vllm_ttft']:.2f} | "
+              f"{e['queue']:.2f} | {e['prefill']:.2f} | {e['outside_vllm']:.2f} |")
     print("seam phases (ours-kv, median ms): " + ", ".join(
         f"{p} {v['median']:.2f}" for p, v in summary["server_timing_ms"].items()))
     if summary["kv_requests_not_injected"]:
