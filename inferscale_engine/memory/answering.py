@@ -144,6 +144,9 @@ class MemoryServing:
                                   f"user_id={user_id!r:.40}; use a handle from this user's "
                                   "search()")
         self._check_open()
+        if handle is not None and user_id is not None:
+            with self._lock:  # a shared store: the handle may name facts written elsewhere
+                self._served.sync(self._store, handle.user_id)
 
     @interactive_call
     def prepare(self, *, user_id: str, query: str | None, k: int = 5,

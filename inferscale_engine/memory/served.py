@@ -6,7 +6,8 @@ stored fact is registered again, per user in batches, after stale token ids or e
 (a changed tokenizer or embedder) are recomputed in the store.
 
 A store that other processes write too (FactStore.shared: replicas sharing one Postgres
-database) is read per user instead: a user's facts are registered on first use, and again
+database) is read per user instead (unless start-up encodes every fact): a user's facts are
+registered on first use, and again
 whenever the store's version of that user moved (another replica wrote), so whichever replica
 serves a user serves exactly what the store holds.
 """
@@ -173,7 +174,7 @@ class ServedFacts:
         current = fingerprint(self._engine.config, self._engine.tokenizer, embedder_name)
         total = store.count()
         stale = stale_parts(store.fingerprint(), current) if total else set()
-        if store.shared and not stale:  # each user is read on first use (sync)
+        if store.shared and not stale and not encode:  # each user is read on first use (sync)
             store.set_fingerprint(json.dumps(current, sort_keys=True))
             return
         tokenize = partial(self._engine.tokenize_fact, check_length=False)

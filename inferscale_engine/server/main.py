@@ -222,9 +222,13 @@ def open_memory(config: EngineConfig, ours: argparse.Namespace, client: Any,
                 loop: asyncio.AbstractEventLoop) -> Any:
     """The Memory over the server's AsyncLLM (called in a worker thread)."""
     from inferscale_engine.memory import Memory, MemoryConfig
+    from inferscale_engine.memory.sql import is_postgres_url
     from inferscale_engine.runtime.runner import AsyncRunner
 
-    return Memory.from_config(MemoryConfig(engine=config, db_path=ours.db,
+    # Replicas share a PostgreSQL store: each reads its users on first use, not every user of
+    # the cluster at start; an embedded SQLite store is this server's alone and encoded at start.
+    startup = "lazy" if is_postgres_url(str(ours.db)) else "encode"
+    return Memory.from_config(MemoryConfig(engine=config, db_path=ours.db, startup=startup,
                                            embedding_model=ours.embedding_model,
                                            dedupe_threshold=ours.dedupe_threshold,
                                            half_scan_min_rows=ours.half_scan_min_rows),

@@ -55,6 +55,11 @@ def shared(engine, postgres_url):
         other.store.close()
 
 
+def replica(engine, url: str) -> Memory:
+    """A Memory as `inferscale serve` opens one over a shared store: users read on first use."""
+    return Memory(engine, url, HashEmbedder(), startup="lazy", progress_bar=False)
+
+
 def served_texts(memory: Memory, user_id: str, query: str, k: int = 10) -> list[str]:
     return [fact.text for fact, _ in memory.search(user_id=user_id, query=query, k=k).hits]
 
@@ -63,7 +68,7 @@ def test_a_user_is_read_on_first_use_not_at_start(engine, shared):
     url, other = shared
     other.add("alice", FACTS[:3])
     other.add("bob", FACTS[3:5])
-    with Memory(engine, url, HashEmbedder(), progress_bar=False) as memory:
+    with replica(engine, url) as memory:
         assert memory.stats().num_indexed == 0  # nothing registered at start
         assert sorted(served_texts(memory, "alice", FACTS[0])) == sorted(FACTS[:3])
         assert memory.stats().num_indexed == 3  # alice only
@@ -76,7 +81,7 @@ def test_a_user_is_read_on_first_use_not_at_start(engine, shared):
 
 def test_writes_of_another_replica_are_served(engine, shared):
     url, other = shared
-    with Memory(engine, url, HashEmbedder(), progress_bar=False) as memory:
+    with replica(engine, url) as memory:
         mine = [r.fact_id for r in memory.add(user_id="alice", texts=FACTS[:2])]
         assert sorted(served_texts(memory, "alice", FACTS[0])) == sorted(FACTS[:2])
         (theirs,) = other.add("alice", [FACTS[2]])  # added elsewhere
@@ -103,7 +108,7 @@ def test_writes_of_another_replica_are_served(engine, shared):
 
 def test_users_stay_apart_on_a_shared_store(engine, shared):
     url, other = shared
-    with Memory(engine, url, HashEmbedder(), progress_bar=False) as memory:
+    with replica(engine, url) as memory:
         memory.add(user_id="alice", texts=FACTS[:2])
         other.add("bob", FACTS[2:4])
         assert set(served_texts(memory, "bob", FACTS[2])) == set(FACTS[2:4])
