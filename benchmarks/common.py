@@ -55,6 +55,32 @@ def compilation_overrides(cudagraph_sizes: str | None) -> dict[str, Any]:
     return {"compilation_config": {"cudagraph_capture_sizes": sizes}}
 
 
+def add_serving_arguments(parser: Any, *, requests: int, warmup: int) -> None:
+    """Options shared by the benchmarks that time `inferscale serve` over HTTP."""
+    from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL
+
+    parser.add_argument("--model", default="auto",
+                        help="auto (llama-3.1-8b on a GPU, else tiny) or as ttft.py's --model")
+    parser.add_argument("--k", type=int, default=50, help="facts per request")
+    parser.add_argument("--requests", type=int, default=requests, help="timed questions")
+    parser.add_argument("--warmup", type=int, default=warmup, help="untimed questions first")
+    parser.add_argument("--fact-tokens", type=int, default=30)
+    parser.add_argument("--question-tokens", type=int, default=48)
+    parser.add_argument("--window", type=int, default=64, help="context window W")
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.35,
+                        help="of each side (two sides share the GPU)")
+    parser.add_argument("--slab-mib", type=int, default=None,
+                        help="fact KV per side (default 8192 on a GPU, 256 on CPU)")
+    parser.add_argument("--cpu-kv-mib", type=int, default=256, help="vLLM KV cache on CPU")
+    parser.add_argument("--embedder", default=DEFAULT_EMBEDDING_MODEL,
+                        help="sentence-transformers name or folder")
+    parser.add_argument("--cudagraph-sizes", default=None,
+                        help="both sides capture CUDA graphs for these batch sizes only")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tag", default="")
+
+
 def open_text(path: Path, mode: str = "r") -> Any:
     """Open a results file as text; a '.gz' name is gzip (appends add a gzip member, which
     readers concatenate), so finished JSONL results can be stored compressed.

@@ -37,14 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import (  # noqa: E402
-    compilation_overrides,
-    environment,
-    resolve_model,
-    summarize,
-    synthetic_texts,
-    write_record,
-)
+from benchmarks import common, server_ttft  # noqa: E402
 
 MODES = ("vllm", "ours-off", "vllm-text", "ours-text", "ours-kv")
 PAIRS = {"ours (no memory)": ("ours-off", "vllm"), "ours (text prompt)": ("ours-text", "vllm-text"),
@@ -52,30 +45,9 @@ PAIRS = {"ours (no memory)": ("ours-off", "vllm"), "ours (text prompt)": ("ours-
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL
-
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="auto",
-                        help="auto (llama-3.1-8b on a GPU, else tiny) or as ttft.py's --model")
-    parser.add_argument("--k", type=int, default=50, help="facts per request")
-    parser.add_argument("--requests", type=int, default=30, help="timed questions")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed questions first")
-    parser.add_argument("--fact-tokens", type=int, default=30)
-    parser.add_argument("--question-tokens", type=int, default=48)
-    parser.add_argument("--window", type=int, default=64, help="context window W")
-    parser.add_argument("--max-model-len", type=int, default=4096)
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.35,
-                        help="of each server (both share the GPU)")
-    parser.add_argument("--slab-mib", type=int, default=None,
-                        help="fact KV of inferscale serve (default 8192 on a GPU, 256 on CPU)")
-    parser.add_argument("--cpu-kv-mib", type=int, default=256, help="vLLM KV cache on CPU")
-    parser.add_argument("--embedder", default=DEFAULT_EMBEDDING_MODEL,
-                        help="sentence-transformers name or folder")
-    parser.add_argument("--cudagraph-sizes", default=None,
-                        help="both servers capture CUDA graphs for these batch sizes only")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tag", default="")
+    common.add_serving_arguments(parser, requests=30, warmup=5)
     return parser.parse_args(argv)
 
 
@@ -85,7 +57,7 @@ def vllm_args(args: argparse.Namespace, dtype: str, load_format: str, gpu: bool)
            ["--enforce-eager", "--kv-cache-memory-bytes", str(args.cpu_kv_mib * 2**20)])
     out += ["--max-model-len", str(args.max_model_len), "--dtype", dtype,
             "--load-format", load_format]
-    if compilation := compilation_overrides(args.cudagraph_sizes):
+    if compilation := common.compilation_overrides(args.cudagraph_sizes):
         out += ["--compilation-config", json.dumps(compilation["compilation_config"])]
     return out
 
@@ -120,28 +92,8 @@ def start_servers(args: argparse.Namespace, folder: str, dtype: str, load_format
 
 
 def stream_chat(http: Any, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-    """(ms to the first SSE chunk with a choice, what the response said it served)."""
-    body = {**body, "model": http.model_id}
-    start = time.perf_counter()
-    first: float | None = None
-    usage: dict[str, Any] = {}
-    with http.stream("POST", "/v1/chat/completions", json=body) as response:
-        if response.status_code != 200:
-            raise RuntimeError(f"chat {response.status_code}: {response.read()[:300]!r}")
-        for line in response.iter_lines():
-            if first is None and line.startswith("data: {") and '"choices":[{' in line:
-                first = time.perf_counter()
-            if line == "data: [DONE]":
-                break
-            if line.startswith("data: {") and '"usage":{' in line:
-                usage = json.loads(line[6:]).get("usage") or usage
-        headers = response.headers
-    if first is None:
-        raise RuntimeError("the stream ended without a chunk carrying a choice")
-    return (first - start) * 1e3, {
-        "prompt_tokens": usage.get("prompt_tokens"),
-        "injected_tokens": int(headers.get("x-inferscale-injected-tokens", 0)),
-        "server_timing": parse_server_timing(headers.get("server-timing", ""))}
+    """server_ttft.stream_chat, naming the model this client's server serves."""
+    return server_ttft.stream_chat(http, {**body, "model": http.model_id})
 
 
 ENGINE_METRICS = {"vllm_ttft": "vllm:time_to_first_token_seconds",
@@ -160,16 +112,6 @@ def engine_sums(http: Any) -> dict[str, float]:
             if line.startswith(metric + "_sum"):
                 total += float(line.rsplit(" ", 1)[1])
         out[name] = total
-    return out
-
-
-def parse_server_timing(value: str) -> dict[str, float]:
-    """{'retrieve': 3.1, ...} from 'retrieve;dur=3.1, plan;dur=0.8'."""
-    out = {}
-    for part in filter(None, (p.strip() for p in value.split(","))):
-        name, _, rest = part.partition(";dur=")
-        if rest:
-            out[name] = float(rest)
     return out
 
 
@@ -217,13 +159,13 @@ def summary_of(result: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"modes": {}, "differences_ms": {}, "server_timing_ms": {}}
     for mode in MODES:
         out["modes"][mode] = {
-            **summarize(raw[mode]),
+            **common.summarize(raw[mode]),
             "prompt_tokens": statistics.median(s["prompt_tokens"] or 0 for s in served[mode]),
             "injected_tokens": statistics.median(s["injected_tokens"] for s in served[mode])}
     for name, (a, b) in PAIRS.items():
         out["differences_ms"][name] = {
             "of": f"{a} - {b}",
-            "paired": summarize([x - y for x, y in zip(raw[a], raw[b], strict=True)])}
+            "paired": common.summarize([x - y for x, y in zip(raw[a], raw[b], strict=True)])}
     out["engine_ms"] = {mode: {name: statistics.median(s["engine_ms"][name] for s in served[mode])
                                for name in ENGINE_METRICS} for mode in MODES}
     for mode in MODES:  # client TTFT outside vLLM's own arrival -> first token
@@ -250,11 +192,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.model = "llama-3.1-8b" if gpu else "tiny"
     if args.slab_mib is None:
         args.slab_mib = 8192 if gpu else 256
-    folder, dtype, load_format = resolve_model(args.model)
+    folder, dtype, load_format = common.resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     count = args.warmup + args.requests
-    pool = synthetic_texts(tokenizer, max(300, args.k), args.fact_tokens, seed=1)
-    questions = synthetic_texts(tokenizer, count, args.question_tokens, seed=2, fmt="{text}")
+    pool = common.synthetic_texts(tokenizer, max(300, args.k), args.fact_tokens, seed=1)
+    questions = common.synthetic_texts(tokenizer, count, args.question_tokens, seed=2, fmt="{text}")
     rng = random.Random(args.seed)
     fact_sets = [rng.sample(pool, args.k) for _ in range(count)]
     with tempfile.TemporaryDirectory() as workdir:
@@ -279,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     record = {"benchmark": "serve_overhead", "config": {**vars(args), "model_folder": folder,
                                                         "dtype": dtype,
                                                         "load_format": load_format},
-              "environment": environment(), "summary": summary, **result}
+              "environment": common.environment(), "summary": summary, **result}
     print("\n| mode | median ms | p90 ms | prompt tokens | injected tokens |")
     print("|---|---|---|---|---|")
     for mode, s in summary["modes"].items():
@@ -297,8 +239,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{p} {v['median']:.2f}" for p, v in summary["server_timing_ms"].items()))
     if summary["kv_requests_not_injected"]:
         print(f"WARNING: {summary['kv_requests_not_injected']} ours-kv requests injected nothing")
-    path = write_record(f"serve_overhead-{args.model}" + (f"-{args.tag}" if args.tag else ""),
-                        record)
+    name = f"serve_overhead-{args.model}" + (f"-{args.tag}" if args.tag else "")
+    path = common.write_record(name, record)
     print(f"wrote {path}")
     return record
 

@@ -36,6 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import (  # noqa: E402
+    add_serving_arguments,
     compilation_overrides,
     environment,
     resolve_model,
@@ -51,35 +52,14 @@ PAIRS = {"server": ("http-kv", "memory-kv"), "retrieval+memory": ("memory-kv", "
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL
-
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="auto",
-                        help="auto (llama-3.1-8b on a GPU, else tiny) or as ttft.py's --model")
-    parser.add_argument("--k", type=int, default=50, help="facts per request")
-    parser.add_argument("--requests", type=int, default=15, help="timed questions")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed questions first")
-    parser.add_argument("--fact-tokens", type=int, default=30)
-    parser.add_argument("--question-tokens", type=int, default=48)
+    add_serving_arguments(parser, requests=15, warmup=3)
     parser.add_argument("--pool", type=int, default=300, help="facts to draw fact sets from")
-    parser.add_argument("--window", type=int, default=64, help="context window W, both sides")
-    parser.add_argument("--max-model-len", type=int, default=4096)
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.35,
-                        help="of each side (server and in-process share the GPU)")
-    parser.add_argument("--slab-mib", type=int, default=None,
-                        help="fact KV per side (default 8192 on a GPU, 256 on CPU)")
-    parser.add_argument("--cpu-kv-mib", type=int, default=256, help="vLLM KV cache on CPU")
-    parser.add_argument("--embedder", default=DEFAULT_EMBEDDING_MODEL,
-                        help="sentence-transformers name or folder, both sides")
-    parser.add_argument("--cudagraph-sizes", default=None,
-                        help="both sides capture CUDA graphs for these batch sizes only")
     parser.add_argument("--multiprocessing", action="store_true",
                         help="in-process vLLM EngineCore in its own process (as the server's)")
     parser.add_argument("--detokenize", action="store_true",
                         help="in-process requests detokenize (the server always does)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tag", default="")
     return parser.parse_args(argv)
 
 
@@ -139,7 +119,18 @@ def stream_chat(http: Any, body: dict[str, Any]) -> tuple[float, dict[str, Any]]
     return (first - start) * 1e3, {
         "prompt_tokens": usage.get("prompt_tokens"),
         "injected_tokens": int(headers.get("x-inferscale-injected-tokens", 0)),
-        "facts": int(headers.get("x-inferscale-facts", 0))}
+        "facts": int(headers.get("x-inferscale-facts", 0)),
+        "server_timing": parse_server_timing(headers.get("server-timing", ""))}
+
+
+def parse_server_timing(value: str) -> dict[str, float]:
+    """{'retrieve': 3.1, ...} from 'retrieve;dur=3.1, plan;dur=0.8' (ms)."""
+    out = {}
+    for part in filter(None, (p.strip() for p in value.split(","))):
+        name, _, rest = part.partition(";dur=")
+        if rest:
+            out[name] = float(rest)
+    return out
 
 
 def add_facts_http(http: Any, user_id: str, texts: list[str]) -> None:
