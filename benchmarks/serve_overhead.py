@@ -183,22 +183,9 @@ def summary_of(result: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     import httpx
-    import torch
-    from transformers import AutoTokenizer
 
     args = parse_args(argv)
-    gpu = torch.cuda.is_available()
-    if args.model == "auto":
-        args.model = "llama-3.1-8b" if gpu else "tiny"
-    if args.slab_mib is None:
-        args.slab_mib = 8192 if gpu else 256
-    folder, dtype, load_format = common.resolve_model(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    count = args.warmup + args.requests
-    pool = common.synthetic_texts(tokenizer, max(300, args.k), args.fact_tokens, seed=1)
-    questions = common.synthetic_texts(tokenizer, count, args.question_tokens, seed=2, fmt="{text}")
-    rng = random.Random(args.seed)
-    fact_sets = [rng.sample(pool, args.k) for _ in range(count)]
+    gpu, (folder, dtype, load_format), questions, fact_sets = server_ttft.workload(args, 300)
     with tempfile.TemporaryDirectory() as workdir:
         plain_server, ours_server = start_servers(args, folder, dtype, load_format,
                                                   Path(workdir), gpu)

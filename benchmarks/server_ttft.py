@@ -230,24 +230,34 @@ def summary_of(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    import httpx
+def workload(args: argparse.Namespace, pool_size: int
+             ) -> tuple[bool, tuple[str, str, str], list[str], list[list[str]]]:
+    """(GPU?, the model's folder/dtype/load format, the questions, each question's k facts).
+
+    Fills in args.model ('auto') and args.slab_mib (None) for the device.
+    """
     import torch
     from transformers import AutoTokenizer
 
-    args = parse_args(argv)
     gpu = torch.cuda.is_available()
     if args.model == "auto":
         args.model = "llama-3.1-8b" if gpu else "tiny"
     if args.slab_mib is None:
         args.slab_mib = 8192 if gpu else 256
-    folder, dtype, load_format = resolve_model(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = resolve_model(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(model[0])
     count = args.warmup + args.requests
-    pool = synthetic_texts(tokenizer, max(args.pool, args.k), args.fact_tokens, seed=1)
+    pool = synthetic_texts(tokenizer, max(pool_size, args.k), args.fact_tokens, seed=1)
     questions = synthetic_texts(tokenizer, count, args.question_tokens, seed=2, fmt="{text}")
     rng = random.Random(args.seed)
-    fact_sets = [rng.sample(pool, args.k) for _ in range(count)]
+    return gpu, model, questions, [rng.sample(pool, args.k) for _ in range(count)]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    import httpx
+
+    args = parse_args(argv)
+    gpu, (folder, dtype, load_format), questions, fact_sets = workload(args, args.pool)
     with tempfile.TemporaryDirectory() as workdir:
         server = start_server(args, folder, dtype, load_format, Path(workdir), gpu)
         memory = None
@@ -262,7 +272,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     add_facts_http(http, f"ttft-{i}", facts)
                     for user in (f"ttft-{i}", f"ttft-{i}-twin"):
                         memory.add(user_id=user, texts=facts)
-                print(f"added {count} x {args.k} facts (server) and twice that in-process in "
+                print(f"added {len(fact_sets)} x {args.k} facts (server) and twice that in-process in "
                       f"{time.perf_counter() - started:.1f} s", flush=True)
                 before = server_counters(http)
                 result = run(args, http, memory, model_id, questions)
