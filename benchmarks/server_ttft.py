@@ -272,8 +272,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     add_facts_http(http, f"ttft-{i}", facts)
                     for user in (f"ttft-{i}", f"ttft-{i}-twin"):
                         memory.add(user_id=user, texts=facts)
-                print(f"added {len(fact_sets)} x {args.k} facts (server) and twice that in-process in "
-                      f"{time.perf_counter() - started:.1f} s", flush=True)
+                print(f"added {len(fact_sets)} x {args.k} facts (server) and twice that "
+                      f"in-process in {time.perf_counter() - started:.1f} s", flush=True)
                 before = server_counters(http)
                 result = run(args, http, memory, model_id, questions)
                 after = server_counters(http)
