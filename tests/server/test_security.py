@@ -236,3 +236,33 @@ def test_serve_takes_the_model_first_and_passes_vllms_flags_through(tiny_models)
     assert parse([])[0].model == "small"
     with pytest.raises(ConfigError, match="two models"):
         parse([model, "--model", "/elsewhere"])
+
+
+def test_chat_borne_adds_store_first_and_refuse_bad_input(http, model, client_a, user_a, user_b):
+    headers = {**auth("a"), "X-User-Id": user_a}
+    body = _chat(user_a, model=model, memory={"k": 2, "add": FACTS[:2]})
+    response = http.post("/v1/chat/completions", json=body, headers=headers)
+    assert response.status_code == 200, response.text
+    memory = response.json()["memory"]
+    assert [a["event"] for a in memory["added"]] == ["ADD", "ADD"]
+    added = [a["id"] for a in memory["added"]]
+    assert set(memory["fact_ids"]) == set(added) and memory["injected_tokens"] > 0
+    assert {m.fact_id for m in client_a.get_all(user_id=user_a)} == set(added)
+    timing = response.headers["server-timing"]  # the seam's phases, add included
+    assert all(f"{phase};dur=" in timing for phase in ("identify", "add", "retrieve", "plan"))
+    again = http.post("/v1/chat/completions", json=body, headers=headers).json()["memory"]
+    assert [a["event"] for a in again["added"]] == ["DUPLICATE"] * 2  # a retried add
+    assert [a["id"] for a in again["added"]] == added
+    # bad input: a clear 4xx, nothing stored, and the server keeps serving
+    for memory_option, status, words in [
+            ({"add": "one fact"}, 400, ("memory.add", "list of strings")),
+            ({"add": [1, 2]}, 400, ("memory.add", "list of strings")),
+            ({"add": ["   "]}, 400, ("memory.add",)),
+            ({"add": ["x"] * 201}, 413, ("at most 200",))]:
+        _refused(http.post("/v1/chat/completions", headers=headers, json=_chat(
+            user_a, model=model, memory=memory_option)), status, *words)
+    _refused(http.post("/v1/chat/completions", headers=auth("a"), json={  # no user named
+        **_chat(user_a, model=model, memory={"add": ["x"]}), "user": None}), 400, "needs a user")
+    _refused(http.post("/v1/chat/completions", headers=auth("a"), json=_chat(  # another tenant
+        user_b, model=model, memory={"add": ["I am B now."]})), 403)
+    assert {m.fact_id for m in client_a.get_all(user_id=user_a)} == set(added)
