@@ -142,6 +142,16 @@ class PostgresServer:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
 
+    def pause(self) -> None:
+        """Stop the server (immediate shutdown, as a crash), keeping its data: resume() later."""
+        assert self.folder is not None, "start() the server first"
+        self._run("pg_ctl", "stop", "-D", str(self.data), "-m", "immediate", "-w")
+
+    def resume(self) -> None:
+        """Start a paused server again, on the same port with the same data."""
+        assert self.folder is not None, "start() the server first"
+        self._run("pg_ctl", "start", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60")
+
     def __enter__(self) -> PostgresServer:
         return self.start()
 

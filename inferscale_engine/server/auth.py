@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from inferscale_engine.checks import check_user_id
-from inferscale_engine.errors import ConfigError
+from inferscale_engine.errors import (
+    ConfigError,
+    EngineClosedError,
+    FactNotFoundError,
+    HandleError,
+    InferScaleError,
+    StoreError,
+)
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 TENANT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
@@ -56,6 +63,23 @@ class HttpError(Exception):
     def body(self) -> dict[str, Any]:
         """The JSON error body (OpenAI's shape)."""
         return {"error": {"message": self.message, "type": self.kind, "code": self.status}}
+
+
+def http_error(exc: InferScaleError, what: str = "") -> HttpError:
+    """The HTTP answer to a memory error: the caller's fault (4xx) or the server's, for now (503).
+
+    A store that cannot be reached (a database restart, a lost connection) or a closed engine is
+    503: retryable, on this replica or (behind a router) another; bad input is 400, a foreign
+    handle 403, an unknown fact 404.
+    """
+    message = f"{what}{exc}"
+    if isinstance(exc, FactNotFoundError):
+        return HttpError(404, message, "not_found_error")
+    if isinstance(exc, HandleError):
+        return HttpError(403, message, "permission_error")
+    if isinstance(exc, (StoreError, EngineClosedError)):
+        return HttpError(503, message, "service_unavailable")
+    return HttpError(400, message)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,12 +24,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferscale_engine.errors import (
-    EngineClosedError,
-    FactNotFoundError,
-    HandleError,
     InferScaleError,
 )
-from inferscale_engine.server.auth import HttpError, Principal
+from inferscale_engine.server.auth import HttpError, Principal, http_error
 from inferscale_engine.server.identity import header_user, resolve_user
 
 router = APIRouter(prefix="/v1/memories", tags=["memory"])
@@ -99,14 +96,8 @@ async def _call(function: Callable[..., Any], **kwargs: Any) -> Any:
     """Run a Memory call in a thread; its errors as HTTP errors."""
     try:
         return await asyncio.to_thread(function, **kwargs)
-    except FactNotFoundError as exc:
-        raise HttpError(404, str(exc), "not_found_error") from None
-    except HandleError as exc:
-        raise HttpError(403, str(exc), "permission_error") from None
-    except EngineClosedError as exc:
-        raise HttpError(503, str(exc), "service_unavailable") from None
     except InferScaleError as exc:
-        raise HttpError(400, str(exc)) from None
+        raise http_error(exc) from None
 
 
 async def _owned(request: Request, memory_id: int) -> str:

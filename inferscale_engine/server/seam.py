@@ -24,11 +24,11 @@ from typing import Any
 from urllib.parse import quote
 
 from inferscale_engine.checks import FACT_ROLES, check_messages, has_visible
-from inferscale_engine.errors import HandleError, InferScaleError
+from inferscale_engine.errors import InferScaleError
 from inferscale_engine.memory.serving import PreparedPrompt
 from inferscale_engine.prompting.tool_calls import format_tool_call
 from inferscale_engine.runtime.generation import RESULT_KEY
-from inferscale_engine.server.auth import HttpError, Principal
+from inferscale_engine.server.auth import HttpError, Principal, http_error
 from inferscale_engine.server.identity import MemoryOptions, identify, strip_client_fields
 from inferscale_engine.server.limits import DEFAULT_MAX_ADD_FACTS
 from inferscale_engine.server.vllm_compat import OpenAIServingChat, OpenAIServingCompletion
@@ -121,7 +121,7 @@ class MemoryContext:
                 self.memory.add, user_id=options.user_id, texts=list(options.add),
                 session_id=options.session_id)
         except InferScaleError as exc:
-            raise HttpError(400, f"memory.add: {exc}") from None
+            raise http_error(exc, "memory.add: ") from None
         scope.timings["add"] = (time.perf_counter() - started) * 1e3
 
     def write_back(self, options: MemoryOptions, question: str, answer: str) -> None:
@@ -293,10 +293,9 @@ class MemoryServingChat(_Seam, OpenAIServingChat):
         try:
             engine_input, prepared = await self._prepare(
                 scope, engine_inputs[0], query=scope.question, messages=messages, tools=tools)
-        except HandleError as exc:
-            return self._error(str(exc), 403, "permission_error")
         except InferScaleError as exc:
-            return self._error(str(exc), 400)
+            error = http_error(exc)
+            return self._error(error.message, error.status, error.kind)
         if prepared.plan is not None:
             request.kv_transfer_params = prepared.plan.to_params()
         return conversation, [engine_input]
@@ -327,7 +326,8 @@ class MemoryServingCompletion(_Seam, OpenAIServingCompletion):
             engine_input, prepared = await self._prepare(
                 scope, result[0], query=scope.question, prompt_token_ids=ids)
         except InferScaleError as exc:
-            return self._error(str(exc), 400)
+            error = http_error(exc)
+            return self._error(error.message, error.status, error.kind)
         if prepared.plan is not None:
             request.kv_transfer_params = prepared.plan.to_params()
         return [engine_input]
