@@ -54,14 +54,22 @@ async def iterate_in_thread(make: Callable[[], Iterator[T]]) -> AsyncIterator[T]
         await asyncio.shield(worker)
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _named(verb: F, name: str, doc: str) -> F:
+    verb.__name__ = verb.__qualname__ = f"a{name}"
+    verb.__doc__ = doc
+    return verb
+
+
 def _in_thread(name: str) -> Callable[..., Awaitable[Any]]:
     """An async verb that runs the synchronous verb `name` in a worker thread."""
     async def verb(self: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(lambda: getattr(self, name)(**kwargs))
 
-    verb.__name__ = verb.__qualname__ = f"a{name}"
-    verb.__doc__ = f"{name}() without blocking the event loop (the same keyword arguments)."
-    return verb
+    return _named(verb, name, f"{name}() without blocking the event loop (the same keyword "
+                              "arguments).")
 
 
 def _streamed(name: str) -> Callable[..., AsyncIterator[Any]]:
@@ -70,9 +78,8 @@ def _streamed(name: str) -> Callable[..., AsyncIterator[Any]]:
         async for generation in iterate_in_thread(lambda: getattr(self, name)(**kwargs)):
             yield generation
 
-    verb.__name__ = verb.__qualname__ = f"a{name}"
-    verb.__doc__ = f"{name}() as an async iterator: each step's Generation as it is produced."
-    return verb
+    return _named(verb, name, f"{name}() as an async iterator: each step's Generation as it "
+                              "is produced.")
 
 
 class AsyncVerbs:

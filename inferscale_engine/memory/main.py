@@ -199,6 +199,7 @@ class Memory(MemoryServing, AsyncVerbs):
                                         [facts[i][0] for i in keep], [token_ids[i] for i in keep],
                                         vectors[keep], [contexts[i] for i in keep], turns or ())
             self._served.stage(f.fact_id for f in stored)
+            self._served.wrote(self._store, user_id)
             new_ids = dict(zip(keep, (f.fact_id for f in stored), strict=True))
             self.counters["added"] += len(keep)
             self.counters["duplicates"] += len(facts) - len(keep)
@@ -237,6 +238,7 @@ class Memory(MemoryServing, AsyncVerbs):
                                      token_ids=token_ids, embedding=vector, metadata=metadata)
             self._served.forget(user_id, [fact_id])  # the new version is encoded afresh
             self._served.register(user_id, [new], self._encode_on_add)
+            self._served.wrote(self._store, user_id)
             self.counters["updated"] += 1
             return new.to_fact()
 
@@ -253,6 +255,7 @@ class Memory(MemoryServing, AsyncVerbs):
             self._served.sync(self._store, user_id)
             self._store.delete(user_id=user_id, fact_ids=ids)
             self._served.forget(user_id, ids)
+            self._served.wrote(self._store, user_id)
 
     def reset(self, *, user_id: str) -> int:
         """Delete every fact and turn of a user; returns the number of facts deleted."""
@@ -262,6 +265,7 @@ class Memory(MemoryServing, AsyncVerbs):
             self._served.sync(self._store, user_id)
             deleted = self._store.reset(user_id=user_id)
             self._served.forget(user_id, deleted)
+            self._served.wrote(self._store, user_id)
             return len(deleted)
 
     # ---- read verbs --------------------------------------------------------------------

@@ -144,6 +144,17 @@ class ServedFacts:
             self._by_user.clear()
             self._versions.clear()
 
+    def wrote(self, store: FactStore, user_id: str) -> None:
+        """After this process wrote a synced user: keep it synced if no one else wrote too.
+
+        Each write moves the user's version by one, so the next version means the write was
+        the only one since the last sync; the next request then need not read the user again.
+        """
+        if store.shared and user_id in self._versions:
+            version = store.user_version(user_id)
+            if version == self._versions[user_id] + 1:
+                self._versions[user_id] = version
+
     def sync(self, store: FactStore, user_id: str) -> None:
         """Serve what a shared store holds for the user now (no-op for a private store).
 

@@ -44,7 +44,6 @@ class RequestScope:
     question: str = ""
     added: list[Any] = field(default_factory=list)
     """memory.add's AddResults, stored before the answer was prepared."""
-    replica_id: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     """ms per phase of the seam's own work (the Server-Timing header)."""
 
@@ -65,9 +64,9 @@ class MemoryContext:
         self.max_add_facts = max_add_facts
         self.pending: set[asyncio.Task[Any]] = set()
         self.refusals: Counter[int] = Counter()
+        """Requests answered with a 4xx status, by status (limits.CountRefusals)."""
         self.served_users: set[str] = set()
         """Users whose chats and completions were served with memory (a metric)."""
-        """Requests answered with a 4xx status, by status (limits.CountRefusals)."""
 
     def scope(self, request: Any, raw_request: Any) -> RequestScope:
         """Identity, access and stripped fields of a request (raises HttpError)."""
@@ -75,7 +74,7 @@ class MemoryContext:
         principal: Principal | None = getattr(getattr(raw_request, "state", None), "principal",
                                               None)
         options = identify(request, headers, self.default_k, principal)
-        return RequestScope(options, strip_client_fields(request), replica_id=self.replica_id)
+        return RequestScope(options, strip_client_fields(request))
 
     def check_add_size(self, num_facts: int) -> None:
         """Refuse (413) an add of more than max_add_facts facts or turns."""
@@ -143,7 +142,8 @@ class MemoryContext:
             await asyncio.gather(*list(self.pending), return_exceptions=True)
 
 
-def report(scope: RequestScope, raw_request: Any, final: Mapping[str, Any] | None) -> dict:
+def report(scope: RequestScope, raw_request: Any, final: Mapping[str, Any] | None,
+           replica_id: str | None = None) -> dict:
     """What was served: a dict for the response's `memory` field, also as headers."""
     options = scope.options
     planned = sum(p.plan.num_tokens for p in scope.prepared if p.plan is not None)
@@ -157,8 +157,8 @@ def report(scope: RequestScope, raw_request: Any, final: Mapping[str, Any] | Non
             "plan_status": status, "stripped_fields": scope.stripped}
     if options.add:
         info["added"] = [{"id": int(r.fact_id), "event": r.event} for r in scope.added]
-    if scope.replica_id is not None:
-        info["replica"] = scope.replica_id
+    if replica_id is not None:
+        info["replica"] = replica_id
     state = getattr(raw_request, "state", None)
     if state is not None:
         state.inferscale_headers = {
@@ -196,7 +196,7 @@ class _Seam:
             if scope.options.active:
                 self._inferscale.served_users.add(scope.options.user_id)  # type: ignore[arg-type]
         except HttpError as exc:
-            return self._error(exc.message, exc.status, exc.kind)  # type: ignore[attr-defined]
+            return self._refuse(exc)
         # Large memory adds wait between their chunks while a chat is served (memory/gate.py),
         # a streamed one until its last chunk.
         serving = ExitStack()
@@ -215,14 +215,15 @@ class _Seam:
         if hasattr(result, "choices"):
             final = getattr(result, "kv_transfer_params", None)
             result.kv_transfer_params = None
-            result.memory = report(scope, raw_request, final or {})
+            result.memory = report(scope, raw_request, final or {},
+                                   self._inferscale.replica_id)
             self._inferscale.write_back(scope.options, scope.question, _answer_text(result))
         return result
 
     async def _stream(self, scope: RequestScope, raw_request: Any,
                       chunks: AsyncIterator[str], serving: ExitStack) -> AsyncIterator[str]:
         with serving:
-            report(scope, raw_request, None)
+            report(scope, raw_request, None, self._inferscale.replica_id)
             pieces: list[str] = []
             async for chunk in chunks:
                 pieces.append(_delta_text(chunk))
@@ -266,6 +267,9 @@ class _Seam:
             return self._inferscale.memory.engine.rank_of(scope.options.user_id)
         return super()._get_data_parallel_rank(raw_request)  # type: ignore[misc]
 
+    def _refuse(self, error: HttpError) -> Any:
+        return self._error(error.message, error.status, error.kind)
+
     def _error(self, message: str, status: int, kind: str = "BadRequestError") -> Any:
         return self.create_error_response(  # type: ignore[attr-defined]
             message, err_type=kind, status_code=HTTPStatus(status))
@@ -294,8 +298,7 @@ class MemoryServingChat(_Seam, OpenAIServingChat):
             engine_input, prepared = await self._prepare(
                 scope, engine_inputs[0], query=scope.question, messages=messages, tools=tools)
         except InferScaleError as exc:
-            error = http_error(exc)
-            return self._error(error.message, error.status, error.kind)
+            return self._refuse(http_error(exc))
         if prepared.plan is not None:
             request.kv_transfer_params = prepared.plan.to_params()
         return conversation, [engine_input]
@@ -326,8 +329,7 @@ class MemoryServingCompletion(_Seam, OpenAIServingCompletion):
             engine_input, prepared = await self._prepare(
                 scope, result[0], query=scope.question, prompt_token_ids=ids)
         except InferScaleError as exc:
-            error = http_error(exc)
-            return self._error(error.message, error.status, error.kind)
+            return self._refuse(http_error(exc))
         if prepared.plan is not None:
             request.kv_transfer_params = prepared.plan.to_params()
         return [engine_input]

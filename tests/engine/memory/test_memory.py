@@ -27,7 +27,7 @@ from inferscale_engine.memory import Memory
 from inferscale_engine.memory.ingest import CONTEXT_KEY
 from inferscale_engine.memory.store import FactStore
 from inferscale_engine.memory.types import AddResult, SearchResult
-from tests.conftest import FACTS, greedy, max_abs_diff, running_engine
+from tests.conftest import FACTS, greedy, max_abs_diff
 from tests.engine.memory.memory_support import HashEmbedder
 
 pytestmark = pytest.mark.vllm
@@ -42,9 +42,9 @@ CHAT = [
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_models):
-    with running_engine(tiny_models["qwen2"], context_window_tokens=32) as eng:
-        yield eng
+def engine(module_engine):
+    """The module's tiny engine (conftest.py), W=32."""
+    return module_engine
 
 
 @pytest.fixture()

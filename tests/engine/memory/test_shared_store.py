@@ -14,16 +14,16 @@ import pytest
 from inferscale_engine.errors import FactNotFoundError
 from inferscale_engine.memory import Memory
 from inferscale_engine.memory.store import FactStore
-from tests.conftest import FACTS, greedy, running_engine
+from tests.conftest import FACTS, greedy
 from tests.engine.memory.memory_support import HashEmbedder
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_models):
-    with running_engine(tiny_models["qwen2"], context_window_tokens=32) as eng:
-        yield eng
+def engine(module_engine):
+    """The module's tiny engine (conftest.py), W=32."""
+    return module_engine
 
 
 class OtherReplica:
@@ -116,3 +116,17 @@ def test_users_stay_apart_on_a_shared_store(engine, shared):
         other.store.reset(user_id="bob")  # reset elsewhere
         assert served_texts(memory, "bob", FACTS[2]) == []
         assert set(served_texts(memory, "alice", FACTS[0])) == set(FACTS[:2])
+
+
+def test_own_writes_keep_the_user_synced(engine, shared):
+    url, other = shared
+    with replica(engine, url) as memory:
+        ids = [r.fact_id for r in memory.add(user_id="carol", texts=FACTS[:3])]
+        memory.update(user_id="carol", fact_id=ids[0], text="Carol moved to Oslo.")
+        memory.delete(user_id="carol", fact_ids=[ids[1]])
+        assert sorted(served_texts(memory, "carol", "Oslo")) == sorted(
+            ["Carol moved to Oslo.", FACTS[2]])
+        assert memory.stats().counters["synced_users"] == 1  # read once, on first use
+        other.add("carol", [FACTS[3]])  # then someone else writes: read again
+        assert FACTS[3] in served_texts(memory, "carol", FACTS[3])
+        assert memory.stats().counters["synced_users"] == 2
