@@ -1,15 +1,19 @@
 """What `inferscale serve` adds to plain `vllm serve`: TTFT over HTTP, paired, one run.
 
-Two servers side by side on one device, the same model and vLLM settings: plain `vllm serve`
-(vLLM's own OpenAI server) and `inferscale serve` (the same server with the memory seam and
-the KV connector). Question i, in a shuffled mode order:
+Three servers side by side on one device, the same model and vLLM settings: plain `vllm serve`
+(vLLM's own OpenAI server), the same with a KV connector that does nothing
+(benchmarks/noop_connector.py: what loading any connector costs vLLM) and `inferscale serve`
+(the same server with the memory seam and the KV connector). Question i, in a shuffled mode
+order:
   vllm        plain vLLM, the question alone
+  noop        plain vLLM with the no-op connector, the question alone
   ours-off    inferscale, memory.enabled=false, the question alone (the seam and connector
               with nothing to serve)
   vllm-text   plain vLLM, the user's k facts pasted in the system message (text RAG)
   ours-text   inferscale, memory off, the same pasted facts
   ours-kv     inferscale, memory.k = k: the user's k facts retrieved and injected as KV
-TTFT: request sent -> first streamed chunk carrying a choice. Our share is ours-off - vllm and
+TTFT: request sent -> first streamed chunk carrying a choice. vLLM's connector framework costs
+noop - vllm; ours on top of it is ours-off - noop. Our whole share is ours-off - vllm and
 ours-text - vllm-text (paired per question); ours-kv - vllm-text is what memory as KV saves
 against text RAG on plain vLLM. ours-kv responses carry a Server-Timing header (the seam's own
 phases: identify, vllm_render, hop, retrieve, plan, back), reported as medians: where our
@@ -39,8 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import common, server_ttft  # noqa: E402
 
-MODES = ("vllm", "ours-off", "vllm-text", "ours-text", "ours-kv")
-PAIRS = {"ours (no memory)": ("ours-off", "vllm"), "ours (text prompt)": ("ours-text", "vllm-text"),
+MODES = ("vllm", "noop", "ours-off", "vllm-text", "ours-text", "ours-kv")
+PAIRS = {"ours (no memory)": ("ours-off", "vllm"),
+         "vLLM's connector framework": ("noop", "vllm"),
+         "ours beyond the framework": ("ours-off", "noop"),
+         "ours (text prompt)": ("ours-text", "vllm-text"),
          "kv vs text RAG": ("ours-kv", "vllm-text")}
 
 
@@ -63,8 +70,9 @@ def vllm_args(args: argparse.Namespace, dtype: str, load_format: str, gpu: bool)
 
 
 def start_servers(args: argparse.Namespace, folder: str, dtype: str, load_format: str,
-                  workdir: Path, gpu: bool) -> tuple[Any, Any]:
-    """(plain vllm serve, inferscale serve), both up; either failing stops both."""
+                  workdir: Path, gpu: bool) -> tuple[Any, Any, Any]:
+    """(plain vllm serve, the same with the no-op connector, inferscale serve), all up; one
+    failing stops them all."""
     from tests.server.process import ServerProcess
 
     class PlainVllm(ServerProcess):
@@ -76,19 +84,25 @@ def start_servers(args: argparse.Namespace, folder: str, dtype: str, load_format
     common = vllm_args(args, dtype, load_format, gpu)
     plain = PlainVllm(workdir / "unused.db", workdir / "vllm.log", model=folder,
                       sizing_args=common)
+    noop = PlainVllm(workdir / "unused2.db", workdir / "noop.log", model=folder,
+                     sizing_args=[*common, "--kv-transfer-config", json.dumps(NOOP_CONNECTOR)])
     ours = ServerProcess(workdir / "server.db", workdir / "server.log", model=folder,
                          sizing_args=[*common, "--slab-mib", str(args.slab_mib), "--window",
                                       str(args.window), "--embedding-model", args.embedder,
                                       "--dedupe-threshold", "none"])
     started = []
     try:
-        for server in (plain, ours):  # one at a time: each sizes itself on what is free
+        for server in (plain, noop, ours):  # one at a time: each sizes itself on what is free
             started.append(server.start(timeout_s=900))
     except BaseException:
         for server in started:
             server.stop()
         raise
-    return plain, ours
+    return plain, noop, ours
+
+
+NOOP_CONNECTOR = {"kv_connector": "NoopConnector", "kv_role": "kv_both",
+                  "kv_connector_module_path": "benchmarks.noop_connector"}
 
 
 def stream_chat(http: Any, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
@@ -115,7 +129,7 @@ def engine_sums(http: Any) -> dict[str, float]:
     return out
 
 
-def run(args: argparse.Namespace, plain: Any, ours: Any, model_ids: list[str],
+def run(args: argparse.Namespace, plain: Any, noop: Any, ours: Any,
         questions: list[str], fact_sets: list[list[str]]) -> dict[str, Any]:
     from inferscale_engine.config import DEFAULT_SYSTEM_PROMPT
     from inferscale_engine.prompting.prompt import FACT_FORMAT
@@ -130,8 +144,9 @@ def run(args: argparse.Namespace, plain: Any, ours: Any, model_ids: list[str],
         pasted = [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT + "".join(
             FACT_FORMAT.format(text=t) for t in facts)}, *alone]
         user = f"u{i}"
-        calls = {
+        calls: dict[str, tuple[Any, dict[str, Any]]] = {
             "vllm": (plain, {"messages": alone}),
+            "noop": (noop, {"messages": alone}),
             "ours-off": (ours, {"messages": alone, "memory": {"enabled": False}}),
             "vllm-text": (plain, {"messages": pasted}),
             "ours-text": (ours, {"messages": pasted, "memory": {"enabled": False}}),
@@ -187,23 +202,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     gpu, (folder, dtype, load_format), questions, fact_sets = server_ttft.workload(args, 300)
     with tempfile.TemporaryDirectory() as workdir:
-        plain_server, ours_server = start_servers(args, folder, dtype, load_format,
-                                                  Path(workdir), gpu)
+        servers = start_servers(args, folder, dtype, load_format, Path(workdir), gpu)
         try:
-            with httpx.Client(base_url=plain_server.base_url, timeout=300) as plain, \
-                    httpx.Client(base_url=ours_server.base_url, timeout=300) as ours:
-                ids = []
-                for client in (plain, ours):
+            with httpx.Client(base_url=servers[0].base_url, timeout=300) as plain, \
+                    httpx.Client(base_url=servers[1].base_url, timeout=300) as noop, \
+                    httpx.Client(base_url=servers[2].base_url, timeout=300) as ours:
+                clients: list[Any] = [plain, noop, ours]
+                for client in clients:
                     client.model_id = client.get("/v1/models").json()["data"][0]["id"]
-                    ids.append(client.model_id)
                 for i, facts in enumerate(fact_sets):
                     response = ours.post("/v1/memories", json={"user_id": f"u{i}",
                                                                "texts": facts})
                     response.raise_for_status()
-                result = run(args, plain, ours, ids, questions, fact_sets)
+                result = run(args, plain, noop, ours, questions, fact_sets)
         finally:
-            plain_server.stop()
-            ours_server.stop()
+            for server in servers:
+                server.stop()
     summary = summary_of(result)
     record = {"benchmark": "serve_overhead", "config": {**vars(args), "model_folder": folder,
                                                         "dtype": dtype,

@@ -12,10 +12,17 @@ engine per arm, one arm after the other, in one process:
             demoted and promoted back by a copy; what falls out of host RAM is encoded again
   disk      the same slab and host tier over a disk tier (every fact written through at
             encode time): what falls out of host RAM is loaded from its disk entry
+  offload   the peer a user would pick instead: no InferScale connector, each user's facts
+            pasted as text in one stable order (a prefix that repeats per user) into plain
+            vLLM with its own CPU offloading (kv_offloading_size = --host-tier-mib, the
+            'native' OffloadingConnector) and a GPU KV cache of the slab's size plus room for
+            the running request: a prefix hit on blocks offloaded to host RAM loads them back
 
 The first --warmup requests of each arm fill the tiers (untimed); the rest are timed (TTFT =
 wall time of one max_tokens=1 request). Per arm: TTFT p50/p90/p99 and where each requested
-fact came from (slab, host, disk, encoded again).
+fact came from (slab, host, disk, encoded again); for the tiers, the bytes each promotion call
+moved and the host-to-device rate it achieved (the workers' own timers); for the offload arm,
+the share of prompt tokens vLLM found cached (on the GPU or loaded back from host RAM).
 
   python benchmarks/tiers.py --model tiny --users 40 --facts-per-user 20 --k 10 --slab-mib 8
   python benchmarks/tiers.py --model llama-3.1-8b --users 80 --facts-per-user 50 --k 50 \\
@@ -51,7 +58,7 @@ from benchmarks.common import (  # noqa: E402
     write_tagged,
 )
 
-ARMS = ("resident", "reencode", "host", "disk")
+ARMS = ("resident", "reencode", "host", "disk", "offload")
 TIER_COUNTERS = ("host_hits", "disk_hits", "encoded_facts")
 
 
@@ -178,6 +185,7 @@ def run_arm(args: argparse.Namespace, arm: str, texts: list[list[str]],
                       flush=True)
         served = sum(sources.values())
         stats = engine.stats()
+        totals = stats.worker_totals
         return {"engine_config": {"slab_capacity_bytes": config.slab_capacity_bytes,
                                   "host_tier_bytes": config.host_tier_bytes,
                                   "disk_tier": bool(config.disk_tier_path)},
@@ -185,11 +193,103 @@ def run_arm(args: argparse.Namespace, arm: str, texts: list[list[str]],
                 "ttft": {mode: summarize(samples) for mode, samples in ttft.items()},
                 "raw_ms": ttft, "sources": sources,
                 "hit_rate": {tier: n / served for tier, n in sources.items()} if served else {},
-                "counters": dict(stats.counters), "workers": stats.worker_totals}
+                "counters": dict(stats.counters), "workers": totals,
+                "moves": move_rates(totals)}
     finally:
         engine.close()
         del engine
         gc.collect()
+
+
+def move_rates(totals: dict[str, int]) -> dict[str, float]:
+    """Bytes per promotion call and the rate each tier's copies achieved, whole run."""
+    rates: dict[str, float] = {}
+    calls, moved, ns = (totals.get(k, 0) for k in ("host_promote_calls", "host_bytes_out",
+                                                   "host_promote_ns"))
+    if calls and ns:
+        rates.update(promote_calls=calls, promote_mib_per_call=moved / calls / 2**20,
+                     promote_ms_per_call=ns / calls / 1e6, promote_gb_per_s=moved / ns)
+    moved, ns = totals.get("disk_bytes_read", 0), totals.get("disk_load_ns", 0)
+    if ns:  # read, MAC check and copy of every loaded entry
+        rates.update(disk_gb_per_s=moved / ns)
+    return rates
+
+
+def offload_prompts(args: argparse.Namespace, texts: list[list[str]],
+                    sequence: list[tuple[int, list[int], str]]) -> list[list[int]]:
+    """Each request as text mode renders it, the user's facts in one stable order."""
+    from inferscale_engine import EngineConfig
+    from inferscale_engine.model.check import load_tokenizer
+    from inferscale_engine.prompting.prompt import PromptBuilder
+
+    model, dtype, _ = resolve_model(args.model)
+    config = EngineConfig(model=model, dtype=dtype)
+    builder = PromptBuilder(load_tokenizer(config), config.system_prompt,
+                            config.user_block_header)
+    facts = [[builder.fact_ids(text) for text in user] for user in texts]
+    return [builder.build([{"role": "user", "content": question}],
+                          [facts[user][p] for p in sorted(picks)]).token_ids()
+            for user, picks, question in sequence]
+
+
+def run_offload_arm(args: argparse.Namespace, texts: list[list[str]],
+                    sequence: list[tuple[int, list[int], str]]) -> dict[str, Any]:
+    """Plain vLLM (no InferScale connector) with its native CPU offloading, text prompts."""
+    import torch
+    from transformers import AutoConfig
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    from inferscale_engine.config import ConnectorConfig
+    from inferscale_engine.model.check import kv_bytes_per_token
+    from inferscale_engine.runtime.runner import _release_vllm_process_state, engine_kwargs
+
+    if not torch.cuda.is_available():
+        raise SystemExit("the offload arm needs a GPU: vLLM's CPU offloading runs on CUDA "
+                         "(and XPU) only")
+    config = engine_config(args, "reencode", Path("."))
+    prompts = offload_prompts(args, texts, sequence)
+    longest = max(map(len, prompts))
+    kwargs = engine_kwargs(config, ConnectorConfig(1, 16, config.max_model_len))
+    del kwargs["kv_transfer_config"], kwargs["worker_extension_cls"]
+    per_token = kv_bytes_per_token(AutoConfig.from_pretrained(config.model), config)
+    room = -(-(longest + 32) // 16) * 16  # the running request (one at a time)
+    gpu_bytes = args.slab_mib * 2**20 + room * per_token
+    kwargs.update(kv_cache_memory_bytes=gpu_bytes, kv_offloading_size=args.host_tier_mib / 1024,
+                  kv_offloading_backend="native", max_model_len=room)
+    kwargs.pop("gpu_memory_utilization", None)
+    start = time.perf_counter()
+    llm = LLM(**kwargs)
+    opened = time.perf_counter() - start
+    print(f"[offload] engine {opened:.1f} s, GPU KV cache {gpu_bytes / 2**20:.0f} MiB, host "
+          f"{args.host_tier_mib} MiB", flush=True)
+    try:
+        one_token = SamplingParams(max_tokens=1, temperature=0.0)
+        ttft: list[float] = []
+        cached: list[float] = []
+        for i, ids in enumerate(prompts):
+            t0 = time.perf_counter()
+            out = llm.generate(TokensPrompt(prompt_token_ids=ids), one_token, use_tqdm=False)[0]
+            elapsed = (time.perf_counter() - t0) * 1e3
+            if i < args.warmup:
+                continue
+            ttft.append(elapsed)
+            cached.append((out.num_cached_tokens or 0) / len(ids))
+            if (i + 1) % 250 == 0:
+                print(f"[offload] {i + 1}/{len(prompts)} requests, median so far "
+                      f"{summarize(ttft)['median_ms']:.1f} ms", flush=True)
+        return {"engine_config": {"kv_cache_memory_bytes": gpu_bytes,
+                                  "kv_offloading_size_gib": args.host_tier_mib / 1024,
+                                  "kv_offloading_backend": "native"},
+                "open_seconds": opened, "ttft": {"text": summarize(ttft)},
+                "raw_ms": {"text": ttft},
+                "cached_prompt_share": {"mean": sum(cached) / len(cached),
+                                        "requests_over_half": sum(c > 0.5 for c in cached)
+                                        / len(cached)},
+                "hit_rate": {}}
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        _release_vllm_process_state()
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -218,13 +318,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         for arm in args.arms.split(","):
             shutil.rmtree(folder / "disk", ignore_errors=True)
-            results[arm] = run_arm(args, arm, texts, sequence, folder / "disk")
+            results[arm] = (run_offload_arm(args, texts, sequence) if arm == "offload" else
+                            run_arm(args, arm, texts, sequence, folder / "disk"))
             path.write_text(json.dumps(record, indent=1, default=str))  # each arm as it ends
             row = results[arm]["ttft"]
             print(f"[{arm}] " + "; ".join(
                 f"{mode} p50 {s['median_ms']:.1f} p99 {s['p99_ms']:.1f} ms"
-                for mode, s in row.items()) + f"; sources {results[arm]['hit_rate']}",
-                flush=True)
+                for mode, s in row.items()) + f"; sources {results[arm]['hit_rate']}"
+                + f"; moves {results[arm].get('moves', {})}", flush=True)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     _print_table(results)
@@ -256,7 +357,8 @@ def plot(record: dict[str, Any], out: Path) -> Path:
     for arm, entry in record["results"].items():
         for mode, samples in entry["raw_ms"].items():
             ordered = sorted(samples)
-            label = "text" if mode == "text" else f"kv, {arm}"
+            label = ("text + vLLM offloading" if arm == "offload" else "text" if mode == "text"
+                     else f"kv, {arm}")
             ax.plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], label=label)
     env = record["environment"]
     config = record["config"]

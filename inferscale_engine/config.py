@@ -184,6 +184,17 @@ SECRET_ENV = "INFERSCALE_PLAN_SECRET"
 """Environment variable holding the plans' MAC key (hex). Kept out of vLLM's config, which is
 logged; inherited by vLLM's worker processes."""
 
+DISK_KEY_ENV = "INFERSCALE_DISK_KEY"
+"""Environment variable holding the disk tier's MAC key (64 hex digits). Set it to share one
+key between hosts; otherwise the engine keeps the key in the tier's folder (DISK_KEY_FILE)
+and puts it here for vLLM's workers."""
+
+DISK_MAC_KEY_ENV = "INFERSCALE_DISK_MAC_KEY"
+"""The key the engine resolved (DISK_KEY_ENV or the key file), as vLLM's workers read it."""
+
+DISK_KEY_FILE = ".inferscale-disk-key"
+"""The disk tier's key file (0600, in its 0700 folder) when DISK_KEY_ENV is not set."""
+
 
 @dataclass(frozen=True, slots=True)
 class ConnectorConfig:

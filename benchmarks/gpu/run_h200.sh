@@ -29,8 +29,8 @@
 # ending on a block boundary and not; DRAWS, MODES, BLOCK_SIZE), floor (floor_probe.py: TTFT of kv
 # with the plan check, the load or both switched off, vs resident; MODELS, KS, VARIANTS), tp2
 # (kind nvidia-h200-x2: the TP=2 invariants, ttft.py and throughput.py at TP=2, tagged tp2),
-# tiers (benchmarks/tiers.py: tiered fact KV at 10x the slab), serve_overhead (plain `vllm serve` vs
-# `inferscale serve` over HTTP, memory off / text / kv at k=50; needs .device/uv and .device/minilm), fp8 (ttft.py with an fp8 KV
+# tiers (benchmarks/tiers.py: tiered fact KV at 10x the slab, vLLM's CPU offloading beside it), serve_overhead (plain `vllm serve`,
+# the same with a no-op connector, `inferscale serve`, over HTTP, memory off / text / kv at k=50; needs .device/uv and .device/minilm), fp8 (ttft.py with an fp8 KV
 # cache), ab_old (ttft.py of this tree vs
 # another commit's carried in .device/old, alternating).
 # FAMILY_MODELS picks a subset of the families, e.g. FAMILY_MODELS="qwen3-30b-a3b mixtral-8x7b".
@@ -186,15 +186,17 @@ for step in "$@"; do
     serve_overhead)  # issue 46: plain `vllm serve` vs `inferscale serve`, TTFT over HTTP, paired
       for w in .device/uv/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site; done
       random_minilm
-      timeout 590 python3 benchmarks/serve_overhead.py --model llama-3.1-8b --embedder /tmp/minilm --k ${K:-50} --requests ${REQUESTS:-40} --slab-mib ${SLAB_MIB:-12288} --tag h200 --cudagraph-sizes $graphs 2>&1 | grep -vE "$quiet" | tail -16 ;;
+      # three servers share the GPU (plain, no-op connector, ours): a quarter of it each + our slab
+      timeout 590 python3 benchmarks/serve_overhead.py --model llama-3.1-8b --embedder /tmp/minilm --k ${K:-50} --requests ${REQUESTS:-30} --slab-mib ${SLAB_MIB:-7680} --gpu-memory-utilization ${GPU_UTIL:-0.25} --tag h200 --cudagraph-sizes $graphs 2>&1 | grep -vE "$quiet" | tail -24 ;;
     tp2)  # needs nvidia-h200-x2; TP settings that started on 2 H200s (notes/environment.md)
       export VLLM_ALLREDUCE_USE_SYMM_MEM=0
       timeout 400 python3 -m pytest tests/invariants/test_tensor_parallel.py -q -s -p no:cacheprovider 2>&1 | grep -E "TP=2|passed|failed|^E " | head -12
       timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --tensor-parallel-size 2 --ks 0,25,50,100 --embedder none --warmup 4 --vllm-arg disable_custom_all_reduce=true --tag h200-tp2 2>&1 | grep -vE "$quiet" | tail -8
       timeout 500 python3 benchmarks/throughput.py --model llama-3.1-8b --tensor-parallel-size 2 --multiprocessing --concurrency 1,8,32,64 --repeats 2 --vllm-arg disable_custom_all_reduce=true --tag h200-tp2 2>&1 | grep -vE "$quiet" | tail -10 ;;
-    tiers)  # issue 44's scale benchmark: fact KV many times the slab, Zipf users, k=50
-      # (USERS, FACTS, SLAB_MIB, HOST_MIB, REQUESTS, ARMS; the disk tier writes under /tmp)
-      timeout 590 python3 benchmarks/tiers.py --model llama-3.1-8b --users ${USERS:-80} --facts-per-user ${FACTS:-50} --k 50 --slab-mib ${SLAB_MIB:-1280} --host-tier-mib ${HOST_MIB:-4096} --requests ${REQUESTS:-1500} --warmup 200 --kv-cache-gib 16 --cudagraph-sizes $graphs --arms ${ARMS:-resident,reencode,host,disk} --disk-folder /tmp/inferscale-tiers --plot --tag h200 2>&1 | grep -vE "$quiet" | tail -16 ;;
+    tiers)  # the tier scale benchmark: fact KV many times the slab, Zipf users, k=50, and vLLM's
+      # own CPU offloading as the peer (USERS, FACTS, SLAB_MIB, HOST_MIB, REQUESTS, ARMS (all five
+      # take ~12 min: split them over two calls); the disk tier writes under /tmp)
+      timeout 590 python3 benchmarks/tiers.py --model llama-3.1-8b --users ${USERS:-80} --facts-per-user ${FACTS:-50} --k 50 --slab-mib ${SLAB_MIB:-1280} --host-tier-mib ${HOST_MIB:-4096} --requests ${REQUESTS:-1500} --warmup 200 --kv-cache-gib 16 --cudagraph-sizes $graphs --arms ${ARMS:-resident,host,offload,disk,reencode} --disk-folder /tmp/inferscale-tiers --plot --tag h200 2>&1 | grep -vE "$quiet" | tail -16 ;;
     fp8)  # TTFT text / kv / resident with vLLM's fp8 KV cache, Llama-3.1-8B, k=0..100
       timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --kv-cache-dtype fp8 --ks ${KS:-0,25,50,100} --embedder none --warmup 4 --facts synthetic --plot --tag h200-fp8 2>&1 | grep -vE "$quiet" | tail -8 ;;
     ab_old)  # kv/resident at k=50,100: this tree vs OLD (a `git archive` of another commit's

@@ -9,6 +9,7 @@ rows and which allocation last wrote each page.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -70,21 +71,8 @@ class KVSlab:
         self.keys[:, index] = scaled.to(self.keys.dtype)
 
     def claim_pages(self, slab_key: int, pages: list[int]) -> list[int] | None:
-        """Let `slab_key` write `pages` if it is newer than every page's last capture.
-
-        Returns:
-            The keys of entries those pages held (superseded: their rows are about to be
-            overwritten, so they are dropped), or None if the capture must be refused: the key
-            was captured before, or a page has since been given to a newer allocation.
-        """
-        index = np.asarray(pages, dtype=np.int64)
-        if slab_key in self.entries or (self.page_keys[index] >= slab_key).any():
-            return None
-        superseded = [int(k) for k in np.unique(self.page_keys[index]) if k in self.entries]
-        for key in superseded:
-            del self.entries[key]
-        self.page_keys[index] = slab_key
-        return superseded
+        """Let `slab_key` write `pages` (claim_pages on this slab's entries)."""
+        return claim_pages(self.entries, self.page_keys, slab_key, pages)
 
     @property
     def bytes_per_token(self) -> int:
@@ -112,3 +100,26 @@ class KVSlab:
             "bytes_per_token": self.bytes_per_token,
             "capacity_bytes": self.num_pages * self.page_tokens * self.bytes_per_token,
         }
+
+
+def claim_pages(entries: dict[int, Any], page_keys: np.ndarray, key: int, pages: list[int]
+                ) -> list[int] | None:
+    """Let allocation `key` write `pages` if it is newer than every page's last writer.
+
+    Args:
+        entries: key -> entry of the tier; entries whose pages are claimed are dropped.
+        page_keys: [num_pages] int64, the key of the last allocation that wrote each page.
+
+    Returns:
+        The keys of entries those pages held (superseded: their rows are about to be
+        overwritten, so they are dropped), or None if the claim must be refused: the key was
+        written before, or a page has since been given to a newer allocation.
+    """
+    index = np.asarray(pages, dtype=np.int64)
+    if key in entries or (page_keys[index] >= key).any():
+        return None
+    superseded = [int(k) for k in np.unique(page_keys[index]) if k in entries]
+    for old in superseded:
+        del entries[old]
+    page_keys[index] = key
+    return superseded

@@ -9,6 +9,7 @@ the forward has written this step's K/V into the paged blocks.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter, deque
 from dataclasses import dataclass
 from operator import attrgetter
@@ -197,7 +198,7 @@ class InferScaleWorker:
     def stats(self) -> dict[str, int]:
         """Slab and host tier occupancy, and counters."""
         assert self.slab is not None
-        host = self.host.slab.stats() if self.host is not None else {}
+        host = self.host.stats() if self.host is not None else {}
         return {**self.slab.stats(), **{f"host_{k}": v for k, v in host.items()},
                 **self.counters}
 
@@ -207,7 +208,9 @@ class InferScaleWorker:
         assert self.slab is not None
         if self.host is None:
             return [False] * len(moves)
-        tokens = [self.host.demote(self.slab, *move) for move in moves]
+        start = time.perf_counter_ns()
+        tokens = self.host.demote(self.slab, moves)
+        self.counters["host_demote_ns"] += time.perf_counter_ns() - start
         self.counters["host_demotions"] += sum(map(bool, tokens))
         self.counters["host_bytes_in"] += sum(tokens) * self.slab.bytes_per_token
         return [bool(n) for n in tokens]
@@ -217,7 +220,10 @@ class InferScaleWorker:
         assert self.slab is not None
         if self.host is None:
             return [False] * len(moves)
-        tokens = [self.host.promote(self.slab, *move) for move in moves]
+        start = time.perf_counter_ns()
+        tokens = self.host.promote(self.slab, moves)
+        self.counters["host_promote_ns"] += time.perf_counter_ns() - start
+        self.counters["host_promote_calls"] += 1
         self.counters["host_promotions"] += sum(map(bool, tokens))
         self.counters["host_bytes_out"] += sum(tokens) * self.slab.bytes_per_token
         return [bool(n) for n in tokens]
@@ -239,8 +245,10 @@ class InferScaleWorker:
         if self.disk is None:
             return ["missing"] * len(items)
         stream = self.host._stream if self.host is not None else None  # noqa: SLF001
+        start = time.perf_counter_ns()
         results = [self.disk.load(self.slab, DiskRecord(name, owner, meta), key, pages, stream)
                    for name, owner, meta, key, pages in items]
+        self.counters["disk_load_ns"] += time.perf_counter_ns() - start
         for result in results:
             self.counters[f"disk_{result or 'loads'}"] += 1
         return results

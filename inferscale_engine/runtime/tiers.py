@@ -4,18 +4,20 @@ The GPU slab's pages and LRU are Residency's (residency.py). A fact evicted from
 demoted to host RAM when the host tier has (or can make) room; a host entry evicted in turn is
 dropped (with a disk tier its file remains). Disk entries are named by a content key of what
 their KV was computed from, so an entry of another model, preamble, context, fact or key scale
-is never loaded (connector/tiers.py checks the metadata again, and a checksum). The worker side
+is never loaded (connector/tiers.py checks the metadata again, and a keyed MAC). The worker side
 does the copies; this module only decides, deterministically, so every rank agrees.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import secrets
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from inferscale_engine.config import EngineConfig
+from inferscale_engine.config import DISK_KEY_ENV, DISK_KEY_FILE, DISK_MAC_KEY_ENV, EngineConfig
 from inferscale_engine.facts import FactId
 from inferscale_engine.protocol.plan import token_digest
 from inferscale_engine.runtime.residency import FactRecord, SlabAllocator
@@ -140,19 +142,64 @@ def disk_fingerprint(config: EngineConfig, model_fingerprint: str) -> str | None
 
 
 def check_disk_tier(path: str) -> None:
-    """Create the disk tier's folder and check that files can be written there.
+    """Create the disk tier's folder, check that files can be written there, and set its key.
+
+    The entries' MAC key comes from DISK_KEY_ENV if the operator set it, else from the key
+    file in the folder (created on first use). The folder is created 0700; a folder or key
+    file other local users could write (or a key file they could read) is refused: whoever
+    can replace the key can plant KV under any user's name.
 
     Raises:
-        ConfigError: it cannot be created or written.
+        ConfigError: the folder cannot be created or written, or it or its key file is open
+            to other users.
     """
     from inferscale_engine.errors import ConfigError
 
     folder = Path(path).expanduser()
     probe = folder / ".inferscale-write-check"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         probe.write_bytes(b"ok")
         probe.unlink()
     except OSError as exc:
         raise ConfigError(f"disk_tier_path {path!r} cannot be written ({exc}); give a folder "
                           "this process may create files in, or None for no disk tier") from None
+    if os.environ.get(DISK_KEY_ENV, "").strip():
+        _check_key(os.environ[DISK_KEY_ENV], DISK_KEY_ENV)
+        os.environ[DISK_MAC_KEY_ENV] = os.environ[DISK_KEY_ENV].strip()
+        return
+    _check_private(folder, 0o022, "folder")
+    key_file = folder / DISK_KEY_FILE
+    try:
+        with os.fdopen(os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(secrets.token_hex(32))
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise ConfigError(f"cannot create the disk tier's key file {key_file} ({exc})") from None
+    _check_private(key_file, 0o077, "key file")
+    os.environ[DISK_MAC_KEY_ENV] = _check_key(key_file.read_text(), str(key_file))
+
+
+def _check_key(value: str, source: str) -> str:
+    from inferscale_engine.errors import ConfigError
+
+    value = value.strip()
+    try:
+        if len(bytes.fromhex(value)) == 32:
+            return value
+    except ValueError:
+        pass
+    raise ConfigError(f"{source} must hold a 32-byte key as 64 hex digits; generate one with "
+                      "`python -c \"import secrets; print(secrets.token_hex(32))\"`")
+
+
+def _check_private(path: Path, forbidden: int, what: str) -> None:
+    from inferscale_engine.errors import ConfigError
+
+    info = path.stat()
+    if info.st_uid != os.getuid() or info.st_mode & forbidden:
+        raise ConfigError(f"the disk tier's {what} {path} must belong to this user and not be "
+                          f"open to others (mode {info.st_mode & 0o777:o}); run `chmod "
+                          f"{'700' if what == 'folder' else '600'} {path}`, or set "
+                          f"{DISK_KEY_ENV} to keep the key elsewhere")

@@ -116,20 +116,25 @@ def _rewrite(path: Path, **meta: str) -> None:
     save_file(tensors, str(path), metadata={**old, **meta})
 
 
+def _reference_on_disk(model, disk: Path, texts) -> tuple:
+    """Encode `texts` for alice into a disk tier; the answer they give."""
+    first, engine, ids = _restart(model, disk, texts)
+    try:
+        return _answer(engine, "alice", ids)
+    finally:
+        first.__exit__(None, None, None)
+
+
 def test_corrupt_truncated_and_foreign_entries_are_refused_and_reencoded(tiny_models,
                                                                          tmp_path):
     model, disk = tiny_models["llama"], tmp_path / "disk"
-    first, engine, ids = _restart(model, disk, FACTS[:4])
-    try:
-        reference = _answer(engine, "alice", ids)
-    finally:
-        first.__exit__(None, None, None)
+    reference = _reference_on_disk(model, disk, FACTS[:4])
     files = sorted(disk.glob("*.safetensors"))
     assert len(files) == 4
     data = files[0].read_bytes()
     files[0].write_bytes(data[:len(data) // 2])  # truncated
     flipped = bytearray(files[1].read_bytes())
-    flipped[-5] ^= 0xFF  # a bit of the KV changed: the checksum refuses it
+    flipped[-5] ^= 0xFF  # a bit of the KV changed: the MAC refuses it
     files[1].write_bytes(bytes(flipped))
     _rewrite(files[2], model="another-model")  # another model's entry under this name
     second, engine, ids = _restart(model, disk, FACTS[:4])
@@ -144,6 +149,72 @@ def test_corrupt_truncated_and_foreign_entries_are_refused_and_reencoded(tiny_mo
         second.__exit__(None, None, None)
 
 
+def test_forged_and_inconsistent_entries_are_refused_never_an_error(tiny_models, tmp_path):
+    """Someone who can write the folder but lacks the key cannot plant KV under a user's name:
+    another fact's KV under this entry's metadata with a recomputed unkeyed digest (what the
+    checksum of format 1 accepted), and a header claiming more tokens than the fact has."""
+    import hashlib
+
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    model, disk = tiny_models["llama"], tmp_path / "disk"
+    reference = _reference_on_disk(model, disk, FACTS[:3])
+    victim, donor, padded = sorted(disk.glob("*.safetensors"))
+    with safe_open(str(donor), framework="pt") as handle:
+        planted = {name: handle.get_tensor(name) for name in ("keys", "values")}
+    with safe_open(str(victim), framework="pt") as handle:
+        meta = dict(handle.metadata())
+    digest = hashlib.blake2b(digest_size=16)
+    for tensor in planted.values():
+        digest.update(tensor.contiguous().view(torch.uint8).numpy().tobytes())
+    meta["mac"] = meta["checksum"] = digest.hexdigest()
+    meta["num_tokens"] = str(planted["keys"].shape[1])
+    save_file(planted, str(victim), metadata=meta)
+    with safe_open(str(padded), framework="pt") as handle:
+        tensors = {name: handle.get_tensor(name) for name in ("keys", "values")}
+        meta = dict(handle.metadata())
+    longer = {name: torch.cat([t, t, t, t], dim=1) for name, t in tensors.items()}
+    save_file(longer, str(padded), metadata={**meta, "num_tokens": str(longer["keys"].shape[1])})
+    second, engine, ids = _restart(model, disk, FACTS[:3])
+    try:
+        assert _answer(engine, "alice", ids) == reference  # served, never the planted KV
+        assert _counter(engine, "disk_hits") == 1
+        assert _counter(engine, "disk_refused") == 2
+        totals = engine.stats().worker_totals
+        assert totals["disk_corrupt"] == 1 and totals["disk_mismatch"] == 1
+    finally:
+        second.__exit__(None, None, None)
+
+
+def test_the_disk_key_is_private_or_refused(tiny_models, tmp_path, monkeypatch):
+    from inferscale_engine.config import DISK_KEY_ENV
+    from inferscale_engine.errors import ConfigError
+    from inferscale_engine.runtime.tiers import check_disk_tier
+
+    monkeypatch.delenv(DISK_KEY_ENV, raising=False)
+    folder = tmp_path / "tier"
+    check_disk_tier(str(folder))
+    key = folder / ".inferscale-disk-key"
+    assert folder.stat().st_mode & 0o777 == 0o700 and key.stat().st_mode & 0o777 == 0o600
+    assert len(bytes.fromhex(key.read_text())) == 32
+    check_disk_tier(str(folder))  # the same key again
+    key.chmod(0o644)
+    with pytest.raises(ConfigError, match="key file .* `chmod 600"):
+        check_disk_tier(str(folder))
+    key.chmod(0o600)
+    folder.chmod(0o777)
+    with pytest.raises(ConfigError, match="folder .* `chmod 700"):
+        check_disk_tier(str(folder))
+    monkeypatch.setenv(DISK_KEY_ENV, "not hex")
+    with pytest.raises(ConfigError, match="64 hex digits"):
+        check_disk_tier(str(folder))
+    monkeypatch.setenv(DISK_KEY_ENV, "ab" * 32)  # an operator's key: no file needed
+    check_disk_tier(str(tmp_path / "shared"))
+    assert not (tmp_path / "shared" / ".inferscale-disk-key").exists()
+
+
 def test_a_deleted_fact_leaves_no_entry_in_any_tier(tiny_models, tmp_path):
     model, disk = tiny_models["llama"], tmp_path / "disk"
     with running_engine(model, slab_capacity_bytes=_bytes(model, 640),
@@ -155,7 +226,7 @@ def test_a_deleted_fact_leaves_no_entry_in_any_tier(tiny_models, tmp_path):
         engine.delete("alice", ids)
         engine.delete("bob", others)
         engine.workers.flush_disk()
-        assert list(disk.glob("*")) == []
+        assert [p.name for p in disk.glob("*")] == [".inferscale-disk-key"]
         stats = engine.stats()
         assert stats.num_host_facts == 0 and stats.worker_totals["host_num_entries"] == 0
         assert stats.worker_totals["num_entries"] == 1  # the preamble
