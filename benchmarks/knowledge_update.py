@@ -1,0 +1,168 @@
+"""Knowledge updates: does the memory answer what is true now, or a value that was superseded?
+
+The synthetic, seeded dev set of ku_data.py (users whose city, employer, dog, car, sport and
+language change one to three times, among stable facts and chatter). Each arm builds its own
+Memory over one shared Engine, adds every user's facts in the order they were said, then asks
+every question through Memory.generate (k facts retrieved, greedy) in kv and in text mode.
+
+Arms (how facts are added; each answered in kv and text mode):
+  plain    Memory.add(texts=[...]) one session at a time: every version is kept, the model
+           has to work out which is current
+  infer    Memory.add(infer=True) with the session's facts as the user's messages: the served
+           model extracts facts and adds, updates or deletes stored ones (mem0's consolidation)
+
+Per arm and mode: the share of answers naming the value true now (or at the date asked), the
+share naming a superseded value, for "now" and "as of" questions apart; the time each add took
+per fact (p50 / p99) and the ingest total. This is the set the memory semantics are tuned on;
+they are judged on public knowledge-update data this repository does not hold.
+
+  python benchmarks/knowledge_update.py --model small --arms plain,infer
+  python benchmarks/knowledge_update.py --model tiny --users 2 --arms plain   # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import environment, resolve_model, summarize, write_tagged  # noqa: E402
+from benchmarks.ku_data import KUFact, Scenario, scenarios, score  # noqa: E402
+
+MODES = ("kv", "text")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="small")
+    parser.add_argument("--users", type=int, default=24)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--k", type=int, default=10, help="facts retrieved per question")
+    parser.add_argument("--arms", default="plain,infer")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--slab-mib", type=int, default=512)
+    parser.add_argument("--embedder", default=None, help="default: the offline all-MiniLM-L6-v2")
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args(argv)
+    if unknown := set(args.arms.split(",")) - set(INGEST):
+        parser.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(INGEST)}")
+    return args
+
+
+def sessions_of(scenario: Scenario) -> list[list[KUFact]]:
+    """The user's facts grouped by the day they were said, in order."""
+    out: list[list[KUFact]] = []
+    for fact in scenario.facts:
+        if out and out[-1][0].date == fact.date:
+            out[-1].append(fact)
+        else:
+            out.append([fact])
+    return out
+
+
+def add_plain(memory: Any, user_id: str, session: list[KUFact]) -> None:
+    memory.add(user_id=user_id, texts=[f.text for f in session])
+
+
+def add_infer(memory: Any, user_id: str, session: list[KUFact]) -> None:
+    memory.add(user_id=user_id, infer=True,
+               messages=[{"role": "user", "content": f.text} for f in session])
+
+
+INGEST: dict[str, Callable[[Any, str, list[KUFact]], None]] = {
+    "plain": add_plain, "infer": add_infer}
+
+
+def run_arm(engine: Any, args: argparse.Namespace, arm: str, users: list[Scenario],
+            folder: Path) -> dict[str, Any]:
+    from vllm import SamplingParams
+
+    from inferscale_engine import Memory
+
+    per_fact_ms: list[float] = []
+    answers: list[dict[str, Any]] = []
+    with Memory(engine, folder / f"{arm}.db", args.embedder, progress_bar=False) as memory:
+        start = time.perf_counter()
+        for scenario in users:
+            for session in sessions_of(scenario):
+                t0 = time.perf_counter()
+                INGEST[arm](memory, scenario.user_id, session)
+                per_fact_ms.extend([(time.perf_counter() - t0) * 1e3 / len(session)]
+                                   * len(session))
+        ingest_s = time.perf_counter() - start
+        stored = sum(len(memory.get_all(user_id=s.user_id)) for s in users)
+        print(f"[{arm}] {len(per_fact_ms)} facts added in {ingest_s:.0f} s, {stored} stored",
+              flush=True)
+        greedy = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+        for scenario in users:
+            for question in scenario.questions:
+                for mode in MODES:
+                    out = memory.generate(user_id=scenario.user_id, query=question.text,
+                                          k=args.k, sampling=greedy, mode=mode)
+                    answers.append({"question_id": question.question_id, "mode": mode,
+                                    "kind": "then" if question.as_of else "now",
+                                    "answer": out.text, **score(out.text, question)})
+        counters = dict(memory.counters)
+    return {"ingest_seconds": ingest_s, "stored_facts": stored,
+            "add_ms_per_fact": summarize(per_fact_ms), "answers": answers,
+            "rates": rates(answers), "counters": counters}
+
+
+def rates(answers: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per mode and question kind: the share naming the current value, and a stale one."""
+    out: dict[str, dict[str, float]] = {}
+    for mode in MODES:
+        for kind in ("now", "then", "all"):
+            rows = [a for a in answers if a["mode"] == mode and kind in ("all", a["kind"])]
+            if rows:
+                out[f"{mode}/{kind}"] = {
+                    "questions": len(rows),
+                    "current": sum(a["current"] for a in rows) / len(rows),
+                    "stale": sum(a["stale"] for a in rows) / len(rows)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from inferscale_engine import Engine, EngineConfig
+
+    args = parse_args(argv)
+    users = scenarios(args.users, args.seed)
+    model, dtype, load_format = resolve_model(args.model)
+    engine = Engine(EngineConfig(model=model, dtype=dtype, load_format=load_format,
+                                 slab_capacity_bytes=args.slab_mib * 2**20))
+    results: dict[str, Any] = {}
+    record = {"benchmark": "knowledge_update", "config": vars(args),
+              "environment": environment(), "questions": sum(len(s.questions) for s in users),
+              "facts": sum(len(s.facts) for s in users), "results": results}
+    path = write_tagged(f"knowledge_update-{args.model}", args.tag, record)
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            for arm in args.arms.split(","):
+                results[arm] = run_arm(engine, args, arm, users, Path(folder))
+                path.write_text(json.dumps(record, indent=1, default=str))  # each arm as it ends
+    finally:
+        engine.close()
+    print("\n| arm | mode | now: current | now: stale | as of: current | as of: stale | "
+          "add ms/fact p50 | p99 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for arm, entry in results.items():
+        for mode in MODES:
+            now, then = entry["rates"][f"{mode}/now"], entry["rates"].get(f"{mode}/then", {})
+            print(f"| {arm} | {mode} | {now['current']:.0%} | {now['stale']:.0%} | "
+                  f"{then.get('current', 0):.0%} | {then.get('stale', 0):.0%} | "
+                  f"{entry['add_ms_per_fact']['median_ms']:.0f} | "
+                  f"{entry['add_ms_per_fact']['p99_ms']:.0f} |")
+    print(f"wrote {path}")
+    return record
+
+
+if __name__ == "__main__":
+    main()
