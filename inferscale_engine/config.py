@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import secrets
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 from inferscale_engine.errors import ConfigError
@@ -255,14 +254,6 @@ class ConnectorConfig:
             return cls(**raw)
         except TypeError as exc:
             raise ConfigError(f"connector options incomplete: {exc}") from None
-
-
-def disk_entry_path(folder: str | os.PathLike[str], name: str, rank: int) -> Path:
-    """The disk-tier file of content key `name` on tensor-parallel rank `rank`.
-
-    The one naming rule the app side (runtime/write_path.py) and the workers share.
-    """
-    return Path(folder) / f"{name}.r{rank}.safetensors"
 
 
 def _positive(obj: Any, *names: str) -> None:

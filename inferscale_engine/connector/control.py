@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from inferscale_engine.protocol.tier_control import DiskRead, DiskWrite, Move
+
 
 def _worker_half() -> Any:
     from vllm.distributed.kv_transfer import get_kv_transfer_group
@@ -66,25 +68,21 @@ class SlabControl:
         pairs = [paged.read(layer, index) for layer in range(paged.num_layers)]
         return (torch.stack([k for k, _ in pairs]).cpu(), torch.stack([v for _, v in pairs]).cpu())
 
-    def inferscale_demote(self, moves: list[tuple[int, int, list[int]]]) -> list[bool]:
-        """(slab key, host key, host pages): move entries to the host tier."""
-        return _worker_half().demote([(int(a), int(b), list(c)) for a, b, c in moves])
+    def inferscale_demote(self, moves: list[Any]) -> list[bool]:
+        """Move entries from the slab to the host tier (protocol/tier_control.Move)."""
+        return _worker_half().demote([Move.from_wire(m) for m in moves])
 
-    def inferscale_promote(self, moves: list[tuple[int, int, list[int]]]) -> list[bool]:
-        """(host key, slab key, pages): move host entries back into the slab."""
-        return _worker_half().promote([(int(a), int(b), list(c)) for a, b, c in moves])
+    def inferscale_promote(self, moves: list[Any]) -> list[bool]:
+        """Move host entries back into the slab (protocol/tier_control.Move)."""
+        return _worker_half().promote([Move.from_wire(m) for m in moves])
 
-    def inferscale_persist(self, items: list[tuple[int, str, str, dict[str, str]]]
-                           ) -> list[bool]:
-        """(slab key, name, owner, meta): write entries to the disk tier."""
-        return _worker_half().persist([(int(k), str(n), str(o), dict(m))
-                                       for k, n, o, m in items])
+    def inferscale_persist(self, items: list[Any]) -> list[bool]:
+        """Queue entries for the disk tier (protocol/tier_control.DiskWrite)."""
+        return _worker_half().persist([DiskWrite.from_wire(i) for i in items])
 
-    def inferscale_load(self, items: list[tuple[str, str, dict[str, str], int, list[int]]]
-                        ) -> list[str]:
-        """(name, owner, meta, slab key, pages): read entries from the disk tier."""
-        return _worker_half().load([(str(n), str(o), dict(m), int(k), list(p))
-                                    for n, o, m, k, p in items])
+    def inferscale_load(self, items: list[Any]) -> list[str]:
+        """Read entries from the disk tier (protocol/tier_control.DiskRead)."""
+        return _worker_half().load([DiskRead.from_wire(i) for i in items])
 
     def inferscale_forget(self, host_keys: list[int], names: list[str]) -> int:
         """Drop host entries and delete disk files of deleted facts."""

@@ -35,24 +35,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from inferscale_engine.config import DISK_MAC_KEY_ENV, disk_entry_path
+from inferscale_engine.config import DISK_MAC_KEY_ENV
 from inferscale_engine.connector.slab import KVSlab, SlabEntry, claim_pages
+from inferscale_engine.protocol.tier_control import DiskRead, DiskWrite, Move, disk_entry_path
 
 logger = logging.getLogger(__name__)
 
 DISK_FORMAT = "inferscale-kv-2"
 """Version of the disk entries' layout and metadata (2: keyed MAC instead of a checksum)."""
-
-
-@dataclass(frozen=True, slots=True)
-class DiskRecord:
-    """What a disk entry must have been computed from (the app's expectation on load)."""
-
-    name: str
-    """File stem: the app's content key (hex)."""
-    owner: str
-    meta: dict[str, str]
-    """Model fingerprint and digests of the preamble, context and fact ids, key scale."""
 
 
 def entry_mac(key: bytes, meta: dict[str, str], keys: torch.Tensor, values: torch.Tensor
@@ -122,8 +112,8 @@ class HostTier:
         """Bytes of one host page (keys and values of every layer)."""
         return self.pages[0].numel() * self.pages.element_size()
 
-    def demote(self, gpu: KVSlab, moves: list[tuple[int, int, list[int]]]) -> list[int]:
-        """(slab key, host key, host pages) per entry: move it into host RAM.
+    def demote(self, gpu: KVSlab, moves: list[Move]) -> list[int]:
+        """Move slab entries (slab key -> host key, host pages) into host RAM.
 
         Returns:
             Per move, the tokens moved (0: the entry is not in the slab, or a page has been
@@ -131,7 +121,8 @@ class HostTier:
         """
         tokens = [0] * len(moves)
         batch: list[tuple[int, SlabEntry, list[int]]] = []
-        for i, (slab_key, host_key, host_pages) in enumerate(moves):
+        for i, (slab_key, host_key, host_pages) in enumerate(
+                (m.source_key, m.dest_key, list(m.pages)) for m in moves):
             entry = gpu.entries.get(slab_key)
             if entry is None or len(host_pages) * self.page_tokens < entry.num_tokens or (
                     claim_pages(self.entries, self.page_keys, host_key, host_pages) is None):
@@ -145,8 +136,8 @@ class HostTier:
             self._to_host(gpu, [(entry.rows, pages) for _, entry, pages in chunk])
         return tokens
 
-    def promote(self, gpu: KVSlab, moves: list[tuple[int, int, list[int]]]) -> list[int]:
-        """(host key, slab key, slab pages) per entry: move it back into the slab.
+    def promote(self, gpu: KVSlab, moves: list[Move]) -> list[int]:
+        """Move host entries (host key -> slab key, slab pages) back into the slab.
 
         Returns:
             Per move, the tokens moved (0: not in host RAM, or the slab pages were given to a
@@ -154,7 +145,8 @@ class HostTier:
         """
         tokens = [0] * len(moves)
         batch: list[tuple[int, torch.Tensor, list[int]]] = []
-        for i, (host_key, slab_key, pages) in enumerate(moves):
+        for i, (host_key, slab_key, pages) in enumerate(
+                (m.source_key, m.dest_key, list(m.pages)) for m in moves):
             entry = self.entries.get(host_key)
             if entry is None or gpu.claim_pages(slab_key, pages) is None:
                 continue
@@ -286,9 +278,9 @@ class DiskTier:
         """The file of content key `name` on this rank."""
         return disk_entry_path(self.folder, name, self._rank)
 
-    def persist(self, gpu: KVSlab, slab_key: int, record: DiskRecord) -> bool:
+    def persist(self, gpu: KVSlab, record: DiskWrite) -> bool:
         """Copy one slab entry out and queue its file; False if it is not in the slab."""
-        entry = gpu.entries.get(slab_key)
+        entry = gpu.entries.get(record.slab_key)
         if entry is None:
             return False
         index = entry.rows.to(gpu.keys.device)
@@ -298,20 +290,18 @@ class DiskTier:
         self._queue.put((self.path(record.name), {"keys": keys, "values": values}, meta))
         return True
 
-    def load(self, gpu: KVSlab, record: DiskRecord, slab_key: int, pages: list[int],
-             stream: torch.cuda.Stream | None) -> str:
+    def load(self, gpu: KVSlab, record: DiskRead, stream: torch.cuda.Stream | None) -> str:
         """Read, check and copy one entry into slab pages: '' or why it was refused.
 
         Never raises for what a file holds: anything unreadable or inconsistent is 'corrupt'.
         """
         try:
-            return self._load(gpu, record, slab_key, pages, stream)
+            return self._load(gpu, record, stream)
         except Exception as exc:  # noqa: BLE001 - a file that breaks any step is refused
             logger.warning("InferScale: disk entry %s refused: %s", record.name, exc)
             return "corrupt"
 
-    def _load(self, gpu: KVSlab, record: DiskRecord, slab_key: int, pages: list[int],
-              stream: torch.cuda.Stream | None) -> str:
+    def _load(self, gpu: KVSlab, record: DiskRead, stream: torch.cuda.Stream | None) -> str:
         from safetensors import safe_open
 
         path = self.path(record.name)
@@ -327,6 +317,7 @@ class DiskTier:
         if any(meta.get(k) != v for k, v in expected.items()):
             return "mismatch"
         layers, _, heads, dim = gpu.keys.shape
+        slab_key, pages = record.slab_key, list(record.pages)
         num_tokens = int(meta.get("num_tokens", -1))
         shape = (layers, num_tokens, heads, dim)
         if (not 0 < num_tokens <= len(pages) * gpu.page_tokens

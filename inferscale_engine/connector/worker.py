@@ -29,9 +29,10 @@ from inferscale_engine.connector.paged import (
 )
 from inferscale_engine.connector.slab import KVSlab, SlabEntry
 from inferscale_engine.connector.staging import Staging
-from inferscale_engine.connector.tiers import DiskRecord, DiskTier, HostTier
+from inferscale_engine.connector.tiers import DiskTier, HostTier
 from inferscale_engine.model.rope import RopeSpec, layer_rope_specs
 from inferscale_engine.protocol.plan import SYSTEM_OWNER
+from inferscale_engine.protocol.tier_control import DiskRead, DiskWrite, Move
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -203,8 +204,8 @@ class InferScaleWorker:
                 **self.counters}
 
     # ---- tiers (control calls; connector/tiers.py) -----------------------------------
-    def demote(self, moves: list[tuple[int, int, list[int]]]) -> list[bool]:
-        """(slab key, host key, host pages) per entry: move it to host RAM; per move, done."""
+    def demote(self, moves: list[Move]) -> list[bool]:
+        """Move slab entries to host RAM; per move, done."""
         assert self.slab is not None
         if self.host is None:
             return [False] * len(moves)
@@ -215,8 +216,8 @@ class InferScaleWorker:
         self.counters["host_bytes_in"] += sum(tokens) * self.slab.bytes_per_token
         return [bool(n) for n in tokens]
 
-    def promote(self, moves: list[tuple[int, int, list[int]]]) -> list[bool]:
-        """(host key, slab key, pages) per entry: move it back into the slab; per move, done."""
+    def promote(self, moves: list[Move]) -> list[bool]:
+        """Move host entries back into the slab; per move, done."""
         assert self.slab is not None
         if self.host is None:
             return [False] * len(moves)
@@ -228,16 +229,15 @@ class InferScaleWorker:
         self.counters["host_bytes_out"] += sum(tokens) * self.slab.bytes_per_token
         return [bool(n) for n in tokens]
 
-    def persist(self, items: list[tuple[int, str, str, dict[str, str]]]) -> list[bool]:
-        """(slab key, name, owner, meta) per entry: write it to the disk tier (queued)."""
+    def persist(self, items: list[DiskWrite]) -> list[bool]:
+        """Write slab entries to the disk tier (queued); per entry, whether it was in the slab."""
         assert self.slab is not None
         if self.disk is None:
             return [False] * len(items)
-        return [self.disk.persist(self.slab, key, DiskRecord(name, owner, meta))
-                for key, name, owner, meta in items]
+        return [self.disk.persist(self.slab, item) for item in items]
 
-    def load(self, items: list[tuple[str, str, dict[str, str], int, list[int]]]) -> list[str]:
-        """(name, owner, meta, slab key, pages) per entry: read it from disk into the slab.
+    def load(self, items: list[DiskRead]) -> list[str]:
+        """Read entries from disk into the slab.
 
         Per item '' (loaded) or why not: missing, corrupt, mismatch, stale (counted).
         """
@@ -246,8 +246,7 @@ class InferScaleWorker:
             return ["missing"] * len(items)
         stream = self.host._stream if self.host is not None else None  # noqa: SLF001
         start = time.perf_counter_ns()
-        results = [self.disk.load(self.slab, DiskRecord(name, owner, meta), key, pages, stream)
-                   for name, owner, meta, key, pages in items]
+        results = [self.disk.load(self.slab, item, stream) for item in items]
         self.counters["disk_load_ns"] += time.perf_counter_ns() - start
         for result in results:
             self.counters[f"disk_{result or 'loads'}"] += 1

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from inferscale_engine.config import ConnectorConfig, EngineConfig
 from inferscale_engine.errors import ConfigError
+from inferscale_engine.protocol.tier_control import DiskRead, DiskWrite, Move
 
 logger = logging.getLogger(__name__)
 _EXTENSION = "inferscale_engine.connector.control.SlabControl"
@@ -54,22 +55,21 @@ class WorkerClient:
         """Per worker, K and V in paged `slots` of every layer ([L, T, H, D], CPU)."""
         return self._call("inferscale_read_slots", list(slots))
 
-    def demote(self, moves: list[tuple[int, int, list[int]]]) -> list[list[bool]]:
-        """Per worker, which (slab key, host key, host pages) moves to host RAM were done."""
-        return self._call("inferscale_demote", moves) if moves else []
+    def demote(self, moves: Sequence[Move]) -> list[list[bool]]:
+        """Per worker, which moves from the slab to host RAM were done."""
+        return self._call("inferscale_demote", _wire(moves)) if moves else []
 
-    def promote(self, moves: list[tuple[int, int, list[int]]]) -> list[list[bool]]:
-        """Per worker, which (host key, slab key, pages) moves back into the slab were done."""
-        return self._call("inferscale_promote", moves) if moves else []
+    def promote(self, moves: Sequence[Move]) -> list[list[bool]]:
+        """Per worker, which moves from host RAM back into the slab were done."""
+        return self._call("inferscale_promote", _wire(moves)) if moves else []
 
-    def persist(self, items: list[tuple[int, str, str, dict[str, str]]]) -> list[list[bool]]:
-        """Per worker, which (slab key, name, owner, meta) entries were queued for disk."""
-        return self._call("inferscale_persist", items) if items else []
+    def persist(self, items: Sequence[DiskWrite]) -> list[list[bool]]:
+        """Per worker, which entries were queued for disk."""
+        return self._call("inferscale_persist", _wire(items)) if items else []
 
-    def load(self, items: list[tuple[str, str, dict[str, str], int, list[int]]]
-             ) -> list[list[str]]:
-        """Per worker, per (name, owner, meta, slab key, pages): '' if loaded, else why not."""
-        return self._call("inferscale_load", items) if items else []
+    def load(self, items: Sequence[DiskRead]) -> list[list[str]]:
+        """Per worker, per entry: '' if loaded into the slab, else why not."""
+        return self._call("inferscale_load", _wire(items)) if items else []
 
     def forget(self, host_keys: list[int], names: list[str]) -> list[int]:
         """Drop host entries and delete disk files; per worker, how many existed."""
@@ -82,6 +82,10 @@ class WorkerClient:
     def recent_loads(self) -> list[list[tuple[str, list[int]]]]:
         """Per worker, (request id, paged slots written) of its last few injections."""
         return self._call("inferscale_recent_loads")
+
+
+def _wire(records: Sequence[Move | DiskWrite | DiskRead]) -> list[Any]:
+    return [r.to_wire() for r in records]
 
 
 class Runner(Protocol):

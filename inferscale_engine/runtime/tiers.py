@@ -20,10 +20,8 @@ from pathlib import Path
 from inferscale_engine.config import DISK_KEY_ENV, DISK_KEY_FILE, DISK_MAC_KEY_ENV, EngineConfig
 from inferscale_engine.facts import FactId
 from inferscale_engine.protocol.plan import token_digest
+from inferscale_engine.protocol.tier_control import Move
 from inferscale_engine.runtime.residency import FactRecord, SlabAllocator
-
-Move = tuple[int, int, list[int]]
-"""(source key, destination key, destination pages)."""
 
 
 class HostResidency:
@@ -68,7 +66,7 @@ class HostResidency:
             assert record.slab_key is not None
             pages = self._allocator.allocate(len(record.fact.token_ids))
             host_key = next(keys)
-            moves.append((record.slab_key, host_key, list(pages)))
+            moves.append(Move(record.slab_key, host_key, tuple(pages)))
             record.host_key, record.host_pages = host_key, pages
             self._lru[record.fact.fact_id] = record
         return moves, dropped

@@ -22,10 +22,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from inferscale_engine.config import EngineConfig, disk_entry_path
+from inferscale_engine.config import EngineConfig
 from inferscale_engine.facts import FactId
 from inferscale_engine.protocol.plan import save_salt
 from inferscale_engine.protocol.save_plan import SavePlan, SaveSpan
+from inferscale_engine.protocol.tier_control import DiskRead, DiskWrite, Move, disk_entry_path
 from inferscale_engine.runtime.generation import RESULT_KEY
 from inferscale_engine.runtime.residency import FactRecord, Residency
 from inferscale_engine.runtime.runner import Runner
@@ -137,10 +138,10 @@ class FactWriter:
             workers.forget(dropped, [])
         done = _everywhere(workers.demote(moves), len(moves))
         demoted = {r.host_key: r for r in records if r.host_key is not None}
-        for (_, host_key, _), ok in zip(moves, done, strict=True):
+        for move, ok in zip(moves, done, strict=True):
             if not ok:  # some rank lacked the entry: drop what the others moved
-                self._host.release(demoted[host_key])
-                workers.forget([host_key], [])
+                self._host.release(demoted[move.dest_key])
+                workers.forget([move.dest_key], [])
         for record in records:
             self._residency.release(record)
         workers.free(keys)
@@ -213,18 +214,18 @@ class FactWriter:
         waiting = [f for f in fills if f.record.host_key is not None]
         if not waiting:
             return fills
-        moves = [(f.record.host_key or 0, f.key, list(f.pages)) for f in waiting]
+        moves = [Move(f.record.host_key or 0, f.key, tuple(f.pages)) for f in waiting]
         workers = self._runner.workers
         done = _everywhere(workers.promote(moves), len(moves))
         promoted = set()
-        for fill, (host_key, _, _), ok in zip(waiting, moves, done, strict=True):
+        for fill, move, ok in zip(waiting, moves, done, strict=True):
             self._host.release(fill.record)
             if ok:
                 self._counters["host_hits"] += 1
                 promoted.add(id(fill))
                 continue
             workers.free([fill.key])
-            workers.forget([host_key], [])
+            workers.forget([move.source_key], [])
             fill.key = self._residency.next_slab_key()
         return [f for f in fills if id(f) not in promoted]
 
@@ -236,10 +237,11 @@ class FactWriter:
         """
         if not fills or self._fingerprint is None:
             return fills
-        items = []
+        items: list[DiskRead] = []
         for fill in fills:
             name, meta = disk_identity(fill.record, preamble, self._fingerprint)
-            items.append((name, fill.record.fact.user_id, meta, fill.key, list(fill.pages)))
+            items.append(DiskRead(name, fill.record.fact.user_id, meta, fill.key,
+                                  tuple(fill.pages)))
         workers = self._runner.workers
         results = workers.load(items)
         empty = []
@@ -268,10 +270,10 @@ class FactWriter:
             prompts.append(prompt)
         self.run_saves(plans, prompts)
         if self._fingerprint is not None:
-            items = []
+            items: list[DiskWrite] = []
             for fill in fills:
                 name, meta = disk_identity(fill.record, preamble, self._fingerprint)
-                items.append((fill.key, name, fill.record.fact.user_id, meta))
+                items.append(DiskWrite(fill.key, name, fill.record.fact.user_id, meta))
             self._runner.workers.persist(items)
 
 
