@@ -2,7 +2,7 @@
 
 U users x F facts (each encoded after the user's recent facts), users drawn by Zipf(s)
 popularity, k facts per request in a random order. The same request sequence runs against one
-engine per arm, one arm after the other, in one process:
+engine per arm, one arm after the other, each in a process of its own:
 
   resident  a slab that holds every fact: kv never misses (the all-resident reference); the
             same engine also times text mode (facts pasted as text, vLLM prefix caching on)
@@ -292,6 +292,38 @@ def run_offload_arm(args: argparse.Namespace, texts: list[list[str]],
         _release_vllm_process_state()
 
 
+def in_own_process(args: argparse.Namespace, arm: str, texts: list[list[str]],
+                   sequence: list[tuple[int, list[int], str]], disk: Path) -> dict[str, Any]:
+    """One arm in a fresh process: each engine starts on a clean device (vLLM's in-process
+    state and CUDA graph pools of an earlier engine in the same process can break the next
+    engine's graph capture)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_arm_child, args=(send, args, arm, texts, sequence, disk))
+    process.start()
+    send.close()
+    try:
+        result = receive.recv()
+    except EOFError:
+        result = None
+    process.join()
+    if not isinstance(result, dict):
+        raise SystemExit(f"[{arm}] failed (exit code {process.exitcode}): {result}")
+    return result
+
+
+def _arm_child(send: Any, args: argparse.Namespace, arm: str, texts: list[list[str]],
+               sequence: list[tuple[int, list[int], str]], disk: Path) -> None:
+    try:
+        send.send(run_offload_arm(args, texts, sequence) if arm == "offload" else
+                  run_arm(args, arm, texts, sequence, disk))
+    except BaseException as exc:  # noqa: BLE001 - reported by the parent
+        send.send(f"{type(exc).__name__}: {exc}")
+        raise
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
@@ -318,8 +350,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         for arm in args.arms.split(","):
             shutil.rmtree(folder / "disk", ignore_errors=True)
-            results[arm] = (run_offload_arm(args, texts, sequence) if arm == "offload" else
-                            run_arm(args, arm, texts, sequence, folder / "disk"))
+            results[arm] = in_own_process(args, arm, texts, sequence, folder / "disk")
             path.write_text(json.dumps(record, indent=1, default=str))  # each arm as it ends
             row = results[arm]["ttft"]
             print(f"[{arm}] " + "; ".join(
