@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +32,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import environment, resolve_model, summarize, write_tagged  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    RESULTS_DIR,
+    environment,
+    resolve_model,
+    summarize,
+    write_tagged,
+)
 from benchmarks.ku_data import KUFact, Scenario, scenarios, score  # noqa: E402
 
 MODES = ("kv", "text")
@@ -50,6 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--slab-mib", type=int, default=512)
     parser.add_argument("--embedder", default=None, help="default: the offline all-MiniLM-L6-v2")
+    parser.add_argument("--workdir", default=None, help="where each arm's store and answers "
+                        "are kept, so that a rerun resumes (default: under benchmarks/out)")
     parser.add_argument("--tag", default="")
     args = parser.parse_args(argv)
     if unknown := set(args.arms.split(",")) - set(INGEST):
@@ -83,37 +90,56 @@ INGEST: dict[str, Callable[[Any, str, list[KUFact]], None]] = {
 
 def run_arm(engine: Any, args: argparse.Namespace, arm: str, users: list[Scenario],
             folder: Path) -> dict[str, Any]:
+    """Add every user's facts (unless an earlier run finished that), then ask what is not
+    answered yet; answers are appended to <arm>.jsonl as they come."""
     from vllm import SamplingParams
 
     from inferscale_engine import Memory
 
-    per_fact_ms: list[float] = []
-    answers: list[dict[str, Any]] = []
+    done_marker, answers_path = folder / f"{arm}.ingested.json", folder / f"{arm}.jsonl"
+    answers = ([json.loads(line) for line in answers_path.read_text().splitlines() if line]
+               if answers_path.exists() else [])
+    asked = {(a["question_id"], a["mode"]) for a in answers}
+    if not done_marker.exists():
+        (folder / f"{arm}.db").unlink(missing_ok=True)
     with Memory(engine, folder / f"{arm}.db", args.embedder, progress_bar=False) as memory:
-        start = time.perf_counter()
-        for scenario in users:
-            for session in sessions_of(scenario):
-                t0 = time.perf_counter()
-                INGEST[arm](memory, scenario.user_id, session)
-                per_fact_ms.extend([(time.perf_counter() - t0) * 1e3 / len(session)]
-                                   * len(session))
-        ingest_s = time.perf_counter() - start
-        stored = sum(len(memory.get_all(user_id=s.user_id)) for s in users)
-        print(f"[{arm}] {len(per_fact_ms)} facts added in {ingest_s:.0f} s, {stored} stored",
-              flush=True)
+        if not done_marker.exists():
+            done_marker.write_text(json.dumps(ingest(memory, arm, users)))
+        ingested = json.loads(done_marker.read_text())
         greedy = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
-        for scenario in users:
-            for question in scenario.questions:
-                for mode in MODES:
-                    out = memory.generate(user_id=scenario.user_id, query=question.text,
-                                          k=args.k, sampling=greedy, mode=mode)
-                    answers.append({"question_id": question.question_id, "mode": mode,
-                                    "kind": "then" if question.as_of else "now",
-                                    "answer": out.text, **score(out.text, question)})
+        with answers_path.open("a") as out:
+            for scenario in users:
+                for question in scenario.questions:
+                    for mode in MODES:
+                        if (question.question_id, mode) in asked:
+                            continue
+                        reply = memory.generate(user_id=scenario.user_id, query=question.text,
+                                                k=args.k, sampling=greedy, mode=mode)
+                        row = {"question_id": question.question_id, "mode": mode,
+                               "kind": "then" if question.as_of else "now",
+                               "answer": reply.text, **score(reply.text, question)}
+                        answers.append(row)
+                        out.write(json.dumps(row) + "\n")
+                        out.flush()
         counters = dict(memory.counters)
-    return {"ingest_seconds": ingest_s, "stored_facts": stored,
-            "add_ms_per_fact": summarize(per_fact_ms), "answers": answers,
-            "rates": rates(answers), "counters": counters}
+    return {**ingested, "answers": answers, "rates": rates(answers), "counters": counters}
+
+
+def ingest(memory: Any, arm: str, users: list[Scenario]) -> dict[str, Any]:
+    """Add every user's facts, a session at a time; how long it took and what was stored."""
+    per_fact_ms: list[float] = []
+    start = time.perf_counter()
+    for scenario in users:
+        for session in sessions_of(scenario):
+            t0 = time.perf_counter()
+            INGEST[arm](memory, scenario.user_id, session)
+            per_fact_ms.extend([(time.perf_counter() - t0) * 1e3 / len(session)] * len(session))
+    seconds = time.perf_counter() - start
+    stored = sum(len(memory.get_all(user_id=s.user_id)) for s in users)
+    print(f"[{arm}] {len(per_fact_ms)} facts added in {seconds:.0f} s, {stored} stored",
+          flush=True)
+    return {"ingest_seconds": seconds, "stored_facts": stored,
+            "add_ms_per_fact": summarize(per_fact_ms)}
 
 
 def rates(answers: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -143,11 +169,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "environment": environment(), "questions": sum(len(s.questions) for s in users),
               "facts": sum(len(s.facts) for s in users), "results": results}
     path = write_tagged(f"knowledge_update-{args.model}", args.tag, record)
+    folder = Path(args.workdir or RESULTS_DIR / "knowledge_update" /
+                  f"{args.model}-seed{args.seed}-users{args.users}-k{args.k}")
+    folder.mkdir(parents=True, exist_ok=True)
     try:
-        with tempfile.TemporaryDirectory() as folder:
-            for arm in args.arms.split(","):
-                results[arm] = run_arm(engine, args, arm, users, Path(folder))
-                path.write_text(json.dumps(record, indent=1, default=str))  # each arm as it ends
+        for arm in args.arms.split(","):
+            results[arm] = run_arm(engine, args, arm, users, folder)
+            path.write_text(json.dumps(record, indent=1, default=str))  # each arm as it ends
     finally:
         engine.close()
     print("\n| arm | mode | now: current | now: stale | as of: current | as of: stale | "
