@@ -171,7 +171,7 @@ class Memory(MemoryServing, AsyncVerbs):
             return infer_add(self, user_id=user_id, messages=[
                 {"role": r, "content": c} for r, c in chat], metadata=metadata,
                 agent_id=agent_id, run_id=run_id)
-        metadata = ingest.scoped(checks.check_metadata(metadata), *_scopes(agent_id, run_id))
+        metadata = ingest.scoped(checks.check_metadata(metadata), *filters.scope(agent_id, run_id))
         if (texts is None) == (messages is None):
             raise InvalidRequestError("pass exactly one of texts=[...] (facts) or messages=[...] "
                                       "(conversation turns)")
@@ -283,7 +283,7 @@ class Memory(MemoryServing, AsyncVerbs):
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise InvalidRequestError(f"k={k!r} must be an int >= 0 (facts to retrieve)")
         wanted = filters.check_filter(filter)
-        scope = _scopes(agent_id, run_id)
+        scope = filters.scope(agent_id, run_id)
         narrow = wanted is not None or scope != (None, None)
         vector = self._embed([query])[0]
         with self._lock:
@@ -291,11 +291,15 @@ class Memory(MemoryServing, AsyncVerbs):
             self._served.sync(self._store, user_id)
             ranked = self._index.search(user_id=user_id, query_embedding=vector, k=k if not
                                         narrow else self._index.count(user_id=user_id))
-            if narrow:  # rank all, then keep the first k that match
+            if not narrow:
+                hits = tuple((self._served[fact_id], score) for fact_id, score in ranked)
+            else:  # rank all; the filter is evaluated after, outside the lock
                 stored = self._store.get(user_id=user_id, fact_ids=[f for f, _ in ranked])
-                ranked = [hit for hit, record in zip(ranked, stored, strict=True)
-                          if filters.selected(ingest.public_record(record), wanted, scope)][:k]
-            hits = tuple((self._served[fact_id], score) for fact_id, score in ranked)
+        if narrow:  # the first k that match and are still served (a delete may come between)
+            ranked = [hit for hit, record in zip(ranked, stored, strict=True)
+                      if filters.selected(ingest.public_record(record), wanted, scope)]
+            with self._lock:
+                hits = tuple((self._served[f], s) for f, s in ranked if f in self._served)[:k]
         assert all(fact.user_id == user_id for fact, _ in hits), "the index crossed users"
         return SearchResult(hits, MemoryHandle(user_id, tuple(f.fact_id for f, _ in hits),
                                                tuple(score for _, score in hits)))
@@ -328,7 +332,7 @@ class Memory(MemoryServing, AsyncVerbs):
         run_id, those added in them.
         """
         user_id = checks.check_user_id(user_id)
-        wanted, scope = filters.check_filter(filter), _scopes(agent_id, run_id)
+        wanted, scope = filters.check_filter(filter), filters.scope(agent_id, run_id)
         with self._lock:
             self._check_open()
             stored = self._store.get_all(user_id=user_id)
@@ -348,7 +352,7 @@ class Memory(MemoryServing, AsyncVerbs):
         Without agent_id and run_id this is reset(): facts, turns and history.
         """
         user_id = checks.check_user_id(user_id)
-        scope = _scopes(agent_id, run_id)
+        scope = filters.scope(agent_id, run_id)
         if scope == (None, None):
             return self.reset(user_id=user_id)
         with self._lock:  # selected and deleted as one step
@@ -442,9 +446,4 @@ class Memory(MemoryServing, AsyncVerbs):
     def _check_open(self) -> None:
         if self._closed:
             raise EngineClosedError("this Memory was closed; build a new Memory")
-
-
-def _scopes(agent_id: str | None, run_id: str | None) -> tuple[str | None, str | None]:
-    return (checks.check_session(agent_id, "agent_id", InvalidRequestError),
-            checks.check_session(run_id, "run_id", InvalidRequestError))
 

@@ -45,7 +45,9 @@ from inferscale_engine.server.auth import (
 from inferscale_engine.server.hosts import AllowedHosts
 from inferscale_engine.server.limits import (
     DEFAULT_MAX_ADD_FACTS,
+    FILTER_PATHS,
     MAX_BODY_BYTES,
+    MAX_FILTER_BODY_BYTES,
     BodyLimit,
     BoundedHeadProtocol,
     CountRefusals,
@@ -217,6 +219,7 @@ async def run(args: argparse.Namespace, config: EngineConfig, keys: ApiKeys | No
         finally:
             metrics.stop()
             await app.state.inferscale.drain()
+            app.state.inferscale.close()
             await asyncio.to_thread(memory.close)
     # vLLM's order (launchers/api_server/entry.py): await the HTTP server's shutdown, then
     # close the socket; closing first made every shutdown end in a ValueError traceback.
@@ -310,7 +313,8 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
             response.headers[name] = value
         return ui.secured(path, response)
 
-    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)  # before the key check
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES,  # before the key check
+                       paths=dict.fromkeys(FILTER_PATHS, MAX_FILTER_BODY_BYTES))
     app.add_middleware(CountRefusals, counts=context.refusals)  # outermost: counts them all
     metrics = MemoryMetrics(memory, context.refusals, served_users=context.served_users)
     metrics.start()

@@ -17,6 +17,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -67,6 +68,10 @@ class MemoryContext:
         """Requests answered with a 4xx status, by status (limits.CountRefusals)."""
         self.served_users: set[str] = set()
         """Users whose chats and completions were served with memory (a metric)."""
+        self.filter_pool = ThreadPoolExecutor(1, thread_name_prefix="inferscale-filters")
+        """Where memory calls with a metadata filter run (routes._call): not in the pool that
+        serves every chat's retrieval (asyncio.to_thread), so that no tenant's filters queue
+        another tenant's chats."""
 
     def scope(self, request: Any, raw_request: Any) -> RequestScope:
         """Identity, access and stripped fields of a request (raises HttpError)."""
@@ -140,6 +145,10 @@ class MemoryContext:
         """Wait for pending write-backs (tests, shutdown)."""
         while self.pending:
             await asyncio.gather(*list(self.pending), return_exceptions=True)
+
+    def close(self) -> None:
+        """Stop the filter pool (shutdown, after drain)."""
+        self.filter_pool.shutdown(wait=False, cancel_futures=True)
 
 
 def report(scope: RequestScope, raw_request: Any, final: Mapping[str, Any] | None,
