@@ -1,12 +1,13 @@
 """The one seam between vLLM's OpenAI server and the memory: its render step.
 
 MemoryServingChat and MemoryServingCompletion are vLLM's own serving classes. Their
-render_*_request lets vLLM validate and render the request, then, for a request with a user,
-retrieves the user's top-k facts, builds [preamble][facts][rest] from token ids, signs the plan
-and salts the prompt; everything after (generate, streaming, tools, usage) is vLLM's, unchanged.
-create_* wraps the call: identity and access first, client-sent kv_transfer_params / cache_salt
-/ vllm_xargs stripped, then what was served is reported (headers, a `memory` field) and, if
-asked, the exchange is written back as conversation turns.
+render_*_request lets vLLM validate and render the request, then stores its memory.add facts
+and, for a request with a user, retrieves the user's top-k facts, builds [preamble][facts][rest]
+from token ids, signs the plan and salts the prompt; everything after (generate, streaming,
+tools, usage) is vLLM's, unchanged. create_* wraps the call: identity and access first,
+client-sent kv_transfer_params / cache_salt / vllm_xargs stripped, then what was served is
+reported (headers, a `memory` field) and, if asked, the exchange is written back as
+conversation turns; a request vLLM refuses after its render has its memory.add rolled back.
 """
 
 from __future__ import annotations
@@ -111,6 +112,9 @@ class MemoryContext:
     async def add_facts(self, scope: RequestScope) -> None:
         """Store a request's memory.add facts (one transaction) before its answer is prepared.
 
+        Called once vLLM has validated and rendered the request (render_*), so that a request
+        vLLM refuses there stores nothing; a refusal after this point rolls the add back.
+
         Raises:
             HttpError: 413 over max_add_facts; 400 for a fact the memory refuses (nothing is
                 stored).
@@ -127,6 +131,17 @@ class MemoryContext:
         except InferScaleError as exc:
             raise http_error(exc, "memory.add: ") from None
         scope.timings["add"] = (time.perf_counter() - started) * 1e3
+
+    async def roll_back(self, scope: RequestScope) -> None:
+        """Delete the facts a refused request's memory.add stored (not those it found stored).
+
+        The facts' history keeps their ADD and DELETE.
+        """
+        added = [int(r.fact_id) for r in scope.added if r.event == "ADD"]
+        scope.added = []
+        if added:
+            await asyncio.to_thread(self.memory.delete, user_id=scope.options.user_id,
+                                    fact_ids=added)
 
     def write_back(self, options: MemoryOptions, question: str, answer: str) -> None:
         """Save the exchange as conversation turns, after the response (a background task)."""
@@ -201,7 +216,6 @@ class _Seam:
         try:
             scope = self._inferscale.scope(request, raw_request)
             scope.timings["identify"] = (time.perf_counter() - started) * 1e3
-            await self._inferscale.add_facts(scope)
             if scope.options.active:
                 self._inferscale.served_users.add(scope.options.user_id)  # type: ignore[arg-type]
         except HttpError as exc:
@@ -213,6 +227,10 @@ class _Seam:
         token = _SCOPE.set(scope)
         try:
             result = await create(request, raw_request)
+        except Exception:  # vLLM refused the request (its sampling parameters, say)
+            serving.close()
+            await self._inferscale.roll_back(scope)
+            raise
         except BaseException:
             serving.close()
             raise
@@ -221,6 +239,8 @@ class _Seam:
         if hasattr(result, "__aiter__"):
             return self._stream(scope, raw_request, result, serving)
         serving.close()
+        if not hasattr(result, "choices"):  # an error response: nothing served
+            await self._inferscale.roll_back(scope)
         if hasattr(result, "choices"):
             final = getattr(result, "kv_transfer_params", None)
             result.kv_transfer_params = None
@@ -235,6 +255,8 @@ class _Seam:
             report(scope, raw_request, None, self._inferscale.replica_id)
             pieces: list[str] = []
             async for chunk in chunks:
+                if not pieces and _is_error(chunk):  # refused before its first token
+                    await self._inferscale.roll_back(scope)
                 pieces.append(_delta_text(chunk))
                 yield chunk
         self._inferscale.write_back(scope.options, scope.question, "".join(pieces))
@@ -276,6 +298,14 @@ class _Seam:
             return self._inferscale.memory.engine.rank_of(scope.options.user_id)
         return super()._get_data_parallel_rank(raw_request)  # type: ignore[misc]
 
+    async def _add(self, scope: RequestScope) -> Any:
+        """Store the request's memory.add facts; None, or the error response refusing them."""
+        try:
+            await self._inferscale.add_facts(scope)
+        except HttpError as exc:
+            return self._refuse(exc)
+        return None
+
     def _refuse(self, error: HttpError) -> Any:
         return self._error(error.message, error.status, error.kind)
 
@@ -294,9 +324,12 @@ class MemoryServingChat(_Seam, OpenAIServingChat):
         started = time.perf_counter()
         result = await super().render_chat_request(request)
         scope = _SCOPE.get()
-        if scope is None or not scope.options.active or not isinstance(result, tuple):
+        if scope is None or not isinstance(result, tuple):
             return result
         scope.timings["vllm_render"] = (time.perf_counter() - started) * 1e3
+        refused = await self._add(scope)  # vLLM validated and rendered the request
+        if refused is not None or not scope.options.active:
+            return refused or result
         conversation, engine_inputs = result
         messages = [_plain(m) for m in conversation]
         scope.question = next((m["content"] for m in reversed(messages)
@@ -322,14 +355,17 @@ class MemoryServingCompletion(_Seam, OpenAIServingCompletion):
     async def render_completion_request(self, request: Any) -> Any:
         result = await super().render_completion_request(request)
         scope = _SCOPE.get()
-        if scope is None or not scope.options.active or not isinstance(result, list):
+        if scope is None or not isinstance(result, list):
             return result
-        if len(result) != 1:
+        if scope.options.active and len(result) != 1:
             return self._error("memory serves one prompt per completion request; send the "
                                "prompts separately or set memory.enabled=false", 400)
-        if getattr(request, "echo", False):  # the echo would be the facts' tokens, re-rendered
+        if scope.options.active and getattr(request, "echo", False):  # the facts' tokens
             return self._error("echo is not supported with memory (the prompt vLLM sees holds "
                                "the user's facts); set echo=false or memory.enabled=false", 400)
+        refused = await self._add(scope)  # vLLM validated and rendered the request
+        if refused is not None or not scope.options.active:
+            return refused or result
         tokenizer = self._inferscale.memory.engine.tokenizer
         first: dict[str, Any] = dict(result[0])
         ids = list(first["prompt_token_ids"])
@@ -371,6 +407,16 @@ def _answer_text(response: Any) -> str:
     message = getattr(choice, "message", None)
     return (getattr(message, "content", None) or "") if message is not None else (
         getattr(choice, "text", "") or "")
+
+
+def _is_error(chunk: str) -> bool:
+    """A streamed SSE chunk that reports an error (vLLM's refusal inside a stream)."""
+    if not chunk.startswith("data: {"):
+        return False
+    try:
+        return "error" in json.loads(chunk[6:])
+    except ValueError:
+        return False
 
 
 def _delta_text(chunk: str) -> str:
