@@ -19,11 +19,7 @@ import torch
 from tqdm import tqdm
 
 from inferscale_engine import checks
-from inferscale_engine.errors import (
-    EngineClosedError,
-    InvalidFactError,
-    InvalidRequestError,
-)
+from inferscale_engine.errors import EngineClosedError, InvalidFactError, InvalidRequestError
 from inferscale_engine.facts import Fact, MemoryHandle
 from inferscale_engine.memory import filters, ingest
 from inferscale_engine.memory.aio import AsyncVerbs
@@ -31,6 +27,7 @@ from inferscale_engine.memory.answering import MemoryServing
 from inferscale_engine.memory.config import (
     DEFAULT_DB_PATH,
     DEFAULT_EMBEDDING_MODEL,
+    DEFAULT_MAX_SERVED_USERS,
     MemoryConfig,
     check_dedupe_threshold,
     check_startup,
@@ -65,7 +62,8 @@ class Memory(MemoryServing, AsyncVerbs):
                  dedupe_threshold: float | None = 0.95, startup: str = "encode",
                  encode_on_add: bool = True, device: str | torch.device | None = None,
                  context_turns: int = 16, progress_bar: bool | None = None,
-                 half_scan_min_rows: int | None = None) -> None:
+                 half_scan_min_rows: int | None = None,
+                 max_served_users: int = DEFAULT_MAX_SERVED_USERS) -> None:
         """Open the store and make every stored fact searchable and servable.
 
         Args:
@@ -84,7 +82,7 @@ class Memory(MemoryServing, AsyncVerbs):
             context_turns: stored turns of a session (or, for facts added as texts, the user's
                 last facts) read as the context a new fact is encoded after.
             progress_bar: show the start-up progress bar (None: only on a terminal).
-            half_scan_min_rows: see MemoryConfig.half_scan_min_rows.
+            half_scan_min_rows, max_served_users: see MemoryConfig.
         """
         self._dedupe_threshold = check_dedupe_threshold(dedupe_threshold)
         check_startup(startup)
@@ -107,7 +105,7 @@ class Memory(MemoryServing, AsyncVerbs):
             """Large adds yield to searches and answers between chunks (gate.py)."""
             self._closed = False
             self.counters: Counter[str] = Counter()
-            self._served = ServedFacts(engine, self._index, self.counters)
+            self._served = ServedFacts(engine, self._index, self.counters, max_served_users)
             """What search may return: facts registered with the engine and indexed."""
             self._served.load(self._store, self._embedder.name, self._embed,
                               startup == "encode", progress_bar)
@@ -128,7 +126,8 @@ class Memory(MemoryServing, AsyncVerbs):
                          Embedder(config.embedding_model, device=config.device),
                          dedupe_threshold=config.dedupe_threshold, startup=config.startup,
                          encode_on_add=config.encode_on_add, device=config.device,
-                         half_scan_min_rows=config.half_scan_min_rows)
+                         half_scan_min_rows=config.half_scan_min_rows,
+                         max_served_users=config.max_served_users)
         except BaseException:
             engine.close()
             raise
@@ -390,7 +389,8 @@ class Memory(MemoryServing, AsyncVerbs):
             self._check_open()
             engine = self._engine.stats()
             return MemoryStats(len(self._store.users()), self._store.count(), len(self._served),
-                               engine.num_resident_facts, engine, dict(self.counters))
+                               engine.num_resident_facts, engine, dict(self.counters),
+                               self._served.num_users)
 
     def close(self) -> None:
         """Close what this Memory opened (a store given as a path, an engine from_config).

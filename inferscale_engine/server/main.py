@@ -5,7 +5,7 @@
                      [--run-tokens 512] [--slab-mib 256] [--host-tier-mib N] [--disk-tier DIR]
                      [--embedding-model NAME|DIR] [--dedupe-threshold 0.95|none]
                      [--half-scan-min-rows N] [--max-add-facts 1000]
-                     [--allowed-hosts NAME,...]
+                     [--allowed-hosts NAME,...] [--max-served-users 10000]
                      [vLLM's own serve flags]
 
 MODEL is 'small' (the default: the real 0.5B model) or a model folder, given first as with
@@ -34,7 +34,12 @@ from starlette.routing import Match
 from inferscale_engine.checks import check_half_scan_min_rows
 from inferscale_engine.config import EngineConfig, plan_secret
 from inferscale_engine.errors import ConfigError
-from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL, check_dedupe_threshold
+from inferscale_engine.memory.config import (
+    DEFAULT_EMBEDDING_MODEL,
+    DEFAULT_MAX_SERVED_USERS,
+    check_dedupe_threshold,
+    check_max_served_users,
+)
 from inferscale_engine.server.auth import (
     PUBLIC_PATHS,
     ApiKeys,
@@ -94,6 +99,9 @@ def our_parser() -> argparse.ArgumentParser:
                         help="Host names the server answers besides loopback ones, or '*' "
                              "(default: any with --api-keys, loopback only without: DNS "
                              "rebinding; server/hosts.py)")
+    parser.add_argument("--max-served-users", type=int, default=DEFAULT_MAX_SERVED_USERS,
+                        help="users of a shared store whose facts this server holds at once "
+                             "(the least recently served beyond it are read again on use)")
     parser.add_argument("--half-scan-min-rows", type=int, default=None,
                         help="facts of one user from which searches scan float16 copies (1.5x "
                              "the index memory; default: the device's, 0 = never)")
@@ -128,6 +136,7 @@ def main(argv: list[str]) -> int:
                           "calls) to every client; unset it")
     check_dedupe_threshold(ours.dedupe_threshold)  # before vLLM starts, not after
     check_half_scan_min_rows(ours.half_scan_min_rows)
+    check_max_served_users(ours.max_served_users)
     if ours.max_add_facts < 1:
         raise ConfigError(f"--max-add-facts {ours.max_add_facts} must be at least 1")
     keys = ApiKeys.load(ours.api_keys) if ours.api_keys else None
@@ -242,7 +251,8 @@ def open_memory(config: EngineConfig, ours: argparse.Namespace, client: Any,
     return Memory.from_config(MemoryConfig(engine=config, db_path=ours.db, startup=startup,
                                            embedding_model=ours.embedding_model,
                                            dedupe_threshold=ours.dedupe_threshold,
-                                           half_scan_min_rows=ours.half_scan_min_rows),
+                                           half_scan_min_rows=ours.half_scan_min_rows,
+                                           max_served_users=ours.max_served_users),
                               runner=lambda _config, _connector: AsyncRunner(client, loop))
 
 
@@ -316,6 +326,6 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES,  # before the key check
                        paths=dict.fromkeys(FILTER_PATHS, MAX_FILTER_BODY_BYTES))
     app.add_middleware(CountRefusals, counts=context.refusals)  # outermost: counts them all
-    metrics = MemoryMetrics(memory, context.refusals, served_users=context.served_users)
+    metrics = MemoryMetrics(memory, context.refusals)
     metrics.start()
     return metrics

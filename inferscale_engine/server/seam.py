@@ -67,8 +67,6 @@ class MemoryContext:
         self.pending: set[asyncio.Task[Any]] = set()
         self.refusals: Counter[int] = Counter()
         """Requests answered with a 4xx status, by status (limits.CountRefusals)."""
-        self.served_users: set[str] = set()
-        """Users whose chats and completions were served with memory (a metric)."""
         self.filter_pool = ThreadPoolExecutor(1, thread_name_prefix="inferscale-filters")
         """Where memory calls with a metadata filter run (routes._call): not in the pool that
         serves every chat's retrieval (asyncio.to_thread), so that no tenant's filters queue
@@ -216,8 +214,6 @@ class _Seam:
         try:
             scope = self._inferscale.scope(request, raw_request)
             scope.timings["identify"] = (time.perf_counter() - started) * 1e3
-            if scope.options.active:
-                self._inferscale.served_users.add(scope.options.user_id)  # type: ignore[arg-type]
         except HttpError as exc:
             return self._refuse(exc)
         # Large memory adds wait between their chunks while a chat is served (memory/gate.py),

@@ -319,3 +319,24 @@ def test_filters_are_checked_before_evaluation_on_every_route(http, user_a):
         too_big = post(huge)
         assert too_big.status_code == 413, (path, too_big.text[:200])
         assert str(MAX_FILTER_BODY_BYTES) in _message(too_big)
+
+
+def test_infer_counters_and_the_users_held_are_on_metrics(server, http, model, user_a):
+    """infer_calls / infer_invalid are exported; inferscale_served_users counts the users whose
+    state the server holds, not every user id it was ever asked about."""
+    held = metric(server, "inferscale_served_users")
+    calls = metric(server, "inferscale_infer_calls_total")
+    for n in range(5):  # users without facts: answered, nothing held for them
+        response = http.post("/v1/chat/completions", headers=auth("a"),
+                             json=_chat(model, user=f"{user_a}-nobody-{n}"))
+        assert response.status_code == 200, response.text
+    inferred = http.post("/v3/memories/add/", headers=auth("a"), json={
+        "user_id": user_a, "infer": True,
+        "messages": [{"role": "user", "content": "I live in Oslo and keep two cats."}]})
+    assert inferred.status_code == 200, inferred.text
+    # the snapshot that counts this call was taken after the chats above
+    assert wait_metric(server, "inferscale_infer_calls_total", calls + 1) == calls + 1
+    assert metric(server, "inferscale_infer_invalid_total") >= 0
+    with_facts = bool(http.get("/v1/memories", params={"user_id": user_a},
+                               headers=auth("a")).json()["results"])
+    assert metric(server, "inferscale_served_users") == held + with_facts
