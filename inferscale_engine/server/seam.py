@@ -5,9 +5,16 @@ render_*_request lets vLLM validate and render the request, then stores its memo
 and, for a request with a user, retrieves the user's top-k facts, builds [preamble][facts][rest]
 from token ids, signs the plan and salts the prompt; everything after (generate, streaming,
 tools, usage) is vLLM's, unchanged. create_* wraps the call: identity and access first,
-client-sent kv_transfer_params / cache_salt / vllm_xargs stripped, then what was served is
-reported (headers, a `memory` field) and, if asked, the exchange is written back as
-conversation turns; a request vLLM refuses after its render has its memory.add rolled back.
+client-sent kv_transfer_params / vllm_xargs stripped, the request salted with its tenant's
+salt, then what was served is reported (headers, a `memory` field) and, if asked, the exchange
+is written back as conversation turns; a request vLLM refuses after its render has its
+memory.add rolled back.
+
+Every prompt is salted (vLLM's prefix cache shares blocks only between prompts of one salt): a
+prompt without memory with its API key's tenant_salt, a prompt with a user's memory with its
+plan's cache_salt (or, as text, the user's text_salt). A client's own cache_salt is combined
+into whichever applies (protocol/plan.py), so no tenant can reach another's blocks, and a
+client can still keep its own prompts apart, as vLLM alone allows.
 """
 
 from __future__ import annotations
@@ -26,9 +33,11 @@ from typing import Any
 from urllib.parse import quote
 
 from inferscale_engine.checks import FACT_ROLES, check_messages, has_visible
+from inferscale_engine.config import plan_secret
 from inferscale_engine.errors import InferScaleError
 from inferscale_engine.memory.serving import PreparedPrompt
 from inferscale_engine.prompting.tool_calls import format_tool_call
+from inferscale_engine.protocol.plan import tenant_salt
 from inferscale_engine.runtime.generation import RESULT_KEY
 from inferscale_engine.server.auth import HttpError, Principal, http_error
 from inferscale_engine.server.identity import MemoryOptions, identify, strip_client_fields
@@ -42,6 +51,8 @@ class RequestScope:
 
     options: MemoryOptions
     stripped: list[str]
+    client_salt: str = ""
+    """The client's own cache_salt ("": none), combined into every salt the request gets."""
     prepared: list[PreparedPrompt] = field(default_factory=list)
     question: str = ""
     added: list[Any] = field(default_factory=list)
@@ -67,18 +78,27 @@ class MemoryContext:
         self.pending: set[asyncio.Task[Any]] = set()
         self.refusals: Counter[int] = Counter()
         """Requests answered with a 4xx status, by status (limits.CountRefusals)."""
+        self.secret = plan_secret()
+        """The key of the salts (the process's plan secret: the engine's)."""
         self.filter_pool = ThreadPoolExecutor(1, thread_name_prefix="inferscale-filters")
         """Where memory calls with a metadata filter run (routes._call): not in the pool that
         serves every chat's retrieval (asyncio.to_thread), so that no tenant's filters queue
         another tenant's chats."""
 
     def scope(self, request: Any, raw_request: Any) -> RequestScope:
-        """Identity, access and stripped fields of a request (raises HttpError)."""
+        """Identity, access and stripped fields of a request (raises HttpError).
+
+        The request is salted with its tenant's salt (the client's own combined into it).
+        """
         headers = raw_request.headers if raw_request is not None else {}
         principal: Principal | None = getattr(getattr(raw_request, "state", None), "principal",
                                               None)
         options = identify(request, headers, self.default_k, principal)
-        return RequestScope(options, strip_client_fields(request))
+        scope = RequestScope(options, strip_client_fields(request),
+                             getattr(request, "cache_salt", None) or "")
+        request.cache_salt = tenant_salt(self.secret, principal.tenant if principal else "",
+                                         scope.client_salt)
+        return scope
 
     def check_add_size(self, num_facts: int) -> None:
         """Refuse (413) an add of more than max_add_facts facts or turns."""
@@ -267,7 +287,8 @@ class _Seam:
             timings["hop"] = (time.perf_counter() - submitted) * 1e3  # event loop -> thread
             return memory.prepare(  # type: ignore[no-any-return]
                 user_id=options.user_id, k=options.k, session_id=options.session_id,
-                recent_facts=options.recent_facts, timings=timings, **kwargs)
+                recent_facts=options.recent_facts, timings=timings,
+                client_salt=scope.client_salt, **kwargs)
 
         prepared = await asyncio.to_thread(prepare)
         timings["back"] = (time.perf_counter() - submitted) * 1e3 - sum(
@@ -277,10 +298,7 @@ class _Seam:
         new["prompt_token_ids"] = list(prepared.token_ids)
         new.pop("prompt", None)
         new.pop("prompt_token_offsets", None)
-        if prepared.plan is not None:
-            new["cache_salt"] = prepared.plan.cache_salt
-        else:
-            new.pop("cache_salt", None)
+        new["cache_salt"] = prepared.cache_salt  # the plan's, or the user's text_salt
         return new, prepared
 
     def _get_data_parallel_rank(self, raw_request: Any) -> int | None:
