@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from tests.server.process import KEYS, TEST_FLAGS, ServerProcess, keys_file
 
+    load_before = os.getloadavg()  # a shared machine: what else ran is part of the number
     with tempfile.TemporaryDirectory() as folder:
         server = ServerProcess(Path(folder) / "bench.db", Path(folder) / "server.log",
                                model=args.model, api_keys=keys_file(Path(folder) / "keys.json"),
@@ -122,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             results = asyncio.run(run(server.base_url, KEYS, args))
         finally:
             server.stop()
+    results["load_average"] = {"before": load_before, "after": os.getloadavg()}
     record = {"benchmark": "filter_fairness", "config": vars(args),
               "environment": environment(), "results": results}
     print(json.dumps(results, indent=1))

@@ -257,12 +257,11 @@ class _Seam:
         serving.close()
         if not hasattr(result, "choices"):  # an error response: nothing served
             await self._inferscale.roll_back(scope)
-        if hasattr(result, "choices"):
-            final = getattr(result, "kv_transfer_params", None)
-            result.kv_transfer_params = None
-            result.memory = report(scope, raw_request, final or {},
-                                   self._inferscale.replica_id)
-            self._inferscale.write_back(scope.options, scope.question, _answer_text(result))
+            return result
+        final = getattr(result, "kv_transfer_params", None)
+        result.kv_transfer_params = None
+        result.memory = report(scope, raw_request, final or {}, self._inferscale.replica_id)
+        self._inferscale.write_back(scope.options, scope.question, _answer_text(result))
         return result
 
     async def _stream(self, scope: RequestScope, raw_request: Any,
