@@ -324,19 +324,24 @@ def test_filters_are_checked_before_evaluation_on_every_route(http, user_a):
 def test_infer_counters_and_the_users_held_are_on_metrics(server, http, model, user_a):
     """infer_calls / infer_invalid are exported; inferscale_served_users counts the users whose
     state the server holds, not every user id it was ever asked about."""
-    held = metric(server, "inferscale_served_users")
+    def infer(text: str) -> bool:
+        """An add(infer=True) of user_a's; whether user_a has facts after it."""
+        inferred = http.post("/v3/memories/add/", headers=auth("a"), json={
+            "user_id": user_a, "infer": True, "messages": [{"role": "user", "content": text}]})
+        assert inferred.status_code == 200, inferred.text
+        return bool(http.get("/v1/memories", params={"user_id": user_a},
+                             headers=auth("a")).json()["results"])
+
     calls = metric(server, "inferscale_infer_calls_total")
+    had = infer("I live in Oslo and keep two cats.")
+    # the snapshot that counts this call was taken after it, and after every earlier write
+    assert wait_metric(server, "inferscale_infer_calls_total", calls + 1) == calls + 1
+    assert metric(server, "inferscale_infer_invalid_total") >= 0
+    held = metric(server, "inferscale_served_users")
     for n in range(5):  # users without facts: answered, nothing held for them
         response = http.post("/v1/chat/completions", headers=auth("a"),
                              json=_chat(model, user=f"{user_a}-nobody-{n}"))
         assert response.status_code == 200, response.text
-    inferred = http.post("/v3/memories/add/", headers=auth("a"), json={
-        "user_id": user_a, "infer": True,
-        "messages": [{"role": "user", "content": "I live in Oslo and keep two cats."}]})
-    assert inferred.status_code == 200, inferred.text
-    # the snapshot that counts this call was taken after the chats above
-    assert wait_metric(server, "inferscale_infer_calls_total", calls + 1) == calls + 1
-    assert metric(server, "inferscale_infer_invalid_total") >= 0
-    with_facts = bool(http.get("/v1/memories", params={"user_id": user_a},
-                               headers=auth("a")).json()["results"])
-    assert metric(server, "inferscale_served_users") == held + with_facts
+    has = infer("My sister lives in Rome.")
+    assert wait_metric(server, "inferscale_infer_calls_total", calls + 2) == calls + 2
+    assert metric(server, "inferscale_served_users") == held + (has and not had)
