@@ -153,13 +153,15 @@ class MemoryServing:
                 messages: Messages | None = None, prompt_token_ids: Sequence[int] | None = None,
                 session_id: str | None = None, recent_facts: int = 0,
                 layout: Layout | None = None, tools: Sequence[Mapping[str, Any]] | None = None,
-                timings: dict[str, float] | None = None) -> PreparedPrompt:
-        """The prompt and signed plan for a client that runs vLLM itself (the server).
+                timings: dict[str, float] | None = None, client_salt: str = ""
+                ) -> PreparedPrompt:
+        """The prompt, its salt and signed plan for a client that runs vLLM itself (the server).
 
         The user's top-k facts for `query`, then the session's last `recent_facts` facts, in
         front of a chat (`messages`, rendered with the model's template) or of a raw
         completion prompt (`prompt_token_ids`). `timings`, if given, receives the ms spent in
-        "retrieve" (query embedding and search) and "plan" (prompt and plan).
+        "retrieve" (query embedding and search) and "plan" (prompt and plan). `client_salt`
+        (a client's own cache_salt) is combined into the prompt's salt.
         """
         started = time.perf_counter()
         user_id = checks.check_user_id(user_id)
@@ -174,7 +176,8 @@ class MemoryServing:
         retrieved = time.perf_counter()
         self._check_open()
         prepared = prepare(self._engine, handle, self.counters, messages=messages,
-                           prompt_token_ids=prompt_token_ids, layout=layout, tools=tools)
+                           prompt_token_ids=prompt_token_ids, layout=layout, tools=tools,
+                           client_salt=client_salt)
         if timings is not None:
             timings["retrieve"] = (retrieved - started) * 1e3
             timings["plan"] = (time.perf_counter() - retrieved) * 1e3

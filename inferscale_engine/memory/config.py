@@ -21,6 +21,8 @@ DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_DB_PATH = "~/.inferscale/memory.db"
 """Default fact database (created on first use)."""
 STARTUP_MODES = ("encode", "lazy")
+DEFAULT_MAX_SERVED_USERS = 10_000
+"""Users of a shared store whose facts one process holds at once (MemoryConfig)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,9 @@ class MemoryConfig:
     """Facts of one user from which searches scan float16 copies of the embeddings (the same
     results, proven per search, else a float32 scan; 1.5x the index memory); None = the
     device's default (524,288 on CUDA, 8,192 on the CPU), 0 = never."""
+    max_served_users: int = DEFAULT_MAX_SERVED_USERS
+    """Users of a shared store (replicas) whose facts this process holds at once: the least
+    recently served one beyond it is released and read again on its next use."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine, EngineConfig):
@@ -66,6 +71,15 @@ class MemoryConfig:
         if not isinstance(self.encode_on_add, bool):
             raise ConfigError(f"encode_on_add={self.encode_on_add!r} must be True or False")
         check_half_scan_min_rows(self.half_scan_min_rows)
+        check_max_served_users(self.max_served_users)
+
+
+def check_max_served_users(value: object) -> int:
+    """max_served_users, checked: an int of at least 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"max_served_users={value!r} must be an int of at least 1 (users "
+                          "whose facts a process holds at once)")
+    return value
 
 
 def check_dedupe_threshold(value: object) -> float | None:

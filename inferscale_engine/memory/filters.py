@@ -4,17 +4,33 @@ A filter is a mapping. Each key names a metadata field (dots reach into nested m
 ``"place.city"``) and its value is either a literal (the field equals it) or a mapping of
 operators: ``$eq``, ``$ne``, ``$gt``, ``$gte``, ``$lt``, ``$lte``, ``$in``, ``$nin``,
 ``$contains`` (a string field holds the substring, or a list field the item). The keys
-``AND`` / ``OR`` / ``NOT`` (also ``$and`` / ``$or`` / ``$not``) combine filters. All top-level
-conditions must hold. A field a fact does not have matches only ``$ne`` and ``$nin``.
+``AND`` / ``OR`` (lists of filters) and ``NOT`` (one filter; also ``$and`` / ``$or`` /
+``$not``) combine filters. All top-level conditions must hold. A field a fact does not have
+matches only ``$ne`` and ``$nin``.
+
+A filter is evaluated against every candidate fact, so its size is bounded before anything is
+evaluated (check_filter): MAX_FILTER_DEPTH, MAX_FILTER_LIST, MAX_FILTER_NODES and
+MAX_FILTER_CHARS; a larger one is an InvalidRequestError that names the limit.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
+from inferscale_engine.checks import check_session
 from inferscale_engine.errors import InvalidRequestError
+
+MAX_FILTER_DEPTH = 16
+"""Mappings and lists nested in a filter, the filter itself included (a combinator nests two:
+its list and each part)."""
+MAX_FILTER_LIST = 1000
+"""Items in one list (an ``$in`` / ``$nin`` operand, an ``AND`` / ``OR``)."""
+MAX_FILTER_NODES = 2000
+"""Values in a filter in all (each condition, operand and list item counts one)."""
+MAX_FILTER_CHARS = 64 * 1024
+"""Characters of all its keys and strings together."""
 
 _MISSING = object()
 _ORDER: dict[str, Callable[[Any, Any], bool]] = {
@@ -29,16 +45,51 @@ def check_filter(filter: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The filter, checked; None or {} mean no filter.
 
     Raises:
-        InvalidRequestError: not a mapping, an unknown operator, or an operand of the wrong
-            shape (say, $in without a list).
+        InvalidRequestError: not a mapping, over a size limit (the module docstring), an
+            unknown operator, or an operand of the wrong shape (say, $in without a list).
     """
     if filter is None:
         return None
     if not isinstance(filter, Mapping):
         raise InvalidRequestError(f"filter must be a mapping of metadata fields, got "
                                   f"{type(filter).__name__}")
+    check_size(filter)
     _check(filter, "filter")
     return dict(filter) or None
+
+
+def check_size(filter: Mapping[str, Any]) -> None:
+    """Refuse a filter over a limit, walking it once without recursion (it may nest deeply).
+
+    Raises:
+        InvalidRequestError: what is over which limit, and how to narrow it.
+    """
+    nodes, chars = 1, 0
+    pending: list[tuple[Any, int]] = [(filter, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, str):
+            chars += len(value)
+        elif isinstance(value, Mapping | list | tuple):
+            if depth > MAX_FILTER_DEPTH:
+                _too_large(f"nests deeper than {MAX_FILTER_DEPTH} levels")
+            if not isinstance(value, Mapping) and len(value) > MAX_FILTER_LIST:
+                _too_large(f"holds a list of {len(value)} items (at most {MAX_FILTER_LIST})")
+            nodes += len(value)
+            if nodes > MAX_FILTER_NODES:
+                _too_large(f"holds more than {MAX_FILTER_NODES} values")
+            if isinstance(value, Mapping):
+                chars += sum(len(k) for k in value if isinstance(k, str))
+            pending.extend((v, depth + 1) for v in (
+                value.values() if isinstance(value, Mapping) else value))
+        if chars > MAX_FILTER_CHARS:
+            _too_large(f"holds more than {MAX_FILTER_CHARS} characters of keys and strings")
+
+
+def _too_large(what: str) -> NoReturn:
+    raise InvalidRequestError(f"filter {what}: it is evaluated against every fact, so its size "
+                              "is bounded; narrow it (fewer or shorter conditions, a tag in "
+                              "the metadata instead of a long $in list)")
 
 
 def _check(filter: Mapping[str, Any], where: str) -> None:
@@ -128,6 +179,12 @@ def _holds(actual: Any, condition: Any) -> bool:
         if not ok:
             return False
     return True
+
+
+def scope(agent_id: str | None, run_id: str | None) -> tuple[str | None, str | None]:
+    """(agent_id, run_id) of a call, checked: mem0's scopes within a user."""
+    return (check_session(agent_id, "agent_id", InvalidRequestError),
+            check_session(run_id, "run_id", InvalidRequestError))
 
 
 def selected(record: Any, wanted: Mapping[str, Any] | None,

@@ -139,14 +139,16 @@ def infer_add(memory: Any, *, user_id: str, messages: Sequence[Mapping[str, str]
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    from inferscale_engine.facts import FactId
+    from inferscale_engine.facts import FactId, MemoryHandle
     from inferscale_engine.memory.types import AddResult
+
+    no_facts = MemoryHandle(user_id, ())  # the prompts hold the user's words: its text salt
 
     def ask(system: str, user: str, schema: dict[str, Any]) -> str:
         sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0,
                                   structured_outputs=StructuredOutputsParams(json=schema))
-        return str(memory.engine.generate(None, [{"role": "system", "content": system},
-                                                 {"role": "user", "content": user}],
+        return str(memory.engine.generate(no_facts, [{"role": "system", "content": system},
+                                                     {"role": "user", "content": user}],
                                           sampling, mode="text").text)
 
     conversation = conversation_text(messages)

@@ -19,11 +19,7 @@ import torch
 from tqdm import tqdm
 
 from inferscale_engine import checks
-from inferscale_engine.errors import (
-    EngineClosedError,
-    InvalidFactError,
-    InvalidRequestError,
-)
+from inferscale_engine.errors import EngineClosedError, InvalidFactError, InvalidRequestError
 from inferscale_engine.facts import Fact, MemoryHandle
 from inferscale_engine.memory import filters, ingest
 from inferscale_engine.memory.aio import AsyncVerbs
@@ -31,6 +27,7 @@ from inferscale_engine.memory.answering import MemoryServing
 from inferscale_engine.memory.config import (
     DEFAULT_DB_PATH,
     DEFAULT_EMBEDDING_MODEL,
+    DEFAULT_MAX_SERVED_USERS,
     MemoryConfig,
     check_dedupe_threshold,
     check_startup,
@@ -65,7 +62,8 @@ class Memory(MemoryServing, AsyncVerbs):
                  dedupe_threshold: float | None = 0.95, startup: str = "encode",
                  encode_on_add: bool = True, device: str | torch.device | None = None,
                  context_turns: int = 16, progress_bar: bool | None = None,
-                 half_scan_min_rows: int | None = None) -> None:
+                 half_scan_min_rows: int | None = None,
+                 max_served_users: int = DEFAULT_MAX_SERVED_USERS) -> None:
         """Open the store and make every stored fact searchable and servable.
 
         Args:
@@ -84,7 +82,7 @@ class Memory(MemoryServing, AsyncVerbs):
             context_turns: stored turns of a session (or, for facts added as texts, the user's
                 last facts) read as the context a new fact is encoded after.
             progress_bar: show the start-up progress bar (None: only on a terminal).
-            half_scan_min_rows: see MemoryConfig.half_scan_min_rows.
+            half_scan_min_rows, max_served_users: see MemoryConfig.
         """
         self._dedupe_threshold = check_dedupe_threshold(dedupe_threshold)
         check_startup(startup)
@@ -107,7 +105,7 @@ class Memory(MemoryServing, AsyncVerbs):
             """Large adds yield to searches and answers between chunks (gate.py)."""
             self._closed = False
             self.counters: Counter[str] = Counter()
-            self._served = ServedFacts(engine, self._index, self.counters)
+            self._served = ServedFacts(engine, self._index, self.counters, max_served_users)
             """What search may return: facts registered with the engine and indexed."""
             self._served.load(self._store, self._embedder.name, self._embed,
                               startup == "encode", progress_bar)
@@ -128,7 +126,8 @@ class Memory(MemoryServing, AsyncVerbs):
                          Embedder(config.embedding_model, device=config.device),
                          dedupe_threshold=config.dedupe_threshold, startup=config.startup,
                          encode_on_add=config.encode_on_add, device=config.device,
-                         half_scan_min_rows=config.half_scan_min_rows)
+                         half_scan_min_rows=config.half_scan_min_rows,
+                         max_served_users=config.max_served_users)
         except BaseException:
             engine.close()
             raise
@@ -171,7 +170,7 @@ class Memory(MemoryServing, AsyncVerbs):
             return infer_add(self, user_id=user_id, messages=[
                 {"role": r, "content": c} for r, c in chat], metadata=metadata,
                 agent_id=agent_id, run_id=run_id)
-        metadata = ingest.scoped(checks.check_metadata(metadata), *_scopes(agent_id, run_id))
+        metadata = ingest.scoped(checks.check_metadata(metadata), *filters.scope(agent_id, run_id))
         if (texts is None) == (messages is None):
             raise InvalidRequestError("pass exactly one of texts=[...] (facts) or messages=[...] "
                                       "(conversation turns)")
@@ -283,7 +282,7 @@ class Memory(MemoryServing, AsyncVerbs):
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise InvalidRequestError(f"k={k!r} must be an int >= 0 (facts to retrieve)")
         wanted = filters.check_filter(filter)
-        scope = _scopes(agent_id, run_id)
+        scope = filters.scope(agent_id, run_id)
         narrow = wanted is not None or scope != (None, None)
         vector = self._embed([query])[0]
         with self._lock:
@@ -291,11 +290,15 @@ class Memory(MemoryServing, AsyncVerbs):
             self._served.sync(self._store, user_id)
             ranked = self._index.search(user_id=user_id, query_embedding=vector, k=k if not
                                         narrow else self._index.count(user_id=user_id))
-            if narrow:  # rank all, then keep the first k that match
+            if not narrow:
+                hits = tuple((self._served[fact_id], score) for fact_id, score in ranked)
+            else:  # rank all; the filter is evaluated after, outside the lock
                 stored = self._store.get(user_id=user_id, fact_ids=[f for f, _ in ranked])
-                ranked = [hit for hit, record in zip(ranked, stored, strict=True)
-                          if filters.selected(ingest.public_record(record), wanted, scope)][:k]
-            hits = tuple((self._served[fact_id], score) for fact_id, score in ranked)
+        if narrow:  # the first k that match and are still served (a delete may come between)
+            ranked = [hit for hit, record in zip(ranked, stored, strict=True)
+                      if filters.selected(ingest.public_record(record), wanted, scope)]
+            with self._lock:
+                hits = tuple((self._served[f], s) for f, s in ranked if f in self._served)[:k]
         assert all(fact.user_id == user_id for fact, _ in hits), "the index crossed users"
         return SearchResult(hits, MemoryHandle(user_id, tuple(f.fact_id for f, _ in hits),
                                                tuple(score for _, score in hits)))
@@ -328,7 +331,7 @@ class Memory(MemoryServing, AsyncVerbs):
         run_id, those added in them.
         """
         user_id = checks.check_user_id(user_id)
-        wanted, scope = filters.check_filter(filter), _scopes(agent_id, run_id)
+        wanted, scope = filters.check_filter(filter), filters.scope(agent_id, run_id)
         with self._lock:
             self._check_open()
             stored = self._store.get_all(user_id=user_id)
@@ -348,7 +351,7 @@ class Memory(MemoryServing, AsyncVerbs):
         Without agent_id and run_id this is reset(): facts, turns and history.
         """
         user_id = checks.check_user_id(user_id)
-        scope = _scopes(agent_id, run_id)
+        scope = filters.scope(agent_id, run_id)
         if scope == (None, None):
             return self.reset(user_id=user_id)
         with self._lock:  # selected and deleted as one step
@@ -386,7 +389,8 @@ class Memory(MemoryServing, AsyncVerbs):
             self._check_open()
             engine = self._engine.stats()
             return MemoryStats(len(self._store.users()), self._store.count(), len(self._served),
-                               engine.num_resident_facts, engine, dict(self.counters))
+                               engine.num_resident_facts, engine, dict(self.counters),
+                               self._served.num_users)
 
     def close(self) -> None:
         """Close what this Memory opened (a store given as a path, an engine from_config).
@@ -442,9 +446,4 @@ class Memory(MemoryServing, AsyncVerbs):
     def _check_open(self) -> None:
         if self._closed:
             raise EngineClosedError("this Memory was closed; build a new Memory")
-
-
-def _scopes(agent_id: str | None, run_id: str | None) -> tuple[str | None, str | None]:
-    return (checks.check_session(agent_id, "agent_id", InvalidRequestError),
-            checks.check_session(run_id, "run_id", InvalidRequestError))
 

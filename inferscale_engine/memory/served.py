@@ -9,14 +9,17 @@ A store that other processes write too (FactStore.shared: replicas sharing one P
 database) is read per user instead (unless start-up encodes every fact): a user's facts are
 registered on first use, and again
 whenever the store's version of that user moved (another replica wrote), so whichever replica
-serves a user serves exactly what the store holds.
+serves a user serves exactly what the store holds. The users read this way are held in an LRU
+of `max_users`: the least recently served one beyond it is released (its facts leave the
+engine, their disk entries kept, and the index) and read again on its next use, so the state a
+process holds does not grow with every user id it is asked about.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections import Counter, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 
@@ -25,6 +28,7 @@ from tqdm import tqdm
 
 from inferscale_engine.errors import EngineClosedError, InvalidFactError
 from inferscale_engine.facts import Fact, FactId
+from inferscale_engine.memory.config import DEFAULT_MAX_SERVED_USERS, check_max_served_users
 from inferscale_engine.memory.fingerprint import fingerprint, refresh, stale_parts
 from inferscale_engine.memory.ingest import stored_context
 from inferscale_engine.memory.records import StoredFact
@@ -41,14 +45,17 @@ _BATCH = 256
 class ServedFacts:
     """Fact ids -> Facts that are registered with the engine and in the index."""
 
-    def __init__(self, engine: Engine, index: RetrievalIndex, counters: Counter[str]) -> None:
+    def __init__(self, engine: Engine, index: RetrievalIndex, counters: Counter[str],
+                 max_users: int = DEFAULT_MAX_SERVED_USERS) -> None:
         self._engine = engine
         self._index = index
         self._counters = counters
+        self._max_users = check_max_served_users(max_users)
         self._facts: dict[FactId, Fact] = {}
-        self._by_user: dict[str, set[FactId]] = defaultdict(set)
-        self._versions: dict[str, int] = {}
-        """Per user, the shared store's version its served facts were last read at (sync)."""
+        self._by_user: dict[str, set[FactId]] = {}
+        self._versions: OrderedDict[str, int] = OrderedDict()
+        """Per user read from a shared store, the version its served facts were last read at
+        (sync); least recently served first."""
         self._staged: set[int] = set()
         """Ids of facts an add has stored but not yet registered (Memory registers them in
         chunks); a delete or update meanwhile takes them out, so they are never served."""
@@ -64,6 +71,11 @@ class ServedFacts:
 
     def __iter__(self) -> Iterator[Fact]:
         return iter(list(self._facts.values()))
+
+    @property
+    def num_users(self) -> int:
+        """Users whose state is held: facts registered, or a shared store's version read."""
+        return len(self._by_user.keys() | self._versions.keys())
 
     def text_of(self, fact_id: FactId) -> str | None:
         """The text of a served fact, or None."""
@@ -108,7 +120,7 @@ class ServedFacts:
         self._index.add(user_id=user_id, fact_ids=ids, embeddings=torch.stack(
             [torch.from_numpy(f.embedding_array().copy()) for f in stored]))
         self._facts.update((f.fact_id, f) for f in facts)
-        self._by_user[user_id].update(ids)
+        self._by_user.setdefault(user_id, set()).update(ids)
 
     def stage(self, fact_ids: Iterable[int]) -> None:
         """Note facts just stored, to be registered by register_staged."""
@@ -129,7 +141,10 @@ class ServedFacts:
             self._index.remove(user_id=user_id, fact_ids=known)
             for fact_id in known:
                 del self._facts[fact_id]
-            self._by_user[user_id].difference_update(known)
+            held = self._by_user.get(user_id, set())
+            held.difference_update(known)
+            if not held:  # a user with no facts left holds no state
+                self._by_user.pop(user_id, None)
 
     def release_all(self) -> None:
         """Forget every fact, freeing its KV in a shared engine (Memory.close; disk kept)."""
@@ -167,6 +182,7 @@ class ServedFacts:
             return
         version = store.user_version(user_id)  # read first: a later write syncs again
         if self._versions.get(user_id) == version:
+            self._versions.move_to_end(user_id)
             return
         current = {f.fact_id: f for f in store.get_all(user_id=user_id)}
         stale = [i for i in self._by_user.get(user_id, ()) if i not in current
@@ -175,8 +191,26 @@ class ServedFacts:
         fresh = [f for i, f in current.items() if i not in self._facts and i not in self._staged]
         self.register(user_id, fresh, encode=False)
         self._versions[user_id] = version
+        self._versions.move_to_end(user_id)
         self._counters["synced_users"] += 1
         self._counters["synced_facts"] += len(fresh)
+        while len(self._versions) > self._max_users:
+            self._release(next(iter(self._versions)))
+
+    def _release(self, user_id: str) -> None:
+        """Let go of a user read from a shared store (the least recently served).
+
+        Its facts leave the engine (disk entries kept) and the index; its next use reads it
+        again.
+        """
+        del self._versions[user_id]
+        ids = list(self._by_user.pop(user_id, ()))
+        if ids:
+            self._engine.delete(user_id, ids, keep_disk=True)
+            self._index.remove(user_id=user_id, fact_ids=ids)
+            for fact_id in ids:
+                del self._facts[fact_id]
+        self._counters["released_users"] += 1
 
     def load(self, store: FactStore, embedder_name: str,
              embed: Callable[[list[str]], torch.Tensor], encode: bool,

@@ -16,6 +16,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from inferscale_engine.config import plan_secret
 from inferscale_engine.errors import (
     EngineClosedError,
     FactNotFoundError,
@@ -25,7 +26,7 @@ from inferscale_engine.errors import (
 )
 from inferscale_engine.facts import MemoryHandle
 from inferscale_engine.prompting.layout import Layout
-from inferscale_engine.protocol.plan import InjectionPlan
+from inferscale_engine.protocol.plan import InjectionPlan, text_salt
 from inferscale_engine.runtime.engine import Engine, Generation, Messages
 
 logger = logging.getLogger(__name__)
@@ -135,6 +136,9 @@ class PreparedPrompt:
     plan: InjectionPlan | None
     """None: the facts are in the prompt as text (they could not be made resident)."""
     handle: MemoryHandle
+    cache_salt: str
+    """What to send the prompt with: the plan's cache_salt, or the user's text_salt (either
+    combined with the client's own)."""
 
     @property
     def num_facts(self) -> int:
@@ -144,27 +148,32 @@ class PreparedPrompt:
 
 def prepare(engine: Engine, handle: MemoryHandle, counters: Counter[str], *,
             messages: Messages | None = None, prompt_token_ids: Sequence[int] | None = None,
-            layout: Layout | None = None, tools: Sequence[Mapping[str, Any]] | None = None
-            ) -> PreparedPrompt:
+            layout: Layout | None = None, tools: Sequence[Mapping[str, Any]] | None = None,
+            client_salt: str = "") -> PreparedPrompt:
     """The prompt and signed plan for a chat (`messages`) or a raw completion prompt.
 
-    When the facts cannot be made resident the same facts go as text (no plan, counted).
+    When the facts cannot be made resident the same facts go as text (no plan, counted),
+    salted with the user's text_salt. `client_salt`, the client's own cache_salt, is combined
+    into the salt either way.
     """
+    secret = plan_secret()
     try:
         if prompt_token_ids is not None:
             prompt, plan = engine.prepare_completion(handle, prompt_token_ids, layout=layout)
         else:
             assert messages is not None
             prompt, plan = engine.prepare_request(handle, messages, layout=layout, tools=tools)
-        return PreparedPrompt(prompt.token_ids(), plan, handle)
+        plan = plan.with_client_salt(secret, client_salt)
+        return PreparedPrompt(prompt.token_ids(), plan, handle, plan.cache_salt)
     except SlabFullError:
         counters["fallback_text_evicted"] += 1
+    salt = text_salt(secret, handle.user_id, client_salt)
     if prompt_token_ids is not None:
         by_id = {f.fact_id: f for f in engine.get_facts(handle.user_id)}
         ids = list(engine.prompts.encode(engine.config.system_prompt))
         for fact_id in handle.fact_ids:
             ids.extend(by_id[fact_id].token_ids)
-        return PreparedPrompt([*ids, *prompt_token_ids], None, handle)
+        return PreparedPrompt([*ids, *prompt_token_ids], None, handle, salt)
     assert messages is not None
     prompt = engine.render_prompt(handle, messages, layout=layout, tools=tools)
-    return PreparedPrompt(prompt.token_ids(), None, handle)
+    return PreparedPrompt(prompt.token_ids(), None, handle, salt)

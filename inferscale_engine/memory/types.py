@@ -54,3 +54,6 @@ class MemoryStats:
     engine: EngineStats
     counters: dict[str, int] = field(default_factory=dict)
     """Memory's own events: added, duplicates, encode_failures, startup_* ..."""
+    num_served_users: int = 0
+    """Users whose serving state is held now: facts registered, or read from a shared store
+    (at most MemoryConfig.max_served_users of those)."""

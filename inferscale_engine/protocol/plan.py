@@ -38,8 +38,8 @@ from inferscale_engine.protocol.wire import (
 )
 
 __all__ = ["PARAMS_KEY", "PLAN_VERSION", "SYSTEM_OWNER", "InjectionPlan", "Plan", "SavePlan",
-           "SaveSpan", "Segment", "cache_salt", "from_params", "pack_token_ids", "save_salt",
-           "token_digest"]
+           "SaveSpan", "Segment", "cache_salt", "client_salted", "from_params", "pack_token_ids",
+           "save_salt", "tenant_salt", "text_salt", "token_digest"]
 
 SYSTEM_OWNER = ""
 """Owner of shared entries (the preamble): readable by every user, writable by the engine only."""
@@ -69,6 +69,41 @@ def save_salt(secret: bytes, user_id: str) -> str:
     """
     user = utf8(user_id)
     return mac_of(secret, b"save-salt|%d|%d:%b" % (PLAN_VERSION, len(user), user))
+
+
+def text_salt(secret: bytes, user_id: str, client_salt: str = "") -> str:
+    """The cache_salt of a user's prompts that carry the user's data as plain text.
+
+    Text mode, a fallback to text, the served model's infer=True prompts: unsalted, their
+    blocks would stay in vLLM's shared prefix cache, and anyone could learn whether a guess of
+    the user's text is in it by sending the same prompt and reading cached_tokens. Under this
+    salt only the same user's text prompts (with the same client salt) share blocks.
+    """
+    return _keyed(secret, b"text-salt", user_id, client_salt)
+
+
+def tenant_salt(secret: bytes, tenant: str, client_salt: str = "") -> str:
+    """The cache_salt of a server's requests without memory, per API-key tenant.
+
+    A tenant's own prompts share blocks with each other (a common system prompt is prefilled
+    once per tenant), never with another tenant's or any user's memory prompts.
+    """
+    return _keyed(secret, b"tenant-salt", tenant, client_salt)
+
+
+def client_salted(secret: bytes, salt: str, client_salt: str) -> str:
+    """`salt` combined with a client's own cache_salt (unchanged without one).
+
+    A client keeps what vLLM gives it (its prompts apart from its other prompts under another
+    salt), inside the partition the server chose: it can never name another's salt.
+    """
+    return _keyed(secret, b"client-salt", salt, client_salt) if client_salt else salt
+
+
+def _keyed(secret: bytes, kind: bytes, owner: str, client_salt: str) -> str:
+    owner_bytes, client = utf8(owner), utf8(client_salt)
+    return mac_of(secret, b"%b|%d|%d:%b|%d:%b" % (kind, PLAN_VERSION, len(owner_bytes),
+                                                   owner_bytes, len(client), client))
 
 
 def _salt(secret: bytes, user_id: str, packed_keys: bytes) -> str:  # keys packed once
@@ -222,6 +257,14 @@ class InjectionPlan:
         """Copy with the MAC set."""
         return InjectionPlan(self.user_id, self.slab_keys, self.lengths, self.tokens,
                              self.cache_salt, mac_of(secret, self._payload()), self.wire)
+
+    def with_client_salt(self, secret: bytes, client_salt: str) -> InjectionPlan:
+        """Copy whose cache_salt is combined with a client's own (client_salted), signed."""
+        if not client_salt:
+            return self
+        return InjectionPlan(self.user_id, self.slab_keys, self.lengths, self.tokens,
+                             client_salted(secret, self.cache_salt, client_salt), "",
+                             self.wire).signed(secret)
 
     def verify(self, secret: bytes) -> bool:
         """True if the MAC is valid for this content."""

@@ -3,8 +3,9 @@
 prepare() resolves the handle to fact records (refusing another user's facts), makes evicted
 facts resident again (or decides on text mode), assembles [preamble][fact_1]..[fact_k][rest]
 from token ids, signs the InjectionPlan (or, with an in-process scheduler, hands it over by
-reference: handoff.py) and salts the prompt. The engine then runs the batch
-and collect() turns vLLM's outputs into Generations, counting fallbacks.
+reference: handoff.py) and salts the prompt (a text prompt of a user with the user's
+text_salt). The engine then runs the batch and collect() turns vLLM's outputs into
+Generations, counting fallbacks.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from inferscale_engine.facts import FactId, MemoryHandle
 from inferscale_engine.prompting.layout import Layout, arrange
 from inferscale_engine.prompting.prompt import MemoryPrompt, PromptBuilder
 from inferscale_engine.protocol.handoff import PlanHandoff
-from inferscale_engine.protocol.plan import InjectionPlan
+from inferscale_engine.protocol.plan import InjectionPlan, text_salt
 from inferscale_engine.runtime.generation import Generation, from_output
 from inferscale_engine.runtime.preambles import PreambleCache
 from inferscale_engine.runtime.residency import FactRecord, Residency
@@ -157,8 +158,10 @@ class RequestPlanner:
         # holds the very tuples the plan's runs were packed from (k identity tests, no ids).
         vouched = (plan is not None and self.handoff is not None
                    and all(map(is_, prompt.facts, map(_PACKED_FROM, injected))))
+        salt = (text_salt(self._secret, check_user_id(handle.user_id)) if handle is not None
+                else None)
         return _request(ids, plan, params, asked, fallback, num_repaired, self.handoff,
-                        vouched)
+                        vouched, salt)
 
     def _build_request(self, handle: MemoryHandle | None, records: list[FactRecord],
                        messages: Messages, sampling: Any, layout: Layout,
@@ -255,18 +258,20 @@ def prepare_batch(planners: Sequence[RequestPlanner],
 
 def _request(ids: list[int], plan: InjectionPlan | None, params: Any, asked: str,
              fallback: str, num_repaired: tuple[int, int], handoff: PlanHandoff | None = None,
-             vouched: bool = False) -> PreparedRequest:
-    """The vLLM request: the prompt (salted and with the plan in its params when there is one).
+             vouched: bool = False, salt: str | None = None) -> PreparedRequest:
+    """The vLLM request: the prompt, salted, with the plan in its params when there is one.
 
     The plan rides signed in the params, or by reference when `handoff` is given (with `ids`
     as the prompt the scheduler may recognize by identity when `vouched`: ids starts with
-    exactly the plan's tokens).
+    exactly the plan's tokens). A text prompt of a handle's user goes with `salt` (its
+    text_salt); one without a handle carries no user's data and goes unsalted.
     """
     from vllm import TokensPrompt
 
     if plan is None:
-        return PreparedRequest(TokensPrompt(prompt_token_ids=ids), params, asked, "text",
-                               len(ids), fallback, *num_repaired)
+        prompt = (TokensPrompt(prompt_token_ids=ids, cache_salt=salt) if salt
+                  else TokensPrompt(prompt_token_ids=ids))
+        return PreparedRequest(prompt, params, asked, "text", len(ids), fallback, *num_repaired)
     ref, sent = (handoff.put(plan, ids if vouched else None) if handoff is not None
                  else ("", plan.to_params()))
     params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": sent}

@@ -25,8 +25,9 @@ from inferscale_engine.errors import InferScaleError
 from inferscale_engine.server.auth import HttpError, Principal
 
 USER_HEADER = "x-user-id"
-STRIPPED_FIELDS = ("kv_transfer_params", "cache_salt", "vllm_xargs")
-"""Client-sent fields that reach vLLM's engine: the server sets them, a client never does."""
+STRIPPED_FIELDS = ("kv_transfer_params", "vllm_xargs")
+"""Client-sent fields that reach vLLM's engine: the server sets them, a client never does.
+(A client's cache_salt is kept: the seam combines it with the tenant's or the user's salt.)"""
 _OPTIONS = ("enabled", "k", "write", "session_id", "user_id", "recent_facts", "add")
 
 
@@ -131,7 +132,7 @@ def resolve_user(named: Sequence[tuple[str, object]], principal: Principal | Non
 
 
 def strip_client_fields(request: Any) -> list[str]:
-    """Remove kv_transfer_params, cache_salt and vllm_xargs a client sent; their names."""
+    """Remove kv_transfer_params and vllm_xargs a client sent; their names."""
     stripped = []
     for name in STRIPPED_FIELDS:
         if getattr(request, name, None) is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import h11
@@ -19,6 +20,11 @@ from inferscale_engine.server.auth import HttpError
 
 MAX_BODY_BYTES = 8 * 2**20
 """Requests with a larger body are refused (413) before they are read."""
+MAX_FILTER_BODY_BYTES = 256 * 2**10
+"""Bodies of the routes that take a metadata filter (FILTER_PATHS) are refused (413) beyond
+this, before they are read: a filter is evaluated against every fact (memory/filters.py bounds
+it further once parsed)."""
+FILTER_PATHS = frozenset({"/v1/memories/search", "/v3/memories/", "/v3/memories/search/"})
 MAX_HEAD_BYTES = 32 * 2**10
 """Requests whose request line and headers together are larger are refused (431)."""
 DEFAULT_MAX_ADD_FACTS = 1000
@@ -66,15 +72,15 @@ class BoundedHeadProtocol(H11Protocol):
 
 
 class BodyLimit:
-    """ASGI middleware: a body over max_bytes gets 413, announced or chunked.
+    """ASGI middleware: a body over max_bytes (or its path's own limit) gets 413.
 
     Content-Length is checked first; a chunked body is counted as it is read, so nothing over
     the limit is buffered.
     """
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-        self.message = f"request body over {max_bytes} bytes; send less"
+    def __init__(self, app: Any, max_bytes: int, paths: Mapping[str, int] | None = None
+                 ) -> None:
+        self.app, self.max_bytes, self.paths = app, max_bytes, dict(paths or {})
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -82,9 +88,11 @@ class BodyLimit:
             return
         from inferscale_engine.server.routes import http_error_response
 
-        refusal = http_error_response(HttpError(413, self.message))
+        max_bytes = self.paths.get(scope["path"], self.max_bytes)
+        text = f"request body over {max_bytes} bytes on {scope['path']}; send less"
+        refusal = http_error_response(HttpError(413, text))
         length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+        if length is not None and (not length.isdigit() or int(length) > max_bytes):
             await refusal(scope, receive, send)
             return
         received, exceeded, started = 0, False, False
@@ -93,9 +101,9 @@ class BodyLimit:
             nonlocal received, exceeded
             message = await receive()
             received += len(message.get("body", b""))
-            if received > self.max_bytes:
+            if received > max_bytes:
                 exceeded = True
-                raise StarletteHTTPException(413, self.message)
+                raise StarletteHTTPException(413, text)
             return message
 
         async def guarded(message: Any) -> None:

@@ -5,6 +5,7 @@
                      [--run-tokens 512] [--slab-mib 256] [--host-tier-mib N] [--disk-tier DIR]
                      [--embedding-model NAME|DIR] [--dedupe-threshold 0.95|none]
                      [--half-scan-min-rows N] [--max-add-facts 1000]
+                     [--allowed-hosts NAME,...] [--max-served-users 10000]
                      [vLLM's own serve flags]
 
 MODEL is 'small' (the default: the real 0.5B model) or a model folder, given first as with
@@ -33,7 +34,12 @@ from starlette.routing import Match
 from inferscale_engine.checks import check_half_scan_min_rows
 from inferscale_engine.config import EngineConfig, plan_secret
 from inferscale_engine.errors import ConfigError
-from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL, check_dedupe_threshold
+from inferscale_engine.memory.config import (
+    DEFAULT_EMBEDDING_MODEL,
+    DEFAULT_MAX_SERVED_USERS,
+    check_dedupe_threshold,
+    check_max_served_users,
+)
 from inferscale_engine.server.auth import (
     PUBLIC_PATHS,
     ApiKeys,
@@ -41,9 +47,12 @@ from inferscale_engine.server.auth import (
     check_bind,
     tenant_route,
 )
+from inferscale_engine.server.hosts import AllowedHosts
 from inferscale_engine.server.limits import (
     DEFAULT_MAX_ADD_FACTS,
+    FILTER_PATHS,
     MAX_BODY_BYTES,
+    MAX_FILTER_BODY_BYTES,
     BodyLimit,
     BoundedHeadProtocol,
     CountRefusals,
@@ -86,6 +95,13 @@ def our_parser() -> argparse.ArgumentParser:
     parser.add_argument("--replica-id", default=None,
                         help="a name for this server, reported in each response's memory "
                              "field (which replica behind a router answered)")
+    parser.add_argument("--allowed-hosts", default=None, metavar="NAME,...",
+                        help="Host names the server answers besides loopback ones, or '*' "
+                             "(default: any with --api-keys, loopback only without: DNS "
+                             "rebinding; server/hosts.py)")
+    parser.add_argument("--max-served-users", type=int, default=DEFAULT_MAX_SERVED_USERS,
+                        help="users of a shared store whose facts this server holds at once "
+                             "(the least recently served beyond it are read again on use)")
     parser.add_argument("--half-scan-min-rows", type=int, default=None,
                         help="facts of one user from which searches scan float16 copies (1.5x "
                              "the index memory; default: the device's, 0 = never)")
@@ -120,10 +136,12 @@ def main(argv: list[str]) -> int:
                           "calls) to every client; unset it")
     check_dedupe_threshold(ours.dedupe_threshold)  # before vLLM starts, not after
     check_half_scan_min_rows(ours.half_scan_min_rows)
+    check_max_served_users(ours.max_served_users)
     if ours.max_add_facts < 1:
         raise ConfigError(f"--max-add-facts {ours.max_add_facts} must be at least 1")
     keys = ApiKeys.load(ours.api_keys) if ours.api_keys else None
     check_bind(ours.host, keys)
+    ours.hosts = AllowedHosts.for_server(ours.allowed_hosts, keys is not None)
     plan_secret()  # in the environment before vLLM starts its processes: they inherit it
     args, config = vllm_args(ours, rest)
     # uvloop, as `vllm serve` runs: on asyncio's own loop every hop between vLLM's engine
@@ -199,7 +217,8 @@ async def run(args: argparse.Namespace, config: EngineConfig, keys: ApiKeys | No
         supported = await client.get_supported_tasks()
         app = build_app(args, supported, client.model_config)
         await init_app_state(client, app.state, args, supported)
-        metrics = install(app, memory, keys, ours.k, ours.max_add_facts, ours.replica_id)
+        metrics = install(app, memory, keys, ours.k, ours.max_add_facts, ours.replica_id,
+                          ours.hosts)
         try:
             shutdown = await serve_http(
                 app, sock=sock, host=args.host, port=args.port,
@@ -209,6 +228,7 @@ async def run(args: argparse.Namespace, config: EngineConfig, keys: ApiKeys | No
         finally:
             metrics.stop()
             await app.state.inferscale.drain()
+            app.state.inferscale.close()
             await asyncio.to_thread(memory.close)
     # vLLM's order (launchers/api_server/entry.py): await the HTTP server's shutdown, then
     # close the socket; closing first made every shutdown end in a ValueError traceback.
@@ -231,13 +251,18 @@ def open_memory(config: EngineConfig, ours: argparse.Namespace, client: Any,
     return Memory.from_config(MemoryConfig(engine=config, db_path=ours.db, startup=startup,
                                            embedding_model=ours.embedding_model,
                                            dedupe_threshold=ours.dedupe_threshold,
-                                           half_scan_min_rows=ours.half_scan_min_rows),
+                                           half_scan_min_rows=ours.half_scan_min_rows,
+                                           max_served_users=ours.max_served_users),
                               runner=lambda _config, _connector: AsyncRunner(client, loop))
 
 
 def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
-            max_add_facts: int = DEFAULT_MAX_ADD_FACTS, replica_id: str | None = None) -> Any:
-    """The seam, routes, auth middleware and metrics on vLLM's app; returns the metrics."""
+            max_add_facts: int = DEFAULT_MAX_ADD_FACTS, replica_id: str | None = None,
+            hosts: AllowedHosts | None = None) -> Any:
+    """The seam, routes, auth middleware and metrics on vLLM's app; returns the metrics.
+
+    `hosts`: the Host names answered (default: AllowedHosts.for_server without the flag).
+    """
     from inferscale_engine.server import mem0_api, routes, ui
     from inferscale_engine.server.metrics import MemoryMetrics
     from inferscale_engine.server.seam import (
@@ -249,6 +274,8 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
 
     context = MemoryContext(memory, default_k, max_add_facts, replica_id)
     app.state.inferscale = context
+    hosts = hosts or AllowedHosts.for_server(None, keys is not None)
+    app.state.allowed_hosts = hosts
     for name, cls in (("openai_serving_chat", MemoryServingChat),
                       ("openai_serving_completion", MemoryServingCompletion)):
         base = getattr(app.state, name, None)
@@ -279,6 +306,10 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
     @app.middleware("http")
     async def gate(request: Request, call_next: Any) -> Any:
         path = request.url.path
+        try:  # every path, before the key: a rebinding page reaches them all
+            hosts.check(request.headers.get("host"))
+        except HttpError as exc:
+            return ui.secured(path, routes.http_error_response(exc))
         if keys is not None and path not in PUBLIC_PATHS and not ui.public(path):
             try:
                 principal = request.state.principal = keys.principal(request.headers)
@@ -292,8 +323,9 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
             response.headers[name] = value
         return ui.secured(path, response)
 
-    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)  # before the key check
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES,  # before the key check
+                       paths=dict.fromkeys(FILTER_PATHS, MAX_FILTER_BODY_BYTES))
     app.add_middleware(CountRefusals, counts=context.refusals)  # outermost: counts them all
-    metrics = MemoryMetrics(memory, context.refusals, served_users=context.served_users)
+    metrics = MemoryMetrics(memory, context.refusals)
     metrics.start()
     return metrics

@@ -27,10 +27,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from inferscale_engine.errors import FactNotFoundError
 from inferscale_engine.server.auth import HttpError
-from inferscale_engine.server.routes import _admin, _call, _memory, _owned, _principal, _user
+from inferscale_engine.server.routes import (
+    _admin,
+    _call,
+    _filter_pool,
+    _memory,
+    _owned,
+    _principal,
+    _user,
+    split_filters,
+)
 
 router = APIRouter(tags=["mem0"])
-ENTITIES = ("user_id", "agent_id", "run_id")
 
 
 class _Body(BaseModel):
@@ -68,29 +76,6 @@ class UpdateBody(_Body):
 
     text: str
     metadata: dict[str, Any] | None = None
-
-
-def split_filters(filters: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(user/agent/run ids, the metadata filter) of a mem0 filter.
-
-    An AND of entity equalities counts as the flat form.
-    """
-    rest = dict(filters or {})
-    ids = {key: rest.pop(key) for key in ENTITIES if key in rest}
-    parts = rest.pop("AND", None)
-    if isinstance(parts, list):
-        kept = []
-        for part in parts:
-            if isinstance(part, dict) and len(part) == 1 and next(iter(part)) in ENTITIES:
-                ids.update(part)
-            else:
-                kept.append(part)
-        if kept:
-            rest["AND"] = kept
-    for key, value in ids.items():
-        if not isinstance(value, str):
-            raise HttpError(400, f"filters.{key} must be a string id, got {value!r}")
-    return ids, rest
 
 
 def record(stored: Any, score: float | None = None) -> dict[str, Any]:
@@ -150,8 +135,9 @@ async def get_all(request: Request, body: ListBody | None = None,
     """The memories the filters select, oldest first, a page at a time."""
     ids, rest = split_filters(body.filters if body else None)
     user_id = _user(request, ("filters.user_id", ids.get("user_id")))
-    found = await _call(_memory(request).records, user_id=user_id, filter=rest or None,
-                        agent_id=ids.get("agent_id"), run_id=ids.get("run_id"))
+    found = await _call(_memory(request).records, _filter_pool(request, rest),
+                        user_id=user_id, filter=rest or None, agent_id=ids.get("agent_id"),
+                        run_id=ids.get("run_id"))
     start = (page - 1) * page_size
     return {"count": len(found), "next": None, "previous": None,
             "results": [record(f) for f in found[start:start + page_size]]}
@@ -163,9 +149,9 @@ async def search(request: Request, body: SearchBody) -> dict[str, Any]:
     ids, rest = split_filters(body.filters)
     user_id = _user(request, ("filters.user_id", ids.get("user_id")))
     memory = _memory(request)
-    found = await _call(memory.search, user_id=user_id, query=body.query, k=body.top_k,
-                        filter=rest or None, agent_id=ids.get("agent_id"),
-                        run_id=ids.get("run_id"))
+    found = await _call(memory.search, _filter_pool(request, rest), user_id=user_id,
+                        query=body.query, k=body.top_k, filter=rest or None,
+                        agent_id=ids.get("agent_id"), run_id=ids.get("run_id"))
     hits = [(f, s) for f, s in found.hits if body.threshold is None or s >= body.threshold]
     stored = await _call(_stored_hits, memory=memory, user_id=user_id, hits=hits)
     return {"results": [record(r, s) for r, s in stored]}

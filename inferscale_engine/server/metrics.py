@@ -50,6 +50,10 @@ _MEMORY_COUNTERS = {
     "synced_users": "Users read again from a shared store (first use, or another replica "
                     "wrote them)",
     "synced_facts": "Facts registered from a shared store by those reads",
+    "released_users": "Users of a shared store let go as the least recently served (their "
+                      "state is read again on their next use)",
+    "infer_calls": "add(infer=True) calls: the served model extracted facts",
+    "infer_invalid": "infer=True calls whose model output was not valid (nothing changed)",
 }
 
 
@@ -57,10 +61,9 @@ class MemoryMetrics:
     """A prometheus_client collector of the Memory's sizes and counters."""
 
     def __init__(self, memory: Any, refusals: Counter[int] | None = None,
-                 interval_s: float = 2.0, served_users: set[str] | None = None) -> None:
+                 interval_s: float = 2.0) -> None:
         self._memory = memory
         self._refusals = refusals if refusals is not None else Counter()
-        self._served_users = served_users if served_users is not None else set()
         self._interval_s = interval_s
         self._snapshot: Any = None
         self._stop = threading.Event()
@@ -118,9 +121,9 @@ class MemoryMetrics:
                                   "Tokens stored in the host-RAM tier"),
                   "host_capacity_tokens": (totals.get("host_capacity_tokens", 0),
                                            "Tokens the host-RAM tier holds")}
-        gauges["served_users"] = (len(self._served_users), "Distinct users this server has "
-                                  "answered with memory since it started (replicas: each "
-                                  "user on one)")
+        gauges["served_users"] = (stats.num_served_users, "Users whose serving state this "
+                                  "server holds: facts registered, or read from a shared "
+                                  "store (at most --max-served-users of those)")
         for name, (value, text) in gauges.items():
             yield GaugeMetricFamily(f"inferscale_{name}", text, value=value)
         for name, text in _COUNTERS.items():

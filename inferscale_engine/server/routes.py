@@ -5,7 +5,8 @@
                                  at most --max-add-facts facts per call, else 413)
   GET    /v1/memories?user_id=   the user's memories
   GET    /v1/memories/{id}       one memory       PUT {text, metadata}   DELETE
-  POST   /v1/memories/search     {query, user_id (or filters.user_id), top_k, threshold}
+  POST   /v1/memories/search     {query, user_id (or filters.user_id), filters, top_k,
+                                 threshold}: filters as mem0's (agent_id, run_id, metadata)
   DELETE /v1/memories?user_id=   every memory of a user (admin)
   POST   /v1/memories/reset      {user_id}: memories and turns of a user (admin)
 Writes are durable and their KV encoded before the call returns ("pending": false). A key
@@ -17,19 +18,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from concurrent.futures import Executor
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from inferscale_engine.errors import (
-    InferScaleError,
-)
+from inferscale_engine.errors import InferScaleError
+from inferscale_engine.memory.filters import check_filter, check_size
 from inferscale_engine.server.auth import HttpError, Principal, http_error
 from inferscale_engine.server.identity import header_user, resolve_user
 
 router = APIRouter(prefix="/v1/memories", tags=["memory"])
+ENTITIES = ("user_id", "agent_id", "run_id")
+"""mem0's scopes in a filter: the user, and an agent and a run within the user."""
 
 
 class _Body(BaseModel):
@@ -92,12 +96,21 @@ def _admin(request: Request, what: str) -> None:
         principal.check_admin(what)
 
 
-async def _call(function: Callable[..., Any], **kwargs: Any) -> Any:
-    """Run a Memory call in a thread; its errors as HTTP errors."""
+async def _call(function: Callable[..., Any], pool: Executor | None = None,
+                **kwargs: Any) -> Any:
+    """Run a Memory call in a thread (of `pool`, else asyncio's); its errors as HTTP errors."""
     try:
-        return await asyncio.to_thread(function, **kwargs)
+        if pool is None:
+            return await asyncio.to_thread(function, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(pool, partial(function,
+                                                                              **kwargs))
     except InferScaleError as exc:
         raise http_error(exc) from None
+
+
+def _filter_pool(request: Request, filter: Any) -> Executor | None:
+    """The pool a call with this metadata filter runs in (MemoryContext.filter_pool)."""
+    return request.app.state.inferscale.filter_pool if filter else None
 
 
 async def _owned(request: Request, memory_id: int) -> str:
@@ -178,10 +191,11 @@ async def delete(request: Request, memory_id: int) -> dict[str, Any]:
 @router.post("/search")
 async def search(request: Request, body: SearchBody) -> dict[str, Any]:
     """A user's memories most similar to a query, best first."""
-    user_id = _user(request, ("user_id", body.user_id),
-                    ("filters.user_id", (body.filters or {}).get("user_id")))
-    found = await _call(_memory(request).search, user_id=user_id, query=body.query,
-                        k=body.top_k)
+    ids, rest = split_filters(body.filters)
+    user_id = _user(request, ("user_id", body.user_id), ("filters.user_id", ids.get("user_id")))
+    found = await _call(_memory(request).search, _filter_pool(request, rest), user_id=user_id,
+                        query=body.query, k=body.top_k, filter=rest or None,
+                        agent_id=ids.get("agent_id"), run_id=ids.get("run_id"))
     return {"results": [{**_record(f), "score": score} for f, score in found.hits
                         if body.threshold is None or score >= body.threshold]}
 
@@ -203,6 +217,45 @@ async def reset(request: Request, body: ResetBody | None = None) -> dict[str, An
     _admin(request, "resetting a user")
     deleted = await _call(_memory(request).reset, user_id=user_id)
     return {"message": "Memory reset", "deleted": deleted}
+
+
+def split_filters(filters: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(user/agent/run ids, the metadata filter) of a mem0 filter, checked.
+
+    An AND of entity equalities counts as the flat form. The filter's size and grammar are
+    checked here, before the call is queued (memory/filters.py: the limits).
+
+    Raises:
+        HttpError: 400 for a filter over a limit or not of the grammar, or an agent or run id
+            that is not a string.
+    """
+    try:
+        check_size(filters or {})
+    except InferScaleError as exc:
+        raise http_error(exc) from None
+    rest = dict(filters or {})
+    ids = {key: rest.pop(key) for key in ENTITIES if key in rest}
+    parts = rest.pop("AND", None)
+    if not isinstance(parts, list):  # not a list: left for the filter check to refuse
+        if parts is not None:
+            rest["AND"] = parts
+    else:
+        kept = []
+        for part in parts:
+            if isinstance(part, dict) and len(part) == 1 and next(iter(part)) in ENTITIES:
+                ids.update(part)
+            else:
+                kept.append(part)
+        if kept:
+            rest["AND"] = kept
+    for key, value in ids.items():  # the user id is checked with the other channels' (422)
+        if key != "user_id" and not isinstance(value, str):
+            raise HttpError(400, f"filters.{key} must be a string id, got {value!r:.80}")
+    try:
+        check_filter(rest)
+    except InferScaleError as exc:
+        raise http_error(exc) from None
+    return ids, rest
 
 
 def http_error_response(exc: HttpError) -> JSONResponse:

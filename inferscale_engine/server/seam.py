@@ -1,12 +1,20 @@
 """The one seam between vLLM's OpenAI server and the memory: its render step.
 
 MemoryServingChat and MemoryServingCompletion are vLLM's own serving classes. Their
-render_*_request lets vLLM validate and render the request, then, for a request with a user,
-retrieves the user's top-k facts, builds [preamble][facts][rest] from token ids, signs the plan
-and salts the prompt; everything after (generate, streaming, tools, usage) is vLLM's, unchanged.
-create_* wraps the call: identity and access first, client-sent kv_transfer_params / cache_salt
-/ vllm_xargs stripped, then what was served is reported (headers, a `memory` field) and, if
-asked, the exchange is written back as conversation turns.
+render_*_request lets vLLM validate and render the request, then stores its memory.add facts
+and, for a request with a user, retrieves the user's top-k facts, builds [preamble][facts][rest]
+from token ids, signs the plan and salts the prompt; everything after (generate, streaming,
+tools, usage) is vLLM's, unchanged. create_* wraps the call: identity and access first,
+client-sent kv_transfer_params / vllm_xargs stripped, the request salted with its tenant's
+salt, then what was served is reported (headers, a `memory` field) and, if asked, the exchange
+is written back as conversation turns; a request vLLM refuses after its render has its
+memory.add rolled back.
+
+Every prompt is salted (vLLM's prefix cache shares blocks only between prompts of one salt): a
+prompt without memory with its API key's tenant_salt, a prompt with a user's memory with its
+plan's cache_salt (or, as text, the user's text_salt). A client's own cache_salt is combined
+into whichever applies (protocol/plan.py), so no tenant can reach another's blocks, and a
+client can still keep its own prompts apart, as vLLM alone allows.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -24,9 +33,11 @@ from typing import Any
 from urllib.parse import quote
 
 from inferscale_engine.checks import FACT_ROLES, check_messages, has_visible
+from inferscale_engine.config import plan_secret
 from inferscale_engine.errors import InferScaleError
 from inferscale_engine.memory.serving import PreparedPrompt
 from inferscale_engine.prompting.tool_calls import format_tool_call
+from inferscale_engine.protocol.plan import tenant_salt
 from inferscale_engine.runtime.generation import RESULT_KEY
 from inferscale_engine.server.auth import HttpError, Principal, http_error
 from inferscale_engine.server.identity import MemoryOptions, identify, strip_client_fields
@@ -40,6 +51,8 @@ class RequestScope:
 
     options: MemoryOptions
     stripped: list[str]
+    client_salt: str = ""
+    """The client's own cache_salt ("": none), combined into every salt the request gets."""
     prepared: list[PreparedPrompt] = field(default_factory=list)
     question: str = ""
     added: list[Any] = field(default_factory=list)
@@ -65,16 +78,27 @@ class MemoryContext:
         self.pending: set[asyncio.Task[Any]] = set()
         self.refusals: Counter[int] = Counter()
         """Requests answered with a 4xx status, by status (limits.CountRefusals)."""
-        self.served_users: set[str] = set()
-        """Users whose chats and completions were served with memory (a metric)."""
+        self.secret = plan_secret()
+        """The key of the salts (the process's plan secret: the engine's)."""
+        self.filter_pool = ThreadPoolExecutor(1, thread_name_prefix="inferscale-filters")
+        """Where memory calls with a metadata filter run (routes._call): not in the pool that
+        serves every chat's retrieval (asyncio.to_thread), so that no tenant's filters queue
+        another tenant's chats."""
 
     def scope(self, request: Any, raw_request: Any) -> RequestScope:
-        """Identity, access and stripped fields of a request (raises HttpError)."""
+        """Identity, access and stripped fields of a request (raises HttpError).
+
+        The request is salted with its tenant's salt (the client's own combined into it).
+        """
         headers = raw_request.headers if raw_request is not None else {}
         principal: Principal | None = getattr(getattr(raw_request, "state", None), "principal",
                                               None)
         options = identify(request, headers, self.default_k, principal)
-        return RequestScope(options, strip_client_fields(request))
+        scope = RequestScope(options, strip_client_fields(request),
+                             getattr(request, "cache_salt", None) or "")
+        request.cache_salt = tenant_salt(self.secret, principal.tenant if principal else "",
+                                         scope.client_salt)
+        return scope
 
     def check_add_size(self, num_facts: int) -> None:
         """Refuse (413) an add of more than max_add_facts facts or turns."""
@@ -106,6 +130,9 @@ class MemoryContext:
     async def add_facts(self, scope: RequestScope) -> None:
         """Store a request's memory.add facts (one transaction) before its answer is prepared.
 
+        Called once vLLM has validated and rendered the request (render_*), so that a request
+        vLLM refuses there stores nothing; a refusal after this point rolls the add back.
+
         Raises:
             HttpError: 413 over max_add_facts; 400 for a fact the memory refuses (nothing is
                 stored).
@@ -122,6 +149,17 @@ class MemoryContext:
         except InferScaleError as exc:
             raise http_error(exc, "memory.add: ") from None
         scope.timings["add"] = (time.perf_counter() - started) * 1e3
+
+    async def roll_back(self, scope: RequestScope) -> None:
+        """Delete the facts a refused request's memory.add stored (not those it found stored).
+
+        The facts' history keeps their ADD and DELETE.
+        """
+        added = [int(r.fact_id) for r in scope.added if r.event == "ADD"]
+        scope.added = []
+        if added:
+            await asyncio.to_thread(self.memory.delete, user_id=scope.options.user_id,
+                                    fact_ids=added)
 
     def write_back(self, options: MemoryOptions, question: str, answer: str) -> None:
         """Save the exchange as conversation turns, after the response (a background task)."""
@@ -140,6 +178,10 @@ class MemoryContext:
         """Wait for pending write-backs (tests, shutdown)."""
         while self.pending:
             await asyncio.gather(*list(self.pending), return_exceptions=True)
+
+    def close(self) -> None:
+        """Stop the filter pool (shutdown, after drain)."""
+        self.filter_pool.shutdown(wait=False, cancel_futures=True)
 
 
 def report(scope: RequestScope, raw_request: Any, final: Mapping[str, Any] | None,
@@ -192,9 +234,6 @@ class _Seam:
         try:
             scope = self._inferscale.scope(request, raw_request)
             scope.timings["identify"] = (time.perf_counter() - started) * 1e3
-            await self._inferscale.add_facts(scope)
-            if scope.options.active:
-                self._inferscale.served_users.add(scope.options.user_id)  # type: ignore[arg-type]
         except HttpError as exc:
             return self._refuse(exc)
         # Large memory adds wait between their chunks while a chat is served (memory/gate.py),
@@ -204,6 +243,10 @@ class _Seam:
         token = _SCOPE.set(scope)
         try:
             result = await create(request, raw_request)
+        except Exception:  # vLLM refused the request (its sampling parameters, say)
+            serving.close()
+            await self._inferscale.roll_back(scope)
+            raise
         except BaseException:
             serving.close()
             raise
@@ -212,12 +255,13 @@ class _Seam:
         if hasattr(result, "__aiter__"):
             return self._stream(scope, raw_request, result, serving)
         serving.close()
-        if hasattr(result, "choices"):
-            final = getattr(result, "kv_transfer_params", None)
-            result.kv_transfer_params = None
-            result.memory = report(scope, raw_request, final or {},
-                                   self._inferscale.replica_id)
-            self._inferscale.write_back(scope.options, scope.question, _answer_text(result))
+        if not hasattr(result, "choices"):  # an error response: nothing served
+            await self._inferscale.roll_back(scope)
+            return result
+        final = getattr(result, "kv_transfer_params", None)
+        result.kv_transfer_params = None
+        result.memory = report(scope, raw_request, final or {}, self._inferscale.replica_id)
+        self._inferscale.write_back(scope.options, scope.question, _answer_text(result))
         return result
 
     async def _stream(self, scope: RequestScope, raw_request: Any,
@@ -226,6 +270,8 @@ class _Seam:
             report(scope, raw_request, None, self._inferscale.replica_id)
             pieces: list[str] = []
             async for chunk in chunks:
+                if not pieces and _is_error(chunk):  # refused before its first token
+                    await self._inferscale.roll_back(scope)
                 pieces.append(_delta_text(chunk))
                 yield chunk
         self._inferscale.write_back(scope.options, scope.question, "".join(pieces))
@@ -240,7 +286,8 @@ class _Seam:
             timings["hop"] = (time.perf_counter() - submitted) * 1e3  # event loop -> thread
             return memory.prepare(  # type: ignore[no-any-return]
                 user_id=options.user_id, k=options.k, session_id=options.session_id,
-                recent_facts=options.recent_facts, timings=timings, **kwargs)
+                recent_facts=options.recent_facts, timings=timings,
+                client_salt=scope.client_salt, **kwargs)
 
         prepared = await asyncio.to_thread(prepare)
         timings["back"] = (time.perf_counter() - submitted) * 1e3 - sum(
@@ -250,10 +297,7 @@ class _Seam:
         new["prompt_token_ids"] = list(prepared.token_ids)
         new.pop("prompt", None)
         new.pop("prompt_token_offsets", None)
-        if prepared.plan is not None:
-            new["cache_salt"] = prepared.plan.cache_salt
-        else:
-            new.pop("cache_salt", None)
+        new["cache_salt"] = prepared.cache_salt  # the plan's, or the user's text_salt
         return new, prepared
 
     def _get_data_parallel_rank(self, raw_request: Any) -> int | None:
@@ -266,6 +310,14 @@ class _Seam:
         if scope is not None and scope.options.active:
             return self._inferscale.memory.engine.rank_of(scope.options.user_id)
         return super()._get_data_parallel_rank(raw_request)  # type: ignore[misc]
+
+    async def _add(self, scope: RequestScope) -> Any:
+        """Store the request's memory.add facts; None, or the error response refusing them."""
+        try:
+            await self._inferscale.add_facts(scope)
+        except HttpError as exc:
+            return self._refuse(exc)
+        return None
 
     def _refuse(self, error: HttpError) -> Any:
         return self._error(error.message, error.status, error.kind)
@@ -285,9 +337,12 @@ class MemoryServingChat(_Seam, OpenAIServingChat):
         started = time.perf_counter()
         result = await super().render_chat_request(request)
         scope = _SCOPE.get()
-        if scope is None or not scope.options.active or not isinstance(result, tuple):
+        if scope is None or not isinstance(result, tuple):
             return result
         scope.timings["vllm_render"] = (time.perf_counter() - started) * 1e3
+        refused = await self._add(scope)  # vLLM validated and rendered the request
+        if refused is not None or not scope.options.active:
+            return refused or result
         conversation, engine_inputs = result
         messages = [_plain(m) for m in conversation]
         scope.question = next((m["content"] for m in reversed(messages)
@@ -313,14 +368,17 @@ class MemoryServingCompletion(_Seam, OpenAIServingCompletion):
     async def render_completion_request(self, request: Any) -> Any:
         result = await super().render_completion_request(request)
         scope = _SCOPE.get()
-        if scope is None or not scope.options.active or not isinstance(result, list):
+        if scope is None or not isinstance(result, list):
             return result
-        if len(result) != 1:
+        if scope.options.active and len(result) != 1:
             return self._error("memory serves one prompt per completion request; send the "
                                "prompts separately or set memory.enabled=false", 400)
-        if getattr(request, "echo", False):  # the echo would be the facts' tokens, re-rendered
+        if scope.options.active and getattr(request, "echo", False):  # the facts' tokens
             return self._error("echo is not supported with memory (the prompt vLLM sees holds "
                                "the user's facts); set echo=false or memory.enabled=false", 400)
+        refused = await self._add(scope)  # vLLM validated and rendered the request
+        if refused is not None or not scope.options.active:
+            return refused or result
         tokenizer = self._inferscale.memory.engine.tokenizer
         first: dict[str, Any] = dict(result[0])
         ids = list(first["prompt_token_ids"])
@@ -362,6 +420,16 @@ def _answer_text(response: Any) -> str:
     message = getattr(choice, "message", None)
     return (getattr(message, "content", None) or "") if message is not None else (
         getattr(choice, "text", "") or "")
+
+
+def _is_error(chunk: str) -> bool:
+    """A streamed SSE chunk that reports an error (vLLM's refusal inside a stream)."""
+    if not chunk.startswith("data: {"):
+        return False
+    try:
+        return "error" in json.loads(chunk[6:])
+    except ValueError:
+        return False
 
 
 def _delta_text(chunk: str) -> str:

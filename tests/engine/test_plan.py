@@ -17,8 +17,12 @@ from inferscale_engine.protocol.plan import (
     SaveSpan,
     Segment,
     cache_salt,
+    client_salted,
     from_params,
     pack_token_ids,
+    save_salt,
+    tenant_salt,
+    text_salt,
 )
 
 SECRET = b"k" * 32
@@ -215,6 +219,29 @@ def test_wire_bytes_are_the_packed_keys_and_lengths():
                                      secret=SECRET)
     assert salted.cache_salt == cache_salt(SECRET, "alice", [1, 9, 4]) != cache_salt(
         SECRET, "bob", [1, 9, 4])
+
+
+def test_every_salt_is_keyed_and_apart():
+    """The salts of users' text prompts, tenants' requests, saves and plans never coincide,
+    differ per owner and per client salt, and need the secret."""
+    salts = [text_salt(SECRET, "alice"), text_salt(SECRET, "bob"), tenant_salt(SECRET, "alice"),
+             tenant_salt(SECRET, "acme"), tenant_salt(SECRET, ""), save_salt(SECRET, "alice"),
+             cache_salt(SECRET, "alice", [1]), text_salt(SECRET, "alice", "c1"),
+             text_salt(SECRET, "alice", "c2"), tenant_salt(SECRET, "acme", "c1"),
+             client_salted(SECRET, "s", "c1"), text_salt(b"o" * 32, "alice")]
+    assert len(set(salts)) == len(salts)
+    assert client_salted(SECRET, "s", "") == "s"  # no client salt: the server's alone
+
+
+def test_a_client_salt_is_combined_into_a_signed_plan():
+    plan = make_plan()
+    assert plan.with_client_salt(SECRET, "") is plan
+    mine = plan.with_client_salt(SECRET, "client-1")
+    assert mine.cache_salt == client_salted(SECRET, plan.cache_salt, "client-1")
+    assert mine.cache_salt != plan.cache_salt and mine.verify(SECRET)
+    assert mine.with_client_salt(SECRET, "client-2").cache_salt != mine.cache_salt
+    bound = InjectionPlan.bound(mine.to_params(), [5, 6, 7, 8, 9, 1], SECRET)
+    assert bound is not None and bound.cache_salt == mine.cache_salt
 
 
 json_values = st.recursive(

@@ -78,3 +78,33 @@ def test_an_unsalted_prompt_never_hits_a_saved_facts_blocks(engine):
     right = cached(secret)
     assert len(engine.prompts.fact_ids(secret)) >= 2 * 32  # the fact spans full blocks
     assert right == wrong and right <= len(preamble), (right, wrong, len(preamble))
+
+
+def test_text_prompts_are_salted_per_user(engine):
+    """Issue 52: a user's text prompt (text mode: the inspector's text answer, a fallback; no
+    facts: the served model's infer=True prompts) carries the user's text_salt. The same
+    user's repeat shares its blocks; another user's prompt repeating it exactly finds none of
+    it cached, and an unsalted one (a request without memory) nothing beyond the public
+    preamble."""
+    from vllm import TokensPrompt
+
+    def unsalted_cached(ids: list[int]) -> int:
+        out = engine.llm.generate([TokensPrompt(prompt_token_ids=ids)], [greedy(1)],
+                                  use_tqdm=False)[0]
+        return out.num_cached_tokens or 0
+
+    owner = MemoryHandle("text-a", tuple(engine.add_facts("text-a", [FACTS[1]])))
+    other = MemoryHandle("text-b", tuple(engine.add_facts("text-b", [FACTS[1]])))
+    question = [{"role": "user", "content": QUESTIONS[1]}]
+    for mine, theirs in ((owner, other), (MemoryHandle("text-c", ()), MemoryHandle("text-d", ()))):
+        ids = engine.render_prompt(mine, question).token_ids()
+        assert ids == engine.render_prompt(theirs, question).token_ids()  # the same prompt
+        first = engine.generate(mine, question, greedy(2), mode="text")
+        assert engine.generate(mine, question, greedy(2), mode="text").num_cached_tokens > 0
+        probe = engine.generate(theirs, question, greedy(2), mode="text")
+        assert probe.num_prompt_tokens == first.num_prompt_tokens == len(ids)
+        assert probe.num_cached_tokens == 0, "another user's text prompt hit this one's blocks"
+        # unsalted prompts share the public preamble's blocks with each other, nothing more
+        preamble = len(engine.prompts.preamble())
+        assert len(ids) // 32 * 32 > preamble  # a cacheable block beyond the preamble
+        assert unsalted_cached(ids) <= preamble, "an unsalted prompt hit a user's text prompt"

@@ -99,7 +99,7 @@ def auth(tenant: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {KEYS[tenant]}"}
 
 
-def metric(server: ServerProcess, name: str, timeout_s: float = 15.0) -> float:
+def metric(server: ServerProcess, name: str, timeout_s: float = 60.0) -> float:
     """One InferScale counter or gauge from the server's /metrics (present from the first
     snapshot on, taken right after start-up)."""
     deadline = time.monotonic() + timeout_s
@@ -114,8 +114,9 @@ def metric(server: ServerProcess, name: str, timeout_s: float = 15.0) -> float:
 
 
 def wait_metric(server: ServerProcess, name: str, at_least: float,
-                timeout_s: float = 20.0) -> float:
-    """Poll /metrics until `name` reaches `at_least` (the snapshot refreshes every 2 s)."""
+                timeout_s: float = 60.0) -> float:
+    """Poll /metrics until `name` reaches `at_least` (the snapshot refreshes every 2 s; the
+    bound is on waiting, generous for a loaded machine, and ends once it is reached)."""
     deadline = time.monotonic() + timeout_s
     value = metric(server, name)
     while value < at_least and time.monotonic() < deadline:

@@ -277,3 +277,71 @@ def test_an_unsalted_prompt_never_hits_a_saved_facts_blocks(http, model, tiny_mo
     right, guess = cached(save_prompt), cached(wrong)
     assert right == guess and right <= len(preamble), (right, guess, len(preamble),
                                                         len(save_prompt))
+
+
+def _deep_and(user: str, depth: int) -> dict:
+    filters: dict = {"topic": "home"}
+    for _ in range(depth):
+        filters = {"AND": [filters]}
+    return {"user_id": user, **filters}
+
+
+def test_filters_are_checked_before_evaluation_on_every_route(http, user_a):
+    from inferscale_engine.memory.filters import MAX_FILTER_LIST
+    from inferscale_engine.server.limits import MAX_FILTER_BODY_BYTES
+
+    added = http.post("/v1/memories", headers=auth("a"), json={
+        "user_id": user_a, "texts": FACTS[:2], "metadata": {"topic": "home"}})
+    assert added.status_code == 200, added.text
+    assert http.post("/v1/memories", headers=auth("a"), json={
+        "user_id": user_a, "texts": FACTS[2:4], "metadata": {"topic": "work"}}).status_code == 200
+    routes = [("/v3/memories/search/", {"query": "chess"}), ("/v3/memories/", {}),
+              ("/v1/memories/search", {"query": "chess"})]
+    for path, body in routes:
+        def post(filters: dict, path=path, body=body) -> httpx.Response:
+            return http.post(path, headers=auth("a"), json={**body, "filters": filters})
+
+        for filters, words in [
+                ({"AND": {"user_id": user_a}}, "AND takes a list of filters"),
+                ({"user_id": user_a, "OR": {"topic": "home"}}, "OR takes a list"),
+                ({"user_id": user_a, "NOT": [{"topic": "home"}]}, "NOT takes a filter"),
+                (_deep_and(user_a, 350), "nests deeper than"),
+                ({"user_id": user_a, "topic": {"$in": list(range(MAX_FILTER_LIST + 1))}},
+                 f"at most {MAX_FILTER_LIST}")]:
+            refused = post(filters)
+            assert refused.status_code == 400, (path, refused.text[:300])
+            assert words in _message(refused), (path, _message(refused))
+        # the connection that carried the refusals still serves, and filters select
+        found = post({"AND": [{"user_id": user_a}, {"topic": "work"}]})
+        assert found.status_code == 200, found.text
+        assert sorted(r["memory"] for r in found.json()["results"]) == sorted(FACTS[2:4])
+        huge = {"user_id": user_a, "topic": {"$in": ["x" * 64] * (MAX_FILTER_BODY_BYTES // 64)}}
+        too_big = post(huge)
+        assert too_big.status_code == 413, (path, too_big.text[:200])
+        assert str(MAX_FILTER_BODY_BYTES) in _message(too_big)
+
+
+def test_infer_counters_and_the_users_held_are_on_metrics(server, http, model, user_a):
+    """infer_calls / infer_invalid are exported; inferscale_served_users counts the users whose
+    state the server holds, not every user id it was ever asked about."""
+    def infer(text: str) -> bool:
+        """An add(infer=True) of user_a's; whether user_a has facts after it."""
+        inferred = http.post("/v3/memories/add/", headers=auth("a"), json={
+            "user_id": user_a, "infer": True, "messages": [{"role": "user", "content": text}]})
+        assert inferred.status_code == 200, inferred.text
+        return bool(http.get("/v1/memories", params={"user_id": user_a},
+                             headers=auth("a")).json()["results"])
+
+    calls = metric(server, "inferscale_infer_calls_total")
+    had = infer("I live in Oslo and keep two cats.")
+    # the snapshot that counts this call was taken after it, and after every earlier write
+    assert wait_metric(server, "inferscale_infer_calls_total", calls + 1) == calls + 1
+    assert metric(server, "inferscale_infer_invalid_total") >= 0
+    held = metric(server, "inferscale_served_users")
+    for n in range(5):  # users without facts: answered, nothing held for them
+        response = http.post("/v1/chat/completions", headers=auth("a"),
+                             json=_chat(model, user=f"{user_a}-nobody-{n}"))
+        assert response.status_code == 200, response.text
+    has = infer("My sister lives in Rome.")
+    assert wait_metric(server, "inferscale_infer_calls_total", calls + 2) == calls + 2
+    assert metric(server, "inferscale_served_users") == held + (has and not had)

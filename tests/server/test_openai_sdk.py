@@ -98,7 +98,7 @@ def test_write_saves_the_exchange_after_the_response(model, openai_a, client_a, 
         model=model, messages=[{"role": "user", "content": question}], user=user_a,
         extra_body={"memory": {"write": True, "session_id": "s1"}}, max_tokens=MAX_TOKENS)
     answer = completion.choices[0].message.content.strip()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a bound on waiting for the background add, not speed
     stored = {}
     while question not in stored and time.monotonic() < deadline:
         time.sleep(0.3)

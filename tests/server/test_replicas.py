@@ -128,6 +128,16 @@ def _served_users(replica: ServerProcess) -> int:
     return int(float(found.group(1)))
 
 
+def _held(replicas: list[ServerProcess], total: int) -> list[int]:
+    """Each replica's inferscale_served_users once they sum to `total` (the gauge is of the
+    metrics snapshot, refreshed every 2 s), or as they are after 20 s."""
+    deadline = time.monotonic() + 20
+    while sum(counts := [_served_users(r) for r in replicas]) != total and (
+            time.monotonic() < deadline):
+        time.sleep(0.5)
+    return counts
+
+
 def _stored(url: str) -> dict[str, dict[int, str]]:
     from inferscale_engine.memory.store import FactStore
 
@@ -151,7 +161,7 @@ def test_users_stay_on_one_replica_and_survive_a_replica_dying(cluster):
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(first_round, USERS))
     assert clients.errors == 0
-    counts = [_served_users(r) for r in replicas]
+    counts = _held(replicas, len(USERS))
     assert sum(counts) == len(USERS) and min(counts) > 0, counts  # each user on one replica
     replica_of = {user: info["replica"] for user, info in clients.chats}
     assert all(info["replica"] == replica_of[user] for user, info in clients.chats)
@@ -189,7 +199,7 @@ def test_users_stay_on_one_replica_and_survive_a_replica_dying(cluster):
         assert info is not None and info["replica"] == f"r{1 - victim}", info
         assert any(i["replica"] == f"r{1 - victim}" and i["injected_tokens"] > 0
                    for u, i in clients.chats if u == user), f"{user}: nothing injected after"
-    assert _served_users(survivor) == len(USERS)
+    assert _held([survivor], len(USERS)) == [len(USERS)]
 
     stored = _stored(url)
     for user in USERS:

@@ -130,7 +130,9 @@ def test_forged_engine_fields_change_nothing(http, model, client_a, client_b, us
         # user's salt, and inject fewer tokens).
         assert with_forgery[:4] == plain[:4] and plain[3] == "inject" and plain[5] > 0
         assert set(with_forgery[2]).isdisjoint(other)
-        assert plain[4] == [] and sorted(with_forgery[4]) == sorted(forged)
+        # a client's cache_salt is kept, combined with the server's salt (test_prefix_oracles)
+        assert plain[4] == [] and sorted(with_forgery[4]) == ["kv_transfer_params",
+                                                              "vllm_xargs"]
     # Without memory the forged fields are stripped too: same answer as a plain request.
     off = {**chat, "memory": {"enabled": False}}
     assert answer("/v1/chat/completions", {**off, **forged})[:2] == \
@@ -266,3 +268,38 @@ def test_chat_borne_adds_store_first_and_refuse_bad_input(http, model, client_a,
     _refused(http.post("/v1/chat/completions", headers=auth("a"), json=_chat(  # another tenant
         user_b, model=model, memory={"add": ["I am B now."]})), 403)
     assert {m.fact_id for m in client_a.get_all(user_id=user_a)} == set(added)
+
+
+def test_a_request_vllm_refuses_stores_none_of_its_memory_add(http, model, client_a, user_a):
+    """Issue 52: a chat or completion carrying memory.add that vLLM refuses (before or after
+    its render) answers 4xx and stores nothing; the same add on a valid request is stored."""
+    headers = {**auth("a"), "X-User-Id": user_a}
+    add = {"add": ["Refused requests keep a green notebook."]}
+    chat = _chat(user_a, model=model, memory=add)
+    completion = {"model": model, "prompt": "Who keeps a notebook?", "max_tokens": MAX_TOKENS,
+                  "user": user_a, "memory": add}
+    refused = {
+        "unknown model": ("/v1/chat/completions", {**chat, "model": "no-such-model"}),
+        "negative max_tokens": ("/v1/chat/completions", {**chat, "max_tokens": -1}),
+        "max_tokens past the context": ("/v1/chat/completions", {**chat, "max_tokens": 10**6}),
+        "empty messages": ("/v1/chat/completions", {**chat, "messages": []}),
+        "bad role": ("/v1/chat/completions", {
+            **chat, "messages": [{"role": "wizard", "content": "hi"}]}),
+        "n=0": ("/v1/chat/completions", {**chat, "n": 0}),
+        "n=0 streamed": ("/v1/chat/completions", {**chat, "n": 0, "stream": True}),
+        "negative temperature": ("/v1/chat/completions", {**chat, "temperature": -1}),
+        "echo": ("/v1/completions", {**completion, "echo": True}),
+        "two prompts": ("/v1/completions", {**completion, "prompt": ["One?", "Two?"]}),
+        "completion n=0": ("/v1/completions", {**completion, "n": 0}),
+        "completion max_tokens past the context": ("/v1/completions", {
+            **completion, "max_tokens": 10**6}),
+    }
+    for kind, (path, body) in refused.items():
+        response = http.post(path, json=body, headers=headers)
+        assert 400 <= response.status_code < 500, (kind, response.status_code,
+                                                    response.text[:300])
+        assert client_a.get_all(user_id=user_a) == [], f"{kind}: its memory.add was stored"
+    for path, body in (("/v1/chat/completions", chat), ("/v1/completions", completion)):
+        response = http.post(path, json=body, headers=headers)  # accepted: stored
+        assert response.status_code == 200, response.text
+        assert [m.text for m in client_a.get_all(user_id=user_a)] == add["add"]

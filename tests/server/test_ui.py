@@ -23,6 +23,10 @@ require_browser()
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
+POLLS_MS = 60_000
+"""How long the panel's own refreshes may take to show before the test gives up: a bound on
+waiting, not on speed (it ends as soon as they show)."""
+
 FACTS = [
     "Caroline moved to Lisbon in 2021 and works as a pottery teacher.",
     "Caroline's dog is a beagle named Pepper.",
@@ -357,9 +361,9 @@ def test_the_server_panel_shows_the_metrics_and_refreshes(ui, http, caroline):
                                                           "question": "Where does she live?",
                                                           "max_tokens": 2})
         page.wait_for_function("t => document.querySelector('#server-updated')?.dataset.time "
-                               "!== t", arg=first, timeout=15000)
+                               "!== t", arg=first, timeout=POLLS_MS)
         page.wait_for_function("() => /\\/s$/.test(document.querySelector('#stat-rate')"
-                               ".textContent)", timeout=15000)  # a rate needs two polls
+                               ".textContent)", timeout=POLLS_MS)  # a rate needs two polls
         admin.shot("server")
     finally:
         admin.close()

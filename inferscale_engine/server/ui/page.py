@@ -55,14 +55,18 @@ def check_same_origin(request: Request) -> None:
     """Refuse (403) a POST or DELETE that the browser says comes from another site.
 
     Requests without these headers (API clients, curl) pass: they carry the key themselves.
-    Behind a proxy, keep the Host header (nginx: proxy_set_header Host $host).
+    Host alone proves nothing (a DNS-rebinding page sends its own name as Host and Origin, and
+    Sec-Fetch-Site: same-origin): the Origin must also name a host the server answers
+    (server/hosts.py). Behind a proxy, keep the Host header (nginx: proxy_set_header Host $host).
     """
     if request.method in ("GET", "HEAD", "OPTIONS"):
         return
     origin = request.headers.get("origin")
     site = request.headers.get("sec-fetch-site")
     host = request.headers.get("host", "")
-    if (origin is not None and (origin == "null" or urlsplit(origin).netloc != host)) or (
+    netloc = urlsplit(origin).netloc if origin is not None else None
+    if (netloc is not None and (origin == "null" or netloc != host
+                                or not request.app.state.allowed_hosts.allows(netloc))) or (
             site is not None and site not in ("same-origin", "none")):
         raise HttpError(403, f"cross-site write refused (Origin {origin!r:.80}, Sec-Fetch-Site "
                              f"{site!r:.20}); use the inspector served by this server",

@@ -350,11 +350,13 @@ def test_steps_of_any_size_and_offset_reuse_one_compiled_kernel() -> None:
         torch.cuda.synchronize()
         return time.perf_counter() - begin
 
-    step(0, 16)  # the one compilation
+    first = step(0, 16)  # the one compilation
     later = [step(start, count) for start, count in
              ((0, 1), (1, 16), (3, 17), (2, 32), (5, 64), (0, 88), (7, 33))]
-    print(f"[gpu] launches after the first: max {max(later) * 1e3:.2f} ms")
-    assert max(later) < 0.05, later
+    print(f"[gpu] first launch {first * 1e3:.2f} ms, later ones: max {max(later) * 1e3:.2f} ms")
+    # Relative to the first launch on the same GPU, not a time limit: a later launch that
+    # compiled again (a new specialization for an unaligned slice) would take about as long.
+    assert max(later) < first / 10, (first, later)
 
 
 @pytest.mark.parametrize("direction", ["inject", "capture"])

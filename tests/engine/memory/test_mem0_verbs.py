@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from inferscale_engine.errors import InvalidRequestError
-from tests.conftest import FACTS, QUESTIONS
+from tests.conftest import FACTS, QUESTIONS, greedy
 
 pytestmark = pytest.mark.vllm
 
@@ -57,3 +57,15 @@ def test_history_shows_every_change_of_a_fact(fresh_memory):
     assert memory.history(user_id="dog", fact_id=added.fact_id) == []  # not another user's
     memory.reset(user_id="cat")
     assert memory.history(user_id="cat", fact_id=added.fact_id) == []
+
+
+def test_only_users_with_facts_hold_serving_state_on_a_private_store(fresh_memory):
+    memory = fresh_memory
+    (added,) = memory.add(user_id="dee", texts=FACTS[:1])
+    assert memory.stats().num_served_users == 1
+    for n in range(5):  # searched and answered without facts: nothing held for them
+        memory.search(user_id=f"nobody-{n}", query=QUESTIONS[0])
+        memory.generate(user_id=f"nobody-{n}", query=QUESTIONS[0], sampling=greedy(2))
+    assert memory.stats().num_served_users == 1
+    memory.delete(user_id="dee", fact_ids=[added.fact_id])  # no facts left: nothing held
+    assert memory.stats().num_served_users == 0

@@ -130,3 +130,28 @@ def test_own_writes_keep_the_user_synced(engine, shared):
         other.add("carol", [FACTS[3]])  # then someone else writes: read again
         assert FACTS[3] in served_texts(memory, "carol", FACTS[3])
         assert memory.stats().counters["synced_users"] == 2
+
+
+def test_the_users_held_are_bounded_and_a_released_one_is_read_again(engine, shared):
+    """Issue 52: serving state grew by one user for every id ever asked about. A replica holds
+    at most max_served_users users of the shared store; the least recently served beyond that
+    is released (its facts leave the engine and the index) and read again on its next use."""
+    url, other = shared
+    for user, texts in (("ann", FACTS[:2]), ("ben", FACTS[2:4]), ("cal", FACTS[4:])):
+        other.add(user, texts)
+    with Memory(engine, url, HashEmbedder(), startup="lazy", progress_bar=False,
+                max_served_users=2) as memory:
+        assert served_texts(memory, "ann", FACTS[0]) and served_texts(memory, "ben", FACTS[2])
+        assert memory.stats().num_served_users == 2
+        assert set(served_texts(memory, "cal", FACTS[4])) == set(FACTS[4:])
+        stats = memory.stats()
+        assert stats.num_served_users == 2 and stats.counters["released_users"] == 1
+        assert memory.engine.get_facts("ann") == []  # released: no longer registered
+        assert stats.num_indexed == len(FACTS[2:])
+        for n in range(5):  # ids without facts are held the same way: within the bound
+            assert served_texts(memory, f"nobody-{n}", "anything") == []
+            assert memory.stats().num_served_users == 2
+        kv = memory.generate(user_id="ann", query=FACTS[0], k=2, sampling=greedy(4))
+        assert kv.plan_status == "inject" and kv.num_injected_tokens > 0  # read again
+        assert sorted(served_texts(memory, "ann", FACTS[1])) == sorted(FACTS[:2])
+        assert memory.stats().num_served_users == 2
