@@ -135,31 +135,43 @@ class PostgresDatabase(Database):
         committed after it. Inside one snapshot every read sees exactly what was committed
         when the first one ran; what commits later moves its user's version (schema.py).
         """
+        from psycopg.pq import TransactionStatus
+
         self._check_open()
-        pool, conn = self._checkout()
+        pool, conn = self._snapshot_connection(what)
+
+        def query(sql: str, args: Sequence[Any] = ()) -> list[Any]:
+            return _run(conn, sql, args).fetchall()
+
         try:
-            try:
-                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            except self._errors:
-                if not _broken(conn):
-                    raise
-                pool.putconn(conn)  # dropped (a restart): once more, on a checked connection
-                self._suspect = True
-                pool, conn = self._checkout()
-                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-
-            def query(sql: str, args: Sequence[Any] = ()) -> list[Any]:
-                return _run(conn, sql, args).fetchall()
-
             yield query
-            if not _broken(conn):
-                conn.execute("ROLLBACK")  # read only: nothing to commit
         except self._errors as exc:
             self._suspect = self._suspect or _broken(conn)
             raise StoreError(f"{what} failed reading {self.name!r}: {self._describe(exc)}; "
                              f"{self._write_hint}, then start it again") from exc
-        finally:
-            pool.putconn(conn)  # a connection left in a transaction is rolled back by the pool
+        finally:  # done, failed or abandoned: end the read-only transaction (nothing to commit)
+            if not _broken(conn) and conn.info.transaction_status != TransactionStatus.IDLE:
+                try:
+                    conn.execute("ROLLBACK")
+                except self._errors:
+                    pass  # lost meanwhile: the pool replaces it
+            pool.putconn(conn)
+
+    def _snapshot_connection(self, what: str) -> tuple[psycopg_pool.ConnectionPool[Any],
+                                                       psycopg.Connection[tuple[Any, ...]]]:
+        """A connection in a read-only REPEATABLE READ transaction (once more if it dropped)."""
+        for attempt in range(2):
+            pool, conn = self._checkout()
+            try:
+                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                return pool, conn
+            except self._errors as exc:
+                pool.putconn(conn)
+                if attempt or not _broken(conn):
+                    raise StoreError(f"{what} failed reading {self.name!r}: "
+                                     f"{self._describe(exc)}; {self._write_hint}") from exc
+                self._suspect = True  # dropped (a restart): once more, on a checked connection
+        raise AssertionError("the loop returns or raises")
 
     # ---- connections ---------------------------------------------------------------------
     @contextmanager
@@ -192,7 +204,7 @@ class PostgresDatabase(Database):
 
         with self._pool_lock:
             if self._suspect:  # the server may have restarted: every pooled connection is dead
-                self._connect().close()  # still unreachable: StoreError now, with the reason
+                self._probe()  # still unreachable: StoreError now, with the reason
                 old, self._pool = self._pool, self._new_pool()
                 old.close(timeout=0)  # connections in use are closed when they come back
                 self._suspect = False
@@ -203,9 +215,17 @@ class PostgresDatabase(Database):
             self._check_open()
             return self._checkout()
         except psycopg_pool.PoolTimeout as exc:
-            self._connect().close()  # the server went away: StoreError with the reason
+            self._probe()  # the server went away: StoreError with the reason
             raise StoreError(f"no free connection to {self.name!r} for {WAIT_S:.0f} s: all "
                              f"{MAX_CONNECTIONS} are busy; retry later") from exc
+
+    def _probe(self) -> None:
+        """Connect once, to see that the server answers (StoreError with the reason if not)."""
+        try:
+            self._connect().close()
+        except StoreError:
+            self._suspect = True
+            raise
 
     def _new_pool(self) -> psycopg_pool.ConnectionPool[Any]:
         import psycopg_pool

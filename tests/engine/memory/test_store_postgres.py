@@ -190,12 +190,23 @@ def test_a_connection_lost_while_committing_says_the_outcome_is_unknown(postgres
 def test_a_call_whose_idle_connection_was_dropped_runs_again_once(postgres_url):
     """An idle pooled connection that the server ended (a failover, idle_session_timeout): the
     next call finds it dead, wrote nothing, and runs once more on a new connection."""
+    import psycopg
+
     with FactStore(postgres_url) as fact_store:
         add(fact_store, "u", ["before"])
         terminate_all(postgres_url)
         assert len(add(fact_store, "u", ["after"])) == 1  # a write, as the first call
         terminate_all(postgres_url)
         assert [f.text for f in fact_store.get_all(user_id="u")] == ["before", "after"]  # a read
+        terminate_all(postgres_url)
+        scan = fact_store.iter_all(batch_size=1)  # a scan, on a connection of its own
+        assert [f.text for f in next(scan)] == ["before"]
+        scan.close()  # abandoned: its snapshot transaction ends with it
+        assert [f.text for b in fact_store.iter_all() for f in b] == ["before", "after"]
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            assert admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                                 "current_database() AND state LIKE 'idle in transaction%'"
+                                 ).fetchone()[0] == 0
 
 
 def test_the_first_call_after_a_database_restart_succeeds():
