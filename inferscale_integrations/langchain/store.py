@@ -135,7 +135,8 @@ class KVMemoryStore(BaseStore):
                 (other values: the value as JSON).
             fields: LangGraph's index fields (paths such as "title", "notes[*].text", "$"):
                 each text they hold is embedded on its own. A put's `index=[...]` overrides
-                them for its item, `index=False` leaves the item out of query search.
+                them for its item; `index=False` leaves it unranked: a query search returns it
+                after the ranked items, with score None (as LangGraph's InMemoryStore does).
         """
         self._memory = memory if not isinstance(memory, str) else None
         self._name = check_name(memory) if isinstance(memory, str) else None
@@ -258,8 +259,8 @@ class KVMemoryStore(BaseStore):
                                           strict=True):
                     if fact_id in item_of:  # best first: an item scores by its best field
                         scores.setdefault(item_of[fact_id], score)
-            listed = sorted((facts for facts in listed if _id(facts) in scores),
-                            key=lambda facts: -scores[_id(facts)])  # index=False: not ranked
+            ranked = sorted(range(len(listed)), key=lambda i: -scores.get(_id(listed[i]), -2.0))
+            listed = [listed[i] for i in ranked]  # then the unranked (index=False), score None
         end = op.offset + op.limit
         return [_item(facts, KVSearchItem, scores.get(_id(facts))) for facts in listed[
             op.offset:end]]

@@ -83,13 +83,14 @@ def test_search_ranks_filters_and_pages(store, ns):
     store.put(ns, "2", {"text": "Caroline adopted a dog named Pepper.", "year": 2021})
     store.put(ns, "3", {"text": "Melanie paints landscapes on weekends.", "year": 2022})
     store.put(ns, "4", {"text": "Caroline's dog Pepper loves the beach.", "year": 2023},
-              index=False)  # not searchable by query, still listed
+              index=False)  # not ranked by a query: after the ranked items, score None
     found = store.search(ns, query="Caroline dog Pepper", limit=3)
     assert all(isinstance(i, KVSearchItem) for i in found)
     assert found[0].key == "2" and "4" not in {i.key for i in found}
     assert [i.score for i in found] == sorted((i.score for i in found), reverse=True)
-    assert [i.key for i in store.search(ns, query="Caroline dog Pepper",
-                                        filter={"year": {"$gte": 2020}})] == ["2", "3"]
+    assert [(i.key, i.score is None) for i in store.search(
+        ns, query="Caroline dog Pepper", filter={"year": {"$gte": 2020}})] == [
+        ("2", False), ("3", False), ("4", True)]
     assert [i.key for i in store.search(ns, filter={"year": 2023})] == ["4"]
     assert [i.key for i in store.search(ns, limit=2, offset=1)] == ["2", "3"]
     assert [i.key for i in store.search(ns, filter={"OR": [{"year": 2019}, {"year": 2023}]})
