@@ -14,6 +14,7 @@ from inferscale_engine.checks import check_half_scan_min_rows
 from inferscale_engine.config import EngineConfig
 from inferscale_engine.errors import ConfigError, InvalidRequestError
 from inferscale_engine.memory.sql import is_url
+from inferscale_engine.memory.sql.sqlite import private_folder
 from inferscale_engine.memory.store import FactStore
 
 DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -102,7 +103,7 @@ def check_startup(value: object) -> str:
 
 
 def open_store(store: FactStore | str | os.PathLike[str]) -> FactStore:
-    """`store`, or the FactStore at that path (its folder created if missing) or URL."""
+    """`store`, or the FactStore at that path (missing folders created 0700) or URL."""
     if isinstance(store, FactStore):
         return store
     if not isinstance(store, str | os.PathLike):
@@ -113,5 +114,5 @@ def open_store(store: FactStore | str | os.PathLike[str]) -> FactStore:
         return FactStore(path)
     path = os.path.expanduser(path)
     if path != ":memory:":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        private_folder(Path(path).parent)
     return FactStore(path)

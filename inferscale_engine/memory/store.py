@@ -9,11 +9,12 @@ sql/ holds what differs between them, so this module is the same for both.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 from inferscale_engine.checks import (
     check_fact_ids,
@@ -41,12 +42,31 @@ from inferscale_engine.memory.records import (
     turn_rows,
 )
 from inferscale_engine.memory.sql import Database, open_database, schema
+from inferscale_engine.memory.sql.database import ConnectionLostError
 
 _IDS_PER_QUERY = 500  # stays under SQLITE_MAX_VARIABLE_NUMBER of every SQLite build (999)
 _FACT_COLUMNS = ("fact_id, user_id, session_id, text, token_ids, embedding, metadata, "
                  "created_at, updated_at")
 _TURN_COLUMNS = "turn_id, user_id, session_id, role, content, created_at"
 _FINGERPRINT_KEY = "fingerprint"
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _retried(call: Callable[_P, _R]) -> Callable[_P, _R]:
+    """The call, run once more if its connection was lost before it did anything.
+
+    A restart or failover of PostgreSQL drops every open connection; the call that finds its
+    connection dead wrote nothing (ConnectionLostError), so it runs again, once, on a checked
+    connection. A second loss, or one while committing, reaches the caller as a StoreError.
+    """
+    @functools.wraps(call)
+    def once_more(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return call(*args, **kwargs)
+        except ConnectionLostError:
+            return call(*args, **kwargs)
+    return once_more
 
 
 class FactStore:
@@ -77,7 +97,7 @@ class FactStore:
         self._db: Database = open_database(os.fspath(path), synchronous=synchronous,
                                            busy_timeout_ms=busy_timeout_ms)
         try:
-            schema.migrate(self._db)
+            _retried(schema.migrate)(self._db)
         except BaseException:
             self._db.close()
             raise
@@ -96,6 +116,7 @@ class FactStore:
         return self._db.shared
 
     # ---- facts -------------------------------------------------------------------------
+    @_retried
     def add_facts(self, *, user_id: str, texts: Sequence[str],
                   token_ids: Sequence[Sequence[int]], embeddings: Sequence[Any],
                   metadata: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
@@ -152,6 +173,7 @@ class FactStore:
             history.record(db, user_id, ((i, "ADD", None, t) for i, t in zip(ids, texts)), now)
             return ids
 
+    @_retried
     def get(self, *, user_id: str, fact_ids: Sequence[int]) -> list[StoredFact]:
         """The user's facts with these ids, in the order asked.
 
@@ -166,6 +188,7 @@ class FactStore:
         _raise_missing(user_id, [i for i in ids if i not in found])
         return [found[i] for i in ids]
 
+    @_retried
     def get_all(self, *, user_id: str) -> list[StoredFact]:
         """All facts of a user, oldest first (by fact id, which only grows)."""
         user_id = check_user_id(user_id)
@@ -174,6 +197,7 @@ class FactStore:
                 f"SELECT {_FACT_COLUMNS} FROM facts WHERE user_id = ? ORDER BY fact_id",
                 (user_id,))]
 
+    @_retried
     def update(self, *, user_id: str, fact_id: int, text: str, token_ids: Sequence[int],
                embedding: Any, metadata: Mapping[str, Any] | None = None) -> StoredFact:
         """Replace a fact's text, token ids and embedding; metadata=None keeps the old one.
@@ -203,6 +227,7 @@ class FactStore:
             history.record(db, user_id, [(fact_id, "UPDATE", before[0], text)], row[8])
         return fact_from_row(row)
 
+    @_retried
     def delete(self, *, user_id: str, fact_ids: Sequence[int]) -> None:
         """Delete the user's facts, all or none (FactNotFoundError: an unknown or foreign id)."""
         user_id = check_user_id(user_id)
@@ -217,6 +242,7 @@ class FactStore:
             db.executemany("DELETE FROM facts WHERE fact_id = ?", [(i,) for i in ids])
             history.record(db, user_id, [(i, "DELETE", existing[i], None) for i in ids], now)
 
+    @_retried
     def reset(self, *, user_id: str) -> list[FactId]:
         """Delete all facts, turns and history of a user; returns the deleted fact ids."""
         user_id = check_user_id(user_id)
@@ -229,6 +255,7 @@ class FactStore:
             history.erase_user(db, user_id)
         return fact_ids
 
+    @_retried
     def history(self, *, user_id: str, fact_id: int) -> list[history.HistoryEvent]:
         """A fact's ADD / UPDATE / DELETE events, oldest first ([] if the user never had it)."""
         user_id = check_user_id(user_id)
@@ -237,6 +264,7 @@ class FactStore:
             return history.read(db, user_id, fact_id)
 
     # ---- turns -------------------------------------------------------------------------
+    @_retried
     def add_turns(self, *, user_id: str, session_id: str | None,
                   turns: Sequence[tuple[str, str]]) -> list[int]:
         """Append (role, content) messages to a session in one transaction; returns turn ids."""
@@ -248,6 +276,7 @@ class FactStore:
         with self._db.transaction("add_turns") as db:
             return _insert_turns(db, user_id, session_id, rows, now)
 
+    @_retried
     def recent_turns(self, *, user_id: str, session_id: str | None,
                      limit: int = 20) -> list[Turn]:
         """The last `limit` turns of a session, oldest first."""
@@ -260,12 +289,14 @@ class FactStore:
                               (user_id, *args, limit)).fetchall()
         return [Turn(*row) for row in reversed(rows)]
 
+    @_retried
     def sessions(self, *, user_id: str) -> list[turn_log.Session]:
         """Every session of a user with turns (None: turns without one), latest first."""
         user_id = check_user_id(user_id)
         with self._db.reading("sessions") as db:
             return turn_log.sessions(db, user_id)
 
+    @_retried
     def recent_facts(self, *, user_id: str, limit: int = 20,
                      session_id: str | None = None) -> list[StoredFact]:
         """The user's last `limit` facts (of one session, if given), oldest first."""
@@ -277,6 +308,7 @@ class FactStore:
                               "ORDER BY fact_id DESC LIMIT ?", (user_id, *args, limit)).fetchall()
         return [fact_from_row(row) for row in reversed(rows)]
 
+    @_retried
     def owner(self, fact_id: int) -> str | None:
         """The user a fact id belongs (or, deleted, belonged) to, or None (no such fact)."""
         (fact_id,) = check_fact_ids([fact_id], "fact_id")
@@ -287,12 +319,14 @@ class FactStore:
         return None if row is None else str(row[0])
 
     # ---- whole store -------------------------------------------------------------------
+    @_retried
     def users(self) -> list[str]:
         """Every user with facts or turns, sorted."""
         with self._db.reading("users") as db:  # sorted here: the same order in every database
             return sorted(r[0] for r in db.execute(
                 "SELECT user_id FROM facts UNION SELECT user_id FROM turns"))
 
+    @_retried
     def count(self, *, user_id: str | None = None) -> int:
         """Number of facts of one user, or of all users when user_id is None."""
         with self._db.reading("count") as db:
@@ -304,27 +338,32 @@ class FactStore:
     def iter_all(self, batch_size: int = 256) -> Iterator[list[StoredFact]]:
         """Every fact of every user in id order, in batches (to rebuild KV and the index).
 
-        The lock is held per batch only, so writes from other threads (or, on a shared
-        database, processes) may interleave; facts added meanwhile with larger ids are yielded
-        too.
+        Other calls may run between batches. On PostgreSQL, whose writers commit in any order,
+        the batches come from one snapshot (REPEATABLE READ): paging by id alone could pass a
+        fact committed late with a smaller id yet yield facts committed after it. What commits
+        after the first batch is not yielded then; it moves its user's version (user_version).
+        On SQLite ids are given in commit order, so paging by id passes nothing; facts
+        committed meanwhile with larger ids are yielded too.
         """
         check_int(batch_size, "batch_size", 1, ConfigError)
-        last_id = 0
-        while True:
-            with self._db.reading("iter_all") as db:
-                batch = [fact_from_row(row) for row in db.execute(
+        with self._db.snapshot("iter_all") as query:
+            last_id = 0
+            while True:
+                batch = [fact_from_row(row) for row in query(
                     f"SELECT {_FACT_COLUMNS} FROM facts WHERE fact_id > ? ORDER BY fact_id "
                     "LIMIT ?", (last_id, batch_size))]
-            if not batch:
-                return
-            last_id = batch[-1].fact_id
-            yield batch
+                if not batch:
+                    return
+                last_id = batch[-1].fact_id
+                yield batch
 
+    @_retried
     def fingerprint(self) -> str | None:
         """The stored model fingerprint (model + tokenizer identity), or None if never set."""
         with self._db.reading("fingerprint") as db:
             return schema.get_meta(db, _FINGERPRINT_KEY)
 
+    @_retried
     def set_fingerprint(self, value: str) -> None:
         """Record the fingerprint of the model and tokenizer the stored facts were made with."""
         value = check_text(value, "fingerprint", ConfigError, strip=False)
@@ -332,11 +371,13 @@ class FactStore:
             schema.set_meta(db, _FINGERPRINT_KEY, value)
 
     @property
+    @_retried
     def schema_version(self) -> int:
         """Schema version of the open database."""
         with self._db.reading("schema_version") as db:
             return int(schema.get_meta(db, schema.VERSION_KEY) or 0)
 
+    @_retried
     def user_version(self, user_id: str) -> int:
         """A number that grows with every committed change of the user's facts; 0 if never written.
 

@@ -2,13 +2,15 @@
 
 `create_agent(..., store=KVMemoryStore(memory))` (or `create_react_agent`, or any graph's
 `compile(store=...)`) gives tools and nodes `runtime.store`: put, get, search, delete and
-list_namespaces work as with LangGraph's own stores. Each namespace is one memory scope (the
-KV salt, the retrieval index and the deletes are per namespace), each item one fact: its text
-is `value["text"]` (or the fields `index` names, or the value as JSON), and the value itself
-rides in the fact's metadata. Search ranks by the fact embeddings and filters on the value's
-fields.
+list_namespaces work as with LangGraph's own stores, and LangGraph's own store tests pass
+against it (tests/integrations/langgraph_suites). Each namespace is one memory scope (the KV
+salt, the retrieval index and the deletes are per namespace). An item is one fact per text it
+is searched by: `value["text"]` (or, for other values, the value as JSON), or with LangGraph's
+index fields (`fields=` here, `index=[...]` of a put) one fact per text those fields hold, so
+each field is embedded on its own and a query scores an item by its best field, as LangGraph's
+stores do. The value itself rides in each fact's metadata; filters match its fields.
 
-Found items are `KVSearchItem`s: besides the value they carry the fact's KV handle.
+Found items are `KVSearchItem`s: besides the value they carry the item's KV handle.
 `kv_context(items)` turns the items of one namespace into one marker for a prompt, which
 ChatInferScale injects as KV; apps that paste `item.value["text"]` instead work with any chat
 model (as text). `KVMemoryMiddleware(namespace=...)` attaches the namespace's top-k facts to
@@ -28,6 +30,7 @@ from urllib.parse import quote, unquote
 from langgraph.store.base import (
     BaseStore,
     GetOp,
+    InvalidNamespaceError,
     Item,
     ListNamespacesOp,
     Op,
@@ -35,11 +38,14 @@ from langgraph.store.base import (
     Result,
     SearchItem,
     SearchOp,
+    get_text_at_path,
+    validate_op_namespace,
 )
 
+from inferscale_engine import checks
 from inferscale_engine.errors import HandleError, InvalidRequestError
 from inferscale_engine.facts import MemoryHandle
-from inferscale_engine.memory.filters import COMBINATORS, check_filter, lookup
+from inferscale_engine.memory.filters import COMBINATORS, check_filter
 from inferscale_integrations.handles import RECENT_HANDLES
 from inferscale_integrations.registry import DEFAULT_NAME, check_name, get_memory
 
@@ -53,11 +59,23 @@ KEY_FIELD, VALUE_FIELD, INDEXED_FIELD = "langgraph_key", "langgraph_value", "lan
 
 
 def scope_of(namespace: Sequence[str]) -> str:
-    """The Memory user id of a namespace."""
-    if not namespace or not all(isinstance(p, str) and p for p in namespace):
-        raise InvalidRequestError(f"a namespace is a non-empty tuple of non-empty strings, got "
-                                  f"{namespace!r}")
-    return SCOPE_PREFIX + "/".join(quote(p, safe="") for p in namespace)
+    """The Memory user id of a namespace.
+
+    Raises:
+        InvalidNamespaceError: LangGraph refuses the namespace (empty, a label that is empty,
+            not a string, or holds '.' or NUL).
+        InvalidRequestError: the namespace is longer than a Memory user id can be.
+    """
+    namespace = tuple(namespace)
+    if not namespace:
+        raise InvalidNamespaceError("Namespace cannot be empty.")
+    validate_op_namespace(GetOp(namespace, ""))
+    scope = SCOPE_PREFIX + "/".join(quote(p, safe="") for p in namespace)
+    if len(scope) > checks.MAX_USER_ID_CHARS:
+        raise InvalidRequestError(
+            f"namespace {namespace!r:.80} is {len(scope)} characters as a memory scope, over "
+            f"{checks.MAX_USER_ID_CHARS}; use fewer or shorter labels")
+    return scope
 
 
 def namespace_of(scope: str) -> tuple[str, ...] | None:
@@ -68,7 +86,7 @@ def namespace_of(scope: str) -> tuple[str, ...] | None:
 
 
 class KVSearchItem(SearchItem):
-    """A search result that also carries its fact's KV handle."""
+    """A search result that also carries its item's KV handle (its facts, best first)."""
 
     def __init__(self, *args: Any, handle: MemoryHandle, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -98,22 +116,32 @@ def kv_context(items: Iterable[SearchItem]) -> str:
 
 
 class KVMemoryStore(BaseStore):
-    """A LangGraph BaseStore over an InferScale Memory (sync, async and batch forms)."""
+    """A LangGraph BaseStore over an InferScale Memory (sync, async and batch forms).
+
+    A batch is checked whole before any of it runs: one invalid operation (a namespace
+    LangGraph refuses, a value that is not a dict, a text too long for a fact, a bad filter)
+    raises and nothing of the batch is written.
+    """
 
     supports_ttl = False
 
-    def __init__(self, memory: Memory | str = DEFAULT_NAME, *, text_field: str = "text"
-                 ) -> None:
+    def __init__(self, memory: Memory | str = DEFAULT_NAME, *, text_field: str = "text",
+                 fields: Sequence[str] | None = None) -> None:
         """Wrap a Memory (nothing is looked up until the first operation).
 
         Args:
             memory: the Memory, or the name it is registered under (register_memory).
-            text_field: the value field whose string is the fact text (others: the value as
-                JSON, unless a put names its `index` fields).
+            text_field: without `fields`, the value field whose string is the item's one text
+                (other values: the value as JSON).
+            fields: LangGraph's index fields (paths such as "title", "notes[*].text", "$"):
+                each text they hold is embedded on its own. A put's `index=[...]` overrides
+                them for its item; `index=False` leaves it unranked: a query search returns it
+                after the ranked items, with score None (as LangGraph's InMemoryStore does).
         """
         self._memory = memory if not isinstance(memory, str) else None
         self._name = check_name(memory) if isinstance(memory, str) else None
-        self.text_field = text_field
+        self.text_field = checks.check_text(text_field, "text_field", InvalidRequestError)
+        self.fields = None if fields is None else _check_fields(fields, "fields")
         self._lock = threading.Lock()
 
     @property
@@ -122,112 +150,179 @@ class KVMemoryStore(BaseStore):
         return self._memory if self._memory is not None else get_memory(self._name or "")
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
+        ops = list(ops)
+        checked = [self._check(op) for op in ops]  # all of them before any runs
         results: list[Result] = []
-        for op in ops:
+        for op, plan in zip(ops, checked, strict=True):
             if isinstance(op, GetOp):
-                results.append(self._get(op))
+                results.append(self._get(plan))
             elif isinstance(op, PutOp):
-                self._put(op)
+                self._put(plan)
                 results.append(None)
             elif isinstance(op, SearchOp):
-                results.append(self._search(op))
-            elif isinstance(op, ListNamespacesOp):
-                results.append(self._list_namespaces(op))
+                results.append(self._search(op, plan))
             else:
-                raise InvalidRequestError(f"unknown store operation {type(op).__name__}")
+                results.append(self._list_namespaces(op))
         return results
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
         return await asyncio.to_thread(self.batch, list(ops))
 
-    # ---- operations --------------------------------------------------------------------
-    def _get(self, op: GetOp) -> Item | None:
-        found = self._find(scope_of(op.namespace), op.key)
-        return _item(found, Item) if found is not None else None
+    # ---- checks (every op of a batch, before any runs) ---------------------------------
+    def _check(self, op: Op) -> Any:
+        if not isinstance(op, GetOp | PutOp | SearchOp | ListNamespacesOp):
+            raise InvalidRequestError(f"unknown store operation {type(op).__name__}; "
+                                      "LangGraph's are GetOp, PutOp, SearchOp, ListNamespacesOp")
+        validate_op_namespace(op)  # LangGraph's own rules and error (InvalidNamespaceError)
+        if isinstance(op, GetOp):
+            return (scope_of(op.namespace) if op.namespace else None, _check_key(op.key))
+        if isinstance(op, PutOp):
+            return self._check_put(op)
+        if isinstance(op, SearchOp):
+            _check_page(op.limit, op.offset)
+            if op.query is not None:
+                checks.check_str(op.query, "query", InvalidRequestError)
+            return _on_value(check_filter(op.filter) or {})
+        _check_page(op.limit, op.offset)
+        if op.max_depth is not None:
+            checks.check_int(op.max_depth, "max_depth", 1, InvalidRequestError)
+        return None
 
-    def _put(self, op: PutOp) -> None:
+    def _check_put(self, op: PutOp) -> tuple[str | None, str, list[str], dict[str, Any] | None]:
+        key = _check_key(op.key)
+        if op.value is None:  # a delete: of nothing when the namespace cannot hold items
+            return (scope_of(op.namespace) if op.namespace else None), key, [], None
         scope = scope_of(op.namespace)
-        if not isinstance(op.key, str) or not op.key:
-            raise InvalidRequestError(f"a store key is a non-empty string, got {op.key!r}")
-        memory = self.memory
-        with self._lock:
-            found = self._find(scope, op.key)
-            if op.value is None:
-                if found is not None:
-                    memory.delete(user_id=scope, fact_ids=[found.fact_id])
-                return
-            if not isinstance(op.value, Mapping):
-                raise InvalidRequestError(f"a store value is a dict, got "
-                                          f"{type(op.value).__name__}")
-            metadata = {KEY_FIELD: op.key, VALUE_FIELD: dict(op.value),
-                        INDEXED_FIELD: op.index is not False}
-            text = self._text(op.value, op.index)
-            if found is None:
-                memory.add(user_id=scope, texts=[text], metadata=metadata, dedupe=False)
-            else:
-                memory.update(user_id=scope, fact_id=found.fact_id, text=text,
-                              metadata=metadata)
+        if not isinstance(op.value, Mapping):
+            raise InvalidRequestError(f"a store value is a dict, got {type(op.value).__name__}")
+        if op.index is not None and op.index is not False:
+            _check_fields(op.index, "index")
+        texts, indexed = self._texts(op.value, op.index)
+        metadata = {KEY_FIELD: key, VALUE_FIELD: dict(op.value), INDEXED_FIELD: indexed}
+        checks.check_metadata(metadata, f"the value of {key!r}")
+        for text in texts:  # the checks Memory.add makes, so that a batch fails before writing
+            self.memory.engine.tokenize_fact(text)
+        return scope, key, texts, metadata
 
-    def _search(self, op: SearchOp) -> list[SearchItem]:
+    def _texts(self, value: Mapping[str, Any], index: Any) -> tuple[list[str], bool]:
+        """The item's texts (one fact each) and whether query search embeds them."""
+        fields = self.fields if index is None else index
+        if index is not False and fields:
+            texts = [t for field in fields for t in get_text_at_path(value, field)
+                     if checks.has_visible(t)]
+            if texts:
+                return list(dict.fromkeys(texts)), True
+        text = value.get(self.text_field)
+        if not isinstance(text, str) or not checks.has_visible(text):
+            text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+        return [text], index is not False and not fields
+
+    # ---- operations --------------------------------------------------------------------
+    def _get(self, plan: tuple[str | None, str]) -> Item | None:
+        scope, key = plan
+        found = self._facts(scope, key) if scope is not None else []
+        return _item(found, Item) if found else None
+
+    def _put(self, plan: tuple[str | None, str, list[str], dict[str, Any] | None]) -> None:
+        scope, key, texts, metadata = plan
+        if scope is None:
+            return
+        memory = self.memory
+        with self._lock:  # one writer per store: a key never gets two sets of facts
+            found = self._facts(scope, key)
+            if metadata is not None:
+                for record, text in zip(found, texts, strict=False):
+                    memory.update(user_id=scope, fact_id=record.fact_id, text=text,
+                                  metadata=metadata)
+                if len(texts) > len(found):
+                    memory.add(user_id=scope, texts=texts[len(found):], metadata=metadata,
+                               dedupe=False)
+            surplus = [record.fact_id for record in found[len(texts):]]
+            if surplus:
+                memory.delete(user_id=scope, fact_ids=surplus)
+
+    def _search(self, op: SearchOp, wanted: dict[str, Any]) -> list[SearchItem]:
         memory = self.memory
         prefix = tuple(op.namespace_prefix)
         scopes = [s for s in memory.users()
                   if (ns := namespace_of(s)) is not None and ns[:len(prefix)] == prefix]
-        wanted = _on_value(check_filter(op.filter) or {})
-        end = op.offset + op.limit
-        if op.query is None:
-            found: list[tuple[StoredFact, float | None]] = [
-                (record, None) for scope in scopes
-                for record in memory.records(user_id=scope, filter=wanted or None)
-                if KEY_FIELD in record.metadata]  # not facts the namespace got otherwise
-        else:
-            wanted[INDEXED_FIELD] = True
-            found = []
+        listed: list[list[StoredFact]] = []  # the items that match the filter, in store order
+        for scope in scopes:
+            listed += _items(memory.records(user_id=scope, filter=wanted or None))
+        scores: dict[tuple[str, str], float] = {}
+        if op.query is not None and checks.has_visible(op.query):  # blank: no query
+            item_of = {f.fact_id: _id(facts) for facts in listed for f in facts}
             for scope in scopes:
-                result = memory.search(user_id=scope, query=op.query, k=end, filter=wanted)
-                found.extend((memory.get(user_id=scope, fact_id=f), score) for f, score in zip(
-                    result.handle.fact_ids, result.handle.scores, strict=True))
-            found.sort(key=lambda pair: -(pair[1] or 0.0))
-        return [_item(record, KVSearchItem, score) for record, score in found[op.offset:end]]
+                found = memory.search(user_id=scope, query=op.query, k=2**31 - 1,
+                                      filter={**wanted, INDEXED_FIELD: True})
+                for fact_id, score in zip(found.handle.fact_ids, found.handle.scores,
+                                          strict=True):
+                    if fact_id in item_of:  # best first: an item scores by its best field
+                        scores.setdefault(item_of[fact_id], score)
+            ranked = sorted(range(len(listed)), key=lambda i: -scores.get(_id(listed[i]), -2.0))
+            listed = [listed[i] for i in ranked]  # then the unranked (index=False), score None
+        end = op.offset + op.limit
+        return [_item(facts, KVSearchItem, scores.get(_id(facts))) for facts in listed[
+            op.offset:end]]
 
     def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
         spaces = sorted({ns for scope in self.memory.users()
                          if (ns := namespace_of(scope)) is not None})
         for condition in op.match_conditions or ():
             path = tuple(condition.path)
-            spaces = [ns for ns in spaces if _matches(
+            spaces = [ns for ns in spaces if len(ns) >= len(path) and _matches(
                 ns[:len(path)] if condition.match_type == "prefix" else ns[-len(path):], path)]
         if op.max_depth is not None:
             spaces = sorted({ns[:op.max_depth] for ns in spaces})
         return spaces[op.offset:op.offset + op.limit]
 
-    # ---- internals ---------------------------------------------------------------------
-    def _find(self, scope: str, key: str) -> StoredFact | None:
-        records = self.memory.records(user_id=scope, filter={KEY_FIELD: key})
-        return records[-1] if records else None
-
-    def _text(self, value: Mapping[str, Any], index: Any) -> str:
-        if isinstance(index, list) and index:
-            parts = [lookup(value, field) for field in index]
-            text = "\n".join(p if isinstance(p, str) else json.dumps(p, ensure_ascii=False)
-                             for p in parts if p is not None)
-            if text.strip():
-                return text
-        if isinstance(value.get(self.text_field), str) and value[self.text_field].strip():
-            return str(value[self.text_field])
-        return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    def _facts(self, scope: str, key: str) -> list[StoredFact]:
+        """The facts of one item, oldest first."""
+        return self.memory.records(user_id=scope, filter={KEY_FIELD: key})
 
 
-def _item(record: StoredFact, cls: type[Item], score: float | None = None) -> Any:
-    namespace = namespace_of(record.user_id) or ()
-    fields = {"namespace": namespace, "key": record.metadata[KEY_FIELD],
-              "value": record.metadata[VALUE_FIELD],
-              "created_at": datetime.fromtimestamp(record.created_at, UTC),
-              "updated_at": datetime.fromtimestamp(record.updated_at, UTC)}
+def _items(records: Iterable[StoredFact]) -> list[list[StoredFact]]:
+    """Facts grouped by item (namespace and key), items in the order of their first fact."""
+    grouped: dict[tuple[str, str], list[StoredFact]] = {}
+    for record in records:
+        if KEY_FIELD in record.metadata:  # not facts the namespace's scope got otherwise
+            grouped.setdefault(_id([record]), []).append(record)
+    return list(grouped.values())
+
+
+def _id(facts: Sequence[StoredFact]) -> tuple[str, str]:
+    return facts[0].user_id, facts[0].metadata[KEY_FIELD]
+
+
+def _item(facts: Sequence[StoredFact], cls: type[Item], score: float | None = None) -> Any:
+    latest = max(facts, key=lambda f: (f.updated_at, f.fact_id))
+    fields = {"namespace": namespace_of(latest.user_id) or (),
+              "key": latest.metadata[KEY_FIELD], "value": latest.metadata[VALUE_FIELD],
+              "created_at": datetime.fromtimestamp(min(f.created_at for f in facts), UTC),
+              "updated_at": datetime.fromtimestamp(latest.updated_at, UTC)}
     if cls is KVSearchItem:
         return KVSearchItem(score=score, handle=MemoryHandle(
-            record.user_id, (record.fact_id,)), **fields)
+            latest.user_id, tuple(f.fact_id for f in facts)), **fields)
     return cls(**fields)
+
+
+def _check_key(key: object) -> str:
+    if not isinstance(key, str) or not key:
+        raise InvalidRequestError(f"a store key is a non-empty string, got {key!r:.80}")
+    return key
+
+
+def _check_fields(fields: object, what: str) -> list[str]:
+    if (isinstance(fields, str) or not isinstance(fields, Sequence)
+            or not all(isinstance(f, str) and f for f in fields)):
+        raise InvalidRequestError(f"{what} is a list of field paths (e.g. ['title', "
+                                  f"'notes[*].text']), got {fields!r:.80}")
+    return list(fields)
+
+
+def _check_page(limit: object, offset: object) -> None:
+    checks.check_int(limit, "limit", 0, InvalidRequestError)
+    checks.check_int(offset, "offset", 0, InvalidRequestError)
 
 
 def _on_value(filter: Mapping[str, Any]) -> dict[str, Any]:

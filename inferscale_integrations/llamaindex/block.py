@@ -11,18 +11,24 @@ InferScaleLLM injects the facts' KV instead of reading text. `as_text=True` cont
 facts' text instead (for other LLMs). A put (messages that leave the short-term memory, or an
 explicit `aput`) remembers the user and assistant messages as facts, each encoded after the
 turns before it.
+
+A read before the first user message (an empty chat, or only system and assistant messages:
+an agent's opening turn, a prompt rendered before any input) has nothing to search with. It
+contributes the user's k most recent facts, so the first answer already knows the user;
+`without_query="none"` contributes nothing instead. A user with no facts contributes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Literal
 
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.memory import BaseMemoryBlock
 from pydantic import Field, field_validator
 
 from inferscale_engine import checks
+from inferscale_engine.facts import MemoryHandle
 from inferscale_integrations.handles import RECENT_HANDLES
 from inferscale_integrations.registry import DEFAULT_NAME, check_name, get_memory
 
@@ -40,6 +46,9 @@ class KVMemoryBlock(BaseMemoryBlock[str]):
     as_text: bool = Field(default=False,
                           description="Contribute the facts' text instead of a KV marker.")
     session_id: str | None = Field(default=None, description="Session of the written turns.")
+    without_query: Literal["recent", "none"] = Field(
+        default="recent", description="What a read before the first user message contributes: "
+        "the user's k most recent facts, or nothing.")
 
     @field_validator("user_id")
     @classmethod
@@ -70,16 +79,22 @@ class KVMemoryBlock(BaseMemoryBlock[str]):
     def _read(self, messages: list[ChatMessage] | None) -> str:
         query = next((m.content for m in reversed(messages or [])
                       if m.role == MessageRole.USER and isinstance(m.content, str)
-                      and m.content.strip()), None)
-        if query is None or not self.k:
+                      and checks.has_visible(m.content)), None)
+        if not self.k or (query is None and self.without_query == "none"):
             return ""
-        found = get_memory(self.memory_name).search(user_id=self.user_id, query=query,
-                                                    k=self.k)
-        if not found.facts:
+        memory = get_memory(self.memory_name)
+        if query is not None:
+            found = memory.search(user_id=self.user_id, query=query, k=self.k)
+            texts, handle = [fact.text for fact in found.facts], found.handle
+        else:  # before the first user message: the latest facts, oldest first
+            recent = memory.records(user_id=self.user_id)[-self.k:]
+            texts = [record.text for record in recent]
+            handle = MemoryHandle(self.user_id, tuple(record.fact_id for record in recent))
+        if not texts:
             return ""
         if self.as_text:
-            return "\n".join(f"- {fact.text}" for fact in found.facts)
-        return RECENT_HANDLES.marker(found.handle)
+            return "\n".join(f"- {text}" for text in texts)
+        return RECENT_HANDLES.marker(handle)
 
     def _write(self, messages: list[ChatMessage]) -> None:
         turns = [{"role": m.role.value, "content": m.content} for m in messages

@@ -16,11 +16,16 @@ from langchain.agents import create_agent
 from langchain.tools import ToolRuntime
 from langchain_core.messages import HumanMessage
 from langchain_core.tools import tool
-from langgraph.store.base import InvalidNamespaceError, PutOp
+from langgraph.store.base import GetOp, InvalidNamespaceError, PutOp
 
 from inferscale_engine.errors import HandleError, InvalidFactError, InvalidRequestError
 from inferscale_integrations import KVMemoryMiddleware
-from inferscale_integrations.langchain.store import KVMemoryStore, KVSearchItem, kv_context
+from inferscale_integrations.langchain.store import (
+    KVMemoryStore,
+    KVSearchItem,
+    kv_context,
+    scope_of,
+)
 from tests.integrations.conftest import MAX_TOKENS, InjectionProbe
 from tests.integrations.scripted import ScriptedChatInferScale
 
@@ -78,13 +83,14 @@ def test_search_ranks_filters_and_pages(store, ns):
     store.put(ns, "2", {"text": "Caroline adopted a dog named Pepper.", "year": 2021})
     store.put(ns, "3", {"text": "Melanie paints landscapes on weekends.", "year": 2022})
     store.put(ns, "4", {"text": "Caroline's dog Pepper loves the beach.", "year": 2023},
-              index=False)  # not searchable by query, still listed
+              index=False)  # not ranked by a query: after the ranked items, score None
     found = store.search(ns, query="Caroline dog Pepper", limit=3)
     assert all(isinstance(i, KVSearchItem) for i in found)
     assert found[0].key == "2" and "4" not in {i.key for i in found}
     assert [i.score for i in found] == sorted((i.score for i in found), reverse=True)
-    assert [i.key for i in store.search(ns, query="Caroline dog Pepper",
-                                        filter={"year": {"$gte": 2020}})] == ["2", "3"]
+    assert [(i.key, i.score is None) for i in store.search(
+        ns, query="Caroline dog Pepper", filter={"year": {"$gte": 2020}})] == [
+        ("2", False), ("3", False), ("4", True)]
     assert [i.key for i in store.search(ns, filter={"year": 2023})] == ["4"]
     assert [i.key for i in store.search(ns, limit=2, offset=1)] == ["2", "3"]
     assert [i.key for i in store.search(ns, filter={"OR": [{"year": 2019}, {"year": 2023}]})
@@ -132,6 +138,46 @@ def test_bad_input_is_refused_and_nothing_is_stored(store, ns):
     with pytest.raises(InvalidFactError, match="at most 65536"):
         store.put(ns, "k", {"text": "x", "blob": "y" * (70 * 1024)})  # metadata over 64 KiB
     assert store.search(ns) == []
+
+
+@pytest.mark.parametrize("bad", [("foo.bar",), ("foo", ""), ("foo\x00",), (123,)])
+def test_a_batch_with_a_namespace_langgraph_refuses_writes_nothing(store, ns, bad):
+    """LangGraph's rules and error for every op, checked before any op of the batch runs."""
+    with pytest.raises(InvalidNamespaceError):
+        store.batch([PutOp(ns, "first", {"text": "stored only if the whole batch is valid"}),
+                     PutOp(bad, "second", {"text": "x"})])
+    with pytest.raises(InvalidNamespaceError):
+        store.batch([PutOp(ns, "first", {"text": "x"}), GetOp(bad, "k")])
+    with pytest.raises(InvalidFactError, match="max_fact_tokens"):  # too long for one fact
+        store.batch([PutOp(ns, "first", {"text": "x"}),
+                     PutOp(ns, "long", {"text": "word " * 5000})])
+    assert store.get(ns, "first") is None and store.search(ns) == []
+
+
+def test_a_blank_query_means_no_query(store, ns):
+    store.put(ns, "a", {"text": "She plays the cello."})
+    store.put(ns, "b", {"text": "He grows tomatoes."})
+    listed = [(i.key, i.score) for i in store.search(ns)]
+    assert listed == [("a", None), ("b", None)]
+    for blank in ("", "   ", "\u200b\n"):
+        assert [(i.key, i.score) for i in store.search(ns, query=blank)] == listed
+
+
+def test_index_fields_are_embedded_one_by_one_and_an_item_scores_by_its_best(memory, ns):
+    store = KVMemoryStore(memory, fields=["title", "notes[*]"])
+    store.put(ns, "garden", {"title": "tomato seedlings", "notes": [
+        "water them every morning", "the greenhouse door sticks"]})
+    store.put(ns, "music", {"title": "cello lessons on Tuesdays"})
+    (best,) = store.search(ns, query="tomato seedlings", limit=1)
+    assert best.key == "garden" and best.score == pytest.approx(1.0)  # its title, alone
+    assert len(best.handle.fact_ids) == 3  # one fact per text the fields hold
+    (by_note,) = store.search(ns, query="the greenhouse door sticks", limit=1)
+    assert by_note.key == "garden" and by_note.score == pytest.approx(1.0)
+    store.put(ns, "garden", {"title": "tomato seedlings"}, index=["title"])  # one text now
+    assert store.get(ns, "garden").value == {"title": "tomato seedlings"}
+    (best,) = store.search(ns, query="tomato seedlings", limit=1)
+    assert len(best.handle.fact_ids) == 1  # the notes' facts are deleted
+    assert len(memory.records(user_id=scope_of(ns))) == 2
 
 
 def test_found_items_inject_as_kv_through_chat_inferscale(store, ns, engine, user_id):

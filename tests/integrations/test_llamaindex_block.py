@@ -14,7 +14,7 @@ from llama_index.core.memory import Memory as LlamaMemory
 from llama_index.core.tools import FunctionTool
 
 from inferscale_integrations import KVMemoryBlock
-from inferscale_integrations.handles import MARKER_RE
+from inferscale_integrations.handles import MARKER_RE, RECENT_HANDLES
 from tests.conftest import FACTS, QUESTIONS
 from tests.integrations.conftest import MAX_TOKENS
 from tests.integrations.scripted import ScriptedInferScaleLLM
@@ -74,8 +74,32 @@ async def test_a_put_remembers_turns_as_facts(memory, user_id):
     assert len(memory.get_all(user_id=user_id)) == 3
 
 
+async def test_a_read_before_the_first_user_message_gets_the_latest_facts(memory, user_id):
+    """No user text to search with (an empty chat, an opening greeting): the user's k most
+    recent facts; without_query="none" (or a user without facts) contributes nothing."""
+    ids = [r.fact_id for r in memory.add(user_id=user_id, texts=FACTS[:4])]
+    block = KVMemoryBlock(user_id=user_id, k=2)
+    chat = LlamaMemory.from_defaults(session_id=user_id, memory_blocks=[block])
+    (marker,) = MARKER_RE.findall(_system_text(await chat.aget()))  # nothing put yet
+    assert RECENT_HANDLES.resolve(marker).fact_ids == tuple(ids[2:])
+    greeting = [ChatMessage(role=MessageRole.SYSTEM, content="Be brief."),
+                ChatMessage(role=MessageRole.ASSISTANT, content="Hello! How can I help?")]
+    (marker,) = MARKER_RE.findall(block.get(greeting))
+    assert RECENT_HANDLES.resolve(marker).fact_ids == tuple(ids[2:])
+    assert KVMemoryBlock(user_id=user_id, k=2, as_text=True).get([]) == (
+        f"- {FACTS[2]}\n- {FACTS[3]}")
+    assert KVMemoryBlock(user_id=user_id, without_query="none").get(greeting) == ""
+    assert KVMemoryBlock(user_id=user_id + "-new").get([]) == ""
+    await chat.aput(ChatMessage(role=MessageRole.USER, content=QUESTIONS[0]))  # then: search
+    (marker,) = MARKER_RE.findall(_system_text(await chat.aget()))
+    handle = RECENT_HANDLES.resolve(marker)
+    assert handle.fact_ids[0] == ids[0] and len(handle.fact_ids) == 2  # Alice, for her question
+
+
 def test_bad_settings_are_refused(memory):
     with pytest.raises(ValueError, match="user_id is empty"):
         KVMemoryBlock(user_id="")
     with pytest.raises(ValueError):
         KVMemoryBlock(user_id="someone", k=-1)
+    with pytest.raises(ValueError):
+        KVMemoryBlock(user_id="someone", without_query="all")

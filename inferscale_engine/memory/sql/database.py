@@ -1,21 +1,31 @@
 """Database: the contract FactStore runs its SQL through, whatever the database is.
 
-One connection, used under a lock (thread-safe). SQL is written once, with `?` placeholders and
-portable syntax; each kind (sqlite.py, postgres.py) translates what differs: placeholders, how a
-write transaction starts, ids returned by inserts, column types in DDL. Every database error
-becomes a StoreError that names the call that failed and the database (never its password).
+Thread-safe. SQL is written once, with `?` placeholders and portable syntax; each kind
+(sqlite.py, postgres.py) translates what differs: placeholders, how a write transaction starts,
+ids returned by inserts, column types in DDL, and how a call gets its connection (SQLite: its
+one connection, under a lock; PostgreSQL: one from a pool, for the call). Every database error
+becomes a StoreError that names the call that failed and the database (never its password); a
+connection lost before the call did anything is a ConnectionLostError, which FactStore retries
+once.
 """
 
 from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from inferscale_engine.errors import StoreError
+
+
+class ConnectionLostError(StoreError):
+    """The connection dropped before the call committed anything: running it again is safe.
+
+    A restart or failover of the database, or a network cut; nothing of the call was written.
+    """
 
 
 class Cursor(Protocol):
@@ -46,7 +56,7 @@ class ColumnTypes:
 
 
 class Database(ABC):
-    """One connection to the fact database; see the module docstring.
+    """The fact database; see the module docstring.
 
     Reads run one statement each (autocommit); writes run inside transaction(), all or nothing.
     """
@@ -64,8 +74,8 @@ class Database(ABC):
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._lock = threading.RLock()
         self._closed = False
+        self._close_lock = threading.Lock()
 
     # ---- what each kind implements -------------------------------------------------------
     @abstractmethod
@@ -85,6 +95,10 @@ class Database(ABC):
         """Inside the migration's transaction: keep other processes from migrating at once."""
 
     @abstractmethod
+    def _connection(self) -> AbstractContextManager[None]:
+        """While open, this thread's statements run on one connection (re-entrant)."""
+
+    @abstractmethod
     def _begin(self) -> None:
         """Start a write transaction that holds the write lock it needs."""
 
@@ -96,14 +110,10 @@ class Database(ABC):
         """Roll back the open transaction, if any; never raises on a lost connection."""
 
     @abstractmethod
-    def _ready(self) -> None:
-        """Make sure the connection is usable (reconnect if the kind can)."""
-
-    @abstractmethod
     def _disconnect(self) -> None: ...
 
     def _lost(self) -> bool:
-        """True when the connection died, so a failed commit may have been applied."""
+        """True when this thread's connection died (the database rolls its transaction back)."""
         return False
 
     def _describe(self, exc: BaseException) -> str:
@@ -113,17 +123,17 @@ class Database(ABC):
     # ---- shared --------------------------------------------------------------------------
     @contextmanager
     def transaction(self, what: str) -> Iterator[Database]:
-        """One write transaction under the lock: all of the block's writes or none.
+        """One write transaction: all of the block's writes or none.
 
         Raises:
+            ConnectionLostError: the connection dropped before the commit; nothing was written.
             StoreError: the database failed; nothing was written (or, if the connection was
                 lost while committing, the message says the outcome is unknown).
         """
-        with self._lock:
-            self._check_open()
+        self._check_open()
+        with self._connection():
             committing = False
             try:
-                self._ready()
                 self._begin()
                 try:
                     yield self
@@ -133,29 +143,50 @@ class Database(ABC):
                     self._rollback()
                     raise
             except self._errors as exc:
-                if committing and self._lost():
+                lost = self._lost()
+                if committing and lost:
                     raise StoreError(
                         f"{what} on {self.name!r}: the connection was lost while committing "
                         f"({self._describe(exc)}), so the write may or may not be stored; read "
                         "it back before retrying") from exc
-                raise StoreError(f"{what} failed, nothing was written: {self._describe(exc)}; "
-                                 f"{self._write_hint}") from exc
+                error = ConnectionLostError if lost else StoreError
+                raise error(f"{what} failed, nothing was written: {self._describe(exc)}; "
+                            f"{self._write_hint}") from exc
 
     @contextmanager
     def reading(self, what: str) -> Iterator[Database]:
-        """Reads under the lock; a database error becomes a StoreError."""
-        with self._lock:
-            self._check_open()
+        """Reads on one connection; a database error becomes a StoreError.
+
+        Raises:
+            ConnectionLostError: the connection dropped (reading again is safe).
+            StoreError: the database failed.
+        """
+        self._check_open()
+        with self._connection():
             try:
-                self._ready()
                 yield self
             except self._errors as exc:
-                raise StoreError(f"{what} failed reading {self.name!r}: "
-                                 f"{self._describe(exc)}") from exc
+                error = ConnectionLostError if self._lost() else StoreError
+                raise error(f"{what} failed reading {self.name!r}: "
+                            f"{self._describe(exc)}") from exc
+
+    @contextmanager
+    def snapshot(self, what: str) -> Iterator[Callable[[str, Sequence[Any]], list[Any]]]:
+        """A query function whose reads together see one committed state of the database.
+
+        The caller may run other calls between two reads (a scan that yields as it goes).
+        Here each read runs alone (reading()): right for a database whose writers commit one
+        at a time in id order (SQLite), where a scan paging by id misses nothing; a kind whose
+        writers commit concurrently (PostgreSQL) reads one snapshot instead.
+        """
+        def query(sql: str, args: Sequence[Any] = ()) -> list[Any]:
+            with self.reading(what) as db:
+                return db.execute(sql, args).fetchall()
+        yield query
 
     def close(self) -> None:
-        """Close the connection (idempotent); later calls raise StoreError."""
-        with self._lock:
+        """Close the database's connections (idempotent); later calls raise StoreError."""
+        with self._close_lock:
             if not self._closed:
                 self._closed = True
                 self._disconnect()

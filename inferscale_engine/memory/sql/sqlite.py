@@ -3,12 +3,21 @@
 WAL mode with synchronous=FULL by default: once a write call returns, its rows survive a kill
 and a power loss. BEGIN IMMEDIATE takes the write lock at the start of every write transaction,
 so two connections never deadlock upgrading a read lock. AUTOINCREMENT ids are never reused.
+One connection serves every thread, one call at a time.
+
+Facts are private: a new database file is created 0600 (SQLite gives its -wal and -shm files
+the database file's mode) and private_folder() creates missing folders 0700. An existing file
+or folder keeps its mode.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, cast
 
 from inferscale_engine.checks import check_int
@@ -42,7 +51,9 @@ class SqliteDatabase(Database):
                               f"{', '.join(SYNCHRONOUS)} (FULL keeps commits on power loss)")
         check_int(busy_timeout_ms, "busy_timeout_ms", 0, ConfigError)
         super().__init__(path)
+        self._lock = threading.RLock()
         self._write_hint = f"check disk space and that no other process holds {path!r} locked"
+        _create_private(path)
         try:
             self._conn = sqlite3.connect(path, timeout=busy_timeout_ms / 1000,
                                          check_same_thread=False,
@@ -73,6 +84,11 @@ class SqliteDatabase(Database):
     def lock_schema(self) -> None:
         """BEGIN IMMEDIATE already made this the only writer."""
 
+    @contextmanager
+    def _connection(self) -> Iterator[None]:
+        with self._lock:
+            yield
+
     def _begin(self) -> None:
         self._conn.execute("BEGIN IMMEDIATE")  # takes the write lock now: no upgrade deadlock
 
@@ -83,8 +99,34 @@ class SqliteDatabase(Database):
         if self._conn.in_transaction:
             self._conn.execute("ROLLBACK")
 
-    def _ready(self) -> None:
-        """A SQLite connection does not drop."""
-
     def _disconnect(self) -> None:
-        self._conn.close()
+        with self._lock:
+            self._conn.close()
+
+
+def private_folder(folder: str | os.PathLike[str]) -> None:
+    """Create `folder` and its missing parents, each 0700 (readable by this user only)."""
+    missing = []
+    path = Path(folder)
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:  # made meanwhile by another process: its mode is its own
+            continue
+        os.chmod(path, 0o700)  # mkdir's mode is narrowed by the umask, never widened: be exact
+
+
+def _create_private(path: str) -> None:
+    """Create the database file 0600 if it does not exist (SQLite would make it 0644)."""
+    if path in ("", ":memory:") or path.startswith("file:"):
+        return
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        return
+    except OSError:
+        return  # no folder, no permission: sqlite3.connect says so in its own words
+    os.chmod(path, 0o600)

@@ -360,12 +360,38 @@ def test_pragmas_and_schema(tmp_path):
     raw.close()
 
 
+def test_a_new_database_and_the_folders_made_for_it_are_private(tmp_path):
+    """SQLite only: facts are readable by their owner alone (file, -wal and -shm 0600; the
+    folders open_store makes 0700); an existing folder keeps its mode."""
+    from inferscale_engine.memory.config import open_store
+
+    def mode(path: Path) -> int:
+        return path.stat().st_mode & 0o777
+
+    umask = os.umask(0o022)  # the usual umask, under which SQLite makes files 0644
+    os.chmod(tmp_path, 0o755)
+    try:
+        path = tmp_path / "home" / ".inferscale" / "facts.db"
+        with open_store(str(path)) as fact_store:
+            add(fact_store, "u", ["a private fact"])
+            written = [path, path.with_name("facts.db-wal"), path.with_name("facts.db-shm")]
+            assert [mode(p) for p in written] == [0o600] * 3
+        assert mode(path.parent) == mode(path.parent.parent) == 0o700
+        assert mode(tmp_path) == 0o755 and mode(path) == 0o600
+        with FactStore(tmp_path / "plain.db") as fact_store:  # a FactStore of its own, too
+            add(fact_store, "u", ["x"])
+        assert mode(tmp_path / "plain.db") == 0o600
+    finally:
+        os.umask(umask)
+
+
 def test_data_survives_reopen_and_content_hash_is_set(target):
     with FactStore(target) as fact_store:
         ids = add(fact_store, "u", ["persisted"])
     with FactStore(target) as fact_store:
         assert [f.text for f in fact_store.get(user_id="u", fact_ids=ids)] == ["persisted"]
-        (content_hash,) = fact_store._db.execute("SELECT content_hash FROM facts").fetchone()
+        with fact_store._db.reading("test") as db:
+            (content_hash,) = db.execute("SELECT content_hash FROM facts").fetchone()
     assert len(content_hash) == 64
 
 
@@ -427,8 +453,9 @@ BOOM_TRIGGER = {
 
 
 def test_failure_inside_the_transaction_rolls_back_the_whole_call(store, backend):
-    for statement in BOOM_TRIGGER[backend]:
-        store._db.execute(statement)
+    with store._db.transaction("test") as db:
+        for statement in BOOM_TRIGGER[backend]:
+            db.execute(statement)
     version = store.user_version("u")
     with pytest.raises(StoreError, match="nothing was written: boom trigger"):
         add(store, "u", ["first", "boom", "third"], turns=[("user", "hi")])
@@ -548,8 +575,9 @@ class StoreMachine(RuleBasedStateMachine):
         super().__init__()
         self.store = FactStore(target)
         if target != ":memory:":  # one database for every example: start each from empty
-            for table in ("facts", "turns", "history", "user_versions"):
-                self.store._db.execute(f"DELETE FROM {table}")
+            with self.store._db.transaction("test") as db:
+                for table in ("facts", "turns", "history", "user_versions"):
+                    db.execute(f"DELETE FROM {table}")
         self.model: dict[int, tuple[str, str, tuple[int, ...]]] = {}  # id -> user, text, tokens
 
     def ids_of(self, user_id: str) -> list[int]:

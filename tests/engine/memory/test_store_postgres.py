@@ -10,8 +10,10 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -52,6 +54,34 @@ def terminate(url: str, backend_pid: int) -> None:
         while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
                             (backend_pid,)).fetchone():
             time.sleep(0.01)
+
+
+def terminate_all(url: str) -> None:
+    """End every other connection to the database (each connection of a store's pool)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as admin:
+        pids = [row[0] for row in admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND "
+            "pid <> pg_backend_pid()")]
+    for pid in pids:
+        terminate(url, pid)
+
+
+def hold_inside_transaction(monkeypatch, user_id: str) -> tuple[threading.Event,
+                                                                threading.Event]:
+    """Writes of `user_id` stop inside their transaction (rows inserted, not committed): the
+    first event is set when one got there, and it goes on once the second is set."""
+    record, inside, release = history.record, threading.Event(), threading.Event()
+
+    def record_then_wait(db, user, *args):
+        record(db, user, *args)
+        if user == user_id:
+            inside.set()
+            assert release.wait(60)
+
+    monkeypatch.setattr(history, "record", record_then_wait)
+    return inside, release
 
 
 # ---- several processes on one database ---------------------------------------------------------
@@ -113,8 +143,9 @@ def test_processes_opening_a_fresh_database_together_migrate_it_once(postgres_ur
     versions = run_children(OPENER, *[[postgres_url, str(n), str(start)] for n in range(4)])
     with FactStore(postgres_url) as fact_store:
         assert versions == [str(fact_store.schema_version)] * 4 and fact_store.count() == 4
-        assert fact_store._db.execute("SELECT COUNT(*) FROM meta WHERE key = 'schema_version'"
-                                      ).fetchone()[0] == 1
+        with fact_store._db.reading("test") as db:
+            assert db.execute("SELECT COUNT(*) FROM meta WHERE key = 'schema_version'"
+                              ).fetchone()[0] == 1
 
 
 # ---- lost connections --------------------------------------------------------------------------
@@ -124,7 +155,7 @@ def test_a_connection_lost_inside_a_transaction_leaves_nothing(postgres_url, mon
     record = history.record
 
     def cut_then_record(db, *args):
-        terminate(postgres_url, db._conn.info.backend_pid)
+        terminate(postgres_url, db._held().info.backend_pid)
         record(db, *args)
 
     monkeypatch.setattr(history, "record", cut_then_record)
@@ -144,7 +175,7 @@ def test_a_connection_lost_while_committing_says_the_outcome_is_unknown(postgres
     commit = fact_store._db._commit
 
     def cut_then_commit():
-        terminate(postgres_url, fact_store._db._conn.info.backend_pid)
+        terminate(postgres_url, fact_store._db._held().info.backend_pid)
         commit()
 
     fact_store._db._commit = cut_then_commit
@@ -154,6 +185,90 @@ def test_a_connection_lost_while_committing_says_the_outcome_is_unknown(postgres
     assert fact_store.count() == 0  # cut before COMMIT reached the server: rolled back
     assert len(add(fact_store, "u", ["after"])) == 1
     fact_store.close()
+
+
+def test_a_call_whose_idle_connection_was_dropped_runs_again_once(postgres_url):
+    """An idle pooled connection that the server ended (a failover, idle_session_timeout): the
+    next call finds it dead, wrote nothing, and runs once more on a new connection."""
+    import psycopg
+
+    with FactStore(postgres_url) as fact_store:
+        add(fact_store, "u", ["before"])
+        terminate_all(postgres_url)
+        assert len(add(fact_store, "u", ["after"])) == 1  # a write, as the first call
+        terminate_all(postgres_url)
+        assert [f.text for f in fact_store.get_all(user_id="u")] == ["before", "after"]  # a read
+        terminate_all(postgres_url)
+        scan = fact_store.iter_all(batch_size=1)  # a scan, on a connection of its own
+        assert [f.text for f in next(scan)] == ["before"]
+        scan.close()  # abandoned: its snapshot transaction ends with it
+        assert [f.text for b in fact_store.iter_all() for f in b] == ["before", "after"]
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            assert admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                                 "current_database() AND state LIKE 'idle in transaction%'"
+                                 ).fetchone()[0] == 0
+
+
+def test_the_first_call_after_a_database_restart_succeeds():
+    """A restart ends every connection: the first call after it (a read, or a write) succeeds;
+    while the server is down, calls fail at once with the reason."""
+    from tests.pgserver import PostgresServer
+
+    with PostgresServer() as server, FactStore(server.url) as fact_store:
+        add(fact_store, "u", ["stored before the restart"])
+        server.pause()
+        began = time.monotonic()
+        with pytest.raises(StoreError, match="cannot connect") as info:
+            fact_store.count()
+        assert time.monotonic() - began < 5 and f"server at 127.0.0.1:{server.port}" in str(
+            info.value)
+        server.resume()
+        assert [f.text for f in fact_store.get_all(user_id="u")] == ["stored before the restart"]
+        server.pause()
+        server.resume()
+        assert len(add(fact_store, "u", ["stored after the restart"])) == 1
+        assert fact_store.count() == 2 and fact_store.user_version("u") == 2
+
+
+def test_calls_of_several_threads_run_at_once_on_pooled_connections(postgres_url, monkeypatch):
+    """One thread's call waits inside its transaction; another thread's calls (a write of
+    another user, reads) go through meanwhile, on a connection of their own."""
+    inside, release = hold_inside_transaction(monkeypatch, "slow")
+    with FactStore(postgres_url) as fact_store, ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(add, fact_store, "slow", ["written while another call waits"])
+        assert inside.wait(60)
+        other = pool.submit(lambda: (add(fact_store, "quick", ["not queued behind it"]),
+                                     fact_store.count(), fact_store.users()))
+        try:
+            ids, count, users = other.result(timeout=20)  # one connection: stuck until release
+        finally:
+            release.set()
+        assert (len(ids), count, users) == (1, 1, ["quick"])  # the slow call has not committed
+        assert len(slow.result(timeout=60)) == 1 and fact_store.count() == 2
+
+
+def test_a_scan_reads_one_snapshot_so_no_late_commit_with_a_smaller_id_is_passed(
+        postgres_url, monkeypatch):
+    """iter_all pages by id. A fact that commits during the scan with an id below the page
+    reached must not be skipped while facts committed after it are yielded: the scan is one
+    snapshot, and both are outside it (their users' versions moved)."""
+    inside, release = hold_inside_transaction(monkeypatch, "late")
+    with FactStore(postgres_url) as scanner, FactStore(postgres_url) as replica, \
+            FactStore(postgres_url) as other_replica, ThreadPoolExecutor(1) as pool:
+        late = pool.submit(add, other_replica, "late", ["id 1, committed during the scan"])
+        assert inside.wait(60)  # holds id 1, uncommitted
+        assert add(replica, "early", ["a", "b", "c", "d"]) == [2, 3, 4, 5]
+        version = scanner.user_version("late")
+        scan = scanner.iter_all(batch_size=2)
+        assert [f.fact_id for f in next(scan)] == [2, 3]
+        release.set()
+        assert late.result(timeout=60) == [1]
+        assert add(replica, "after", ["id 6, committed after id 1"]) == [6]
+        rest = [f.fact_id for batch in scan for f in batch]
+        assert rest == [4, 5]  # paging alone: [4, 5, 6], and id 1 never
+        assert scanner.user_version("late") == version + 1  # what the scan left out moved
+        assert [f.fact_id for b in scanner.iter_all(batch_size=2) for f in b] == [1, 2, 3, 4, 5,
+                                                                                  6]
 
 
 # ---- URLs --------------------------------------------------------------------------------------
