@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=20, help="answer tokens, greedy")
     parser.add_argument("--no-hints", dest="hints", action="store_false",
                         help="no category-2 date hint in the question")
-    parser.add_argument("--turns-per-add", type=int, default=8,
+    parser.add_argument("--turns-per-add", type=int, default=0,
                         help="mem0-infer: dialogue turns per add (0: a session)")
     parser.add_argument("--facts-per-add", type=int, default=0,
                         help="raw arms: facts per add call (0: a session's facts)")
@@ -161,7 +161,8 @@ def report(args: argparse.Namespace, source: Any, picked: Any, records: dict[str
     keys = [(e.episode_id, q.index) for e in picked.episodes for q in e.questions]
     questions = [records["questions"][k] for k in keys if k in records["questions"]]
     result = summarize(questions, records["answers"], args.arm_list, stores,
-                       first_ingestions(records), source.score, reference=args.reference,
+                       first_ingestions(records), source.score, source.metrics,
+                       reference=args.reference,
                        seed=args.seed, resamples=args.bootstrap)
     return {"benchmark": "peers", "data": args.data, "split": picked.split,
             "episodes": [e.episode_id for e in picked.episodes], "model": args.model,

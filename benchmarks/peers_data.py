@@ -70,13 +70,15 @@ class DataSource(Protocol):
     """What peers.py needs of a data set."""
 
     name: str
+    metrics: tuple[str, ...]
+    """Names of score()'s metrics, the headline one first (LoCoMo: f1)."""
 
     def pick(self, args: argparse.Namespace) -> Picked:
         """The episodes and questions a run answers (deterministic for the same args)."""
         ...
 
     def score(self, prediction: str, question: Mapping[str, Any]) -> dict[str, float]:
-        """Metrics of one answer (a question record: category, gold, ...); 'f1' among them."""
+        """Metrics of one answer (a question record: category, gold, ...), keyed by `metrics`."""
         ...
 
 
@@ -84,6 +86,7 @@ class LocomoSource:
     """LoCoMo (CC BY-NC 4.0, read in place from ../shared/data/locomo, never copied)."""
 
     name = "locomo"
+    metrics = ("f1", "em", "gold_recall")
 
     def pick(self, args: argparse.Namespace) -> Picked:
         path = args.data_path or DEFAULT_DATA

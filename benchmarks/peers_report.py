@@ -2,7 +2,7 @@
 
 Quality is scored on the questions every arm answered; an answer that failed (HTTP error,
 timeout, failed retrieval) scores 0 and is counted in `failures`, never dropped. Per arm:
-  f1, em, gold_recall      the data source's scorer (LoCoMo: locomo_metrics.py), x1
+  f1, em, gold_recall      the data source's metrics (LoCoMo: locomo_metrics.py), x1
   evidence_recall          fraction of a question's gold evidence turns cited by the recalled
                            memories (questions with evidence; mem0-infer: a memory cites the
                            turns of the add call that made it, so its recall is generous)
@@ -21,8 +21,6 @@ from typing import Any
 
 from benchmarks.common import summarize as percentiles
 from benchmarks.locomo_report import paired_bootstrap
-
-QUALITY = ("f1", "em", "gold_recall")
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -76,9 +74,15 @@ def summarize(questions: Sequence[Mapping[str, Any]],
               answers: Mapping[tuple[str, int], Mapping[str, Mapping[str, Any]]],
               arms: Sequence[str], stores: Mapping[str, str],
               calls: Mapping[str, Sequence[Mapping[str, Any]]],
-              score: Callable[[str, Mapping[str, Any]], dict[str, float]], *,
-              reference: str, seed: int, resamples: int) -> dict[str, Any]:
-    """Per arm: quality, intervals against `reference`, latency, tokens, failures, add stats."""
+              score: Callable[[str, Mapping[str, Any]], dict[str, float]],
+              metrics: Sequence[str], *, reference: str, seed: int, resamples: int
+              ) -> dict[str, Any]:
+    """Per arm: quality, intervals against `reference`, latency, tokens, failures, add stats.
+
+    `metrics` are score()'s keys, the headline first: its deltas and per-category means are
+    reported (LoCoMo: f1).
+    """
+    headline = metrics[0]
     complete = [q for q in questions
                 if all(a in answers.get((q["episode"], q["index"]), {}) for a in arms)]
     rows: dict[str, dict[str, Any]] = {}
@@ -90,11 +94,11 @@ def summarize(questions: Sequence[Mapping[str, Any]],
                        for a, q in zip(mine, complete, strict=True)]
         by_category: dict[str, list[float]] = {}
         for q, s in zip(complete, scored[arm], strict=True):
-            by_category.setdefault(str(q["category"]), []).append(s["f1"])
+            by_category.setdefault(str(q["category"]), []).append(s[headline])
         rows[arm] = {
             "n": len(mine), "store": stores[arm],
-            **{m: _mean([s.get(m) for s in scored[arm]]) for m in (*QUALITY, "evidence_recall")},
-            "f1_by_category": {c: _mean(v) for c, v in sorted(by_category.items())},
+            **{m: _mean([s.get(m) for s in scored[arm]]) for m in (*metrics, "evidence_recall")},
+            "by_category": {c: _mean(v) for c, v in sorted(by_category.items())},
             "num_failures": sum(1 for a in mine if a.get("error")),
             "failures": sorted({str(a["error"])[:160] for a in mine if a.get("error")})[:5],
             "num_memories": _mean([a.get("num_memories") for a in mine]),
@@ -108,39 +112,40 @@ def summarize(questions: Sequence[Mapping[str, Any]],
     for arm in arms:
         if arm == reference or reference not in scored:
             continue
-        for metric in ("f1", "evidence_recall"):
+        for metric in (headline, "evidence_recall"):
             pairs = [(s[metric], r[metric]) for s, r in zip(scored[arm], scored[reference],
                                                             strict=True)
                      if s[metric] is not None and r[metric] is not None]
             rows[arm][f"delta_{metric}_vs_{reference}"] = paired_bootstrap(
                 [p[0] for p in pairs], [p[1] for p in pairs], resamples=resamples, seed=seed)
-    return {"arms": rows, "reference": reference, "num_questions": len(complete),
+    return {"arms": rows, "reference": reference, "headline": headline,
+            "num_questions": len(complete),
             "num_incomplete": len(questions) - len(complete)}
 
 
 def markdown(result: Mapping[str, Any]) -> str:
     """The side-by-side table, then F1 by category and add details."""
-    rows, ref = result["arms"], result["reference"]
+    rows, ref, metric = result["arms"], result["reference"], result["headline"]
     lines = [f"n = {result['num_questions']} questions answered by every arm; intervals: "
              f"paired bootstrap 95%, against {ref}", "",
-             "| arm | F1 | ΔF1 vs ref | evidence recall@k | Δrecall vs ref | TTFT p50 / p99 ms | "
-             "answer p50 / p99 ms | prefilled tok/q | add ms/item p50 / p99 | items/s | "
-             "failures (answer / add) |",
+             f"| arm | {metric} | Δ{metric} vs ref | evidence recall@k | Δrecall vs ref | "
+             "TTFT p50 / p99 ms | answer p50 / p99 ms | prefilled tok/q | "
+             "add ms/item p50 / p99 | items/s | failures (answer / add) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, row in rows.items():
         add = row["add"]
         lines.append(
-            f"| {arm} | {_pct(row['f1'])} | {_delta(row.get(f'delta_f1_vs_{ref}'))} | "
+            f"| {arm} | {_pct(row[metric])} | {_delta(row.get(f'delta_{metric}_vs_{ref}'))} | "
             f"{_pct(row['evidence_recall'])} | "
             f"{_delta(row.get(f'delta_evidence_recall_vs_{ref}'))} | {_pair(row['ttft'])} | "
             f"{_pair(row['answer'])} | {_num(row['prefilled_tokens'], 0)} | "
             f"{_pair(add['ms_per_input'])} | {_num(add['inputs_per_s'], 1)} | "
             f"{row['num_failures']} / {add['num_failed_calls'] + add['num_logged_errors']} |")
-    categories = sorted({c for row in rows.values() for c in row["f1_by_category"]})
-    lines += ["", "| arm | " + " | ".join(f"F1 cat {c}" for c in categories) + " |",
+    categories = sorted({c for row in rows.values() for c in row["by_category"]})
+    lines += ["", "| arm | " + " | ".join(f"{metric} cat {c}" for c in categories) + " |",
               "|---|" + "---|" * len(categories)]
     for arm, row in rows.items():
-        lines.append(f"| {arm} | " + " | ".join(_pct(row["f1_by_category"].get(c))
+        lines.append(f"| {arm} | " + " | ".join(_pct(row["by_category"].get(c))
                                                  for c in categories) + " |")
     lines += ["", "| store | add calls | items | memories stored | events | LLM calls "
               "(failed) | LLM ms p50 |", "|---|---|---|---|---|---|---|"]

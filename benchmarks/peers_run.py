@@ -11,6 +11,7 @@ killed ingestion never mixes two attempts; the server's users of a finished epis
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from collections.abc import Mapping
@@ -72,7 +73,7 @@ def ingest(arm: Any, episode: Episode, attempt: str, out: IO[str]) -> str:
         for call in arm.ingest(user_id, session):
             out.write(json.dumps({"type": "add", "store": arm.store, "episode":
                                   episode.episode_id, "attempt": attempt, "session": number,
-                                  "date": session.date, **call.__dict__}) + "\n")
+                                  "date": session.date, **dataclasses.asdict(call)}) + "\n")
         out.flush()
     out.write(json.dumps({"type": "ingested", "store": arm.store, "episode": episode.episode_id,
                           "attempt": attempt, "user_id": user_id}) + "\n")
