@@ -46,7 +46,7 @@ from benchmarks.peers_mem0 import MEM0_VERSION, default_venv  # noqa: E402
 from benchmarks.peers_report import markdown, summarize  # noqa: E402
 
 RESULT_KEYS = ("data", "model", "dtype", "k", "max_tokens", "turns_per_add", "facts_per_add",
-               "mem0_max_tokens", "hints")
+               "mem0_max_tokens", "hints", "paste_layout")
 """Settings every stored memory and answer depends on: one results file holds one of each."""
 
 
@@ -69,6 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=20, help="answer tokens, greedy")
     parser.add_argument("--no-hints", dest="hints", action="store_false",
                         help="no category-2 date hint in the question")
+    parser.add_argument("--paste-layout", choices=("server", "system"), default="server",
+                        help="where pasting arms put memories: as the kv arm's server does "
+                             "(the top ones before the question), or all in the system message")
     parser.add_argument("--turns-per-add", type=int, default=0,
                         help="mem0-infer: dialogue turns per add (0: a session)")
     parser.add_argument("--facts-per-add", type=int, default=0,

@@ -7,9 +7,13 @@
                    answered with memory.k = k (retrieval and KV injection in the server)
   inferscale-text  the same stored facts, retrieved by POST /v1/memories/search, pasted as text
   langgraph        LangGraph's InMemoryStore with the same embedder; items pasted as text
-Every arm answers with the same served model and the same prompt: ANSWER_INSTRUCTIONS as the
-system message, the server's memory header, then the k memories ('- text' lines, best first),
-then the question. A pasting arm writes that block itself; the kv arm's server builds it.
+Every arm answers with the same served model and the same prompt. The kv arm's server builds
+it: ANSWER_INSTRUCTIONS as the system message, the server's memory header and the k memories
+('- text' lines, best first), of which its default layout (layout.QUALITY_LAYOUT) moves the
+`repair` most relevant into a block at the start of the question. A pasting arm writes the same
+prompt itself (paste layout 'server', the default: inferscale-text is then the kv arm's prompt
+prefilled, token for token but for tokenizer merges at the fact boundaries), or every memory in
+the system message (paste layout 'system', as mem0's docs show it).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import httpx
 
 from benchmarks.peers_data import Episode, Session
 from inferscale_engine.config import DEFAULT_SYSTEM_PROMPT
+from inferscale_engine.prompting.layout import QUALITY_LAYOUT, USER_BLOCK_HEADER
 from inferscale_engine.prompting.prompt import FACT_FORMAT
 
 ANSWER_INSTRUCTIONS = (
@@ -62,13 +67,30 @@ class AddCall:
     llm_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
-def answer_messages(question: str, memories: Sequence[str] | None) -> list[dict[str, str]]:
-    """The chat every arm sends: memories None = the server adds them (kv)."""
-    system = ANSWER_INSTRUCTIONS
+def answer_messages(question: str, memories: Sequence[str] | None, repair: int = 0
+                    ) -> list[dict[str, str]]:
+    """The chat every arm sends: memories None = the server adds them (kv); else the first
+    `repair` memories go in a block before the question (where the server's layout puts
+    them), the rest in the system message."""
+    system, user = ANSWER_INSTRUCTIONS, question
     if memories is not None:
         system += "\n\n" + DEFAULT_SYSTEM_PROMPT + "".join(FACT_FORMAT.format(text=t)
-                                                           for t in memories)
-    return [{"role": "system", "content": system}, {"role": "user", "content": question}]
+                                                           for t in memories[repair:])
+        if repair and memories:
+            user = (USER_BLOCK_HEADER + "".join(FACT_FORMAT.format(text=t)
+                                                for t in memories[:repair]) + "\n" + question)
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def paste_repair(layout: str) -> int:
+    """Memories a pasting arm puts before the question: 'server' = as the kv arm's server
+    does (its default layout's repair_facts, placement 'user'), 'system' = none."""
+    if layout == "system":
+        return 0
+    if QUALITY_LAYOUT.repair_placement != "user" or QUALITY_LAYOUT.repair_token_budget:
+        raise SystemExit(f"the server's default layout {QUALITY_LAYOUT} is not one peers.py "
+                         "can paste (a fixed r in the user turn); pass --paste-layout system")
+    return QUALITY_LAYOUT.repair_facts
 
 
 def batches(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
@@ -98,6 +120,21 @@ class Mem0Arm:
         else:
             for chunk in batches(session.facts, self.facts_per_add):
                 yield self._add(user_id, chunk, {"date": session.date})
+
+    def warm_up(self, user_id: str) -> dict[str, Any]:
+        """infer=True: one untimed add, so the served model has mem0's extraction prompt (~8k
+        tokens, the same in every call) in its prefix cache, as a server in use would; a cold
+        prefill of it can outlast --llm-timeout-s on the CPU, and then the next try goes on
+        from the blocks already cached."""
+        if not self.infer:
+            return {}
+        reply: dict[str, Any] = {}
+        for _ in range(3):
+            reply = self.worker.call("add", user_id=user_id, infer=True, messages=[
+                {"role": "user", "content": "[1 January 2023] Sam: I moved to Lisbon."}])
+            if reply["ok"]:
+                break
+        return {"ok": reply["ok"], "seconds": reply["seconds"], "error": reply.get("error")}
 
     def _add(self, user_id: str, items: Sequence[Any], metadata: dict[str, Any]) -> AddCall:
         reply = self.worker.call("add", user_id=user_id, infer=self.infer, metadata=metadata,
@@ -140,6 +177,10 @@ class InferScaleArm:
         self.facts_per_add = facts_per_add
         self.store, self.persistent = "inferscale", True
         """kv and text answer from the same stored facts (one server, one store, two modes)."""
+
+    def warm_up(self, user_id: str) -> dict[str, Any]:
+        """Nothing to warm: the server's embedder and engine are warm after start-up."""
+        return {}
 
     def ingest(self, user_id: str, session: Session) -> Iterator[AddCall]:
         for chunk in batches(session.facts, self.facts_per_add):
@@ -191,6 +232,11 @@ class LangGraphArm:
         self.items = InMemoryStore(index={
             "dims": 384, "fields": ["text"],
             "embed": lambda texts: model.encode(list(texts)).tolist()})
+
+    def warm_up(self, user_id: str) -> dict[str, Any]:
+        """One untimed put: the embedder's first call pays its one-time costs."""
+        self.items.put(("peers", user_id), "warmup", {"text": "warm up"})
+        return {}
 
     def ingest(self, user_id: str, session: Session) -> Iterator[AddCall]:
         from langgraph.store.base import PutOp

@@ -27,6 +27,7 @@ from benchmarks.peers_arms import (
     Mem0Arm,
     Recalled,
     answer_messages,
+    paste_repair,
 )
 from benchmarks.peers_data import Episode, Picked
 from benchmarks.peers_mem0 import Mem0Worker, default_venv, ensure_venv, mem0_config
@@ -69,6 +70,9 @@ def build_arms(args: argparse.Namespace, client: httpx.Client, model: str, base_
 def ingest(arm: Any, episode: Episode, attempt: str, out: IO[str]) -> str:
     """Fill the arm's store with the episode; the user id it used."""
     user_id = f"{episode.episode_id}:{attempt}"
+    if warm := arm.warm_up(f"warmup:{attempt}"):
+        out.write(json.dumps({"type": "warmup", "store": arm.store,
+                              "episode": episode.episode_id, **warm}) + "\n")
     for number, session in enumerate(episode.sessions):
         for call in arm.ingest(user_id, session):
             out.write(json.dumps({"type": "add", "store": arm.store, "episode":
@@ -89,7 +93,8 @@ def ask(arm: Any, client: httpx.Client, model: str, user_id: str, episode: Episo
         body.update(messages=answer_messages(asked, None), user=user_id,
                     memory={"k": args.k})
     else:
-        body.update(messages=answer_messages(asked, recalled.texts))
+        body.update(messages=answer_messages(asked, recalled.texts,
+                                             paste_repair(args.paste_layout)))
     return recalled, stream_chat(client, body, args.answer_timeout_s)
 
 
