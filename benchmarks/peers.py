@@ -21,7 +21,6 @@ Nothing here asserts anything about speed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -32,9 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import (  # noqa: E402
     RESULTS_DIR,
+    check_settings,
     environment,
     fit_max_model_len,
-    open_text,
+    read_jsonl,
     resolve_model,
     write_record,
 )
@@ -121,31 +121,20 @@ def default_out(args: argparse.Namespace) -> Path:
 def read_records(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Questions, answers, add calls and finished ingestions already in `path`."""
     out: dict[str, Any] = {"questions": {}, "answers": {}, "calls": {}, "ingested": {}}
-    if not path.exists():
-        return out
-    with open_text(path) as lines:
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by a killed run
-                continue
-            kind = record["type"]
-            if kind == "config":
-                theirs = {k: record["config"].get(k) for k in RESULT_KEYS}
-                ours = {k: getattr(args, k) for k in RESULT_KEYS}
-                if theirs != ours:
-                    raise SystemExit(f"{path} holds results of other settings "
-                                     f"{ {k: (theirs[k], ours[k]) for k in RESULT_KEYS if theirs[k] != ours[k]} }; pass --out or --tag")  # noqa: E501
-            elif kind == "question":
-                out["questions"][(record["episode"], record["index"])] = record
-            elif kind == "answer":
-                out["answers"].setdefault((record["episode"], record["index"]),
-                                          {})[record["arm"]] = record
-            elif kind == "ingested":
-                out["ingested"].setdefault((record["store"], record["episode"]), record)
-            elif kind == "add":
-                out["calls"].setdefault((record["store"], record["episode"], record["attempt"]),
-                                        []).append(record)
+    for record in read_jsonl(path):
+        kind = record["type"]
+        if kind == "config":
+            check_settings(path, record["config"], args, RESULT_KEYS)
+        elif kind == "question":
+            out["questions"][(record["episode"], record["index"])] = record
+        elif kind == "answer":
+            out["answers"].setdefault((record["episode"], record["index"]),
+                                      {})[record["arm"]] = record
+        elif kind == "ingested":
+            out["ingested"].setdefault((record["store"], record["episode"]), record)
+        elif kind == "add":
+            out["calls"].setdefault((record["store"], record["episode"], record["attempt"]),
+                                    []).append(record)
     return out
 
 
