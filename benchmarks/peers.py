@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -175,6 +176,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "inferscale-text": "inferscale", "langgraph": "langgraph"}
     if not args.summarize_only:
         from benchmarks.locomo import use_all_cores
+
+        # a SIGTERM runs the `finally` that stops the server's process group (vLLM's engine
+        # core and worker would outlive a plain kill of this process)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         from benchmarks.peers_run import run
 
         use_all_cores()
