@@ -47,7 +47,7 @@ from benchmarks.peers_mem0 import MEM0_VERSION, default_venv  # noqa: E402
 from benchmarks.peers_report import markdown, summarize  # noqa: E402
 
 RESULT_KEYS = ("data", "model", "dtype", "k", "max_tokens", "turns_per_add", "facts_per_add",
-               "mem0_max_tokens", "hints", "paste_layout")
+               "mem0_max_tokens", "hints", "paste_layout", "max_sessions")
 """Settings every stored memory and answer depends on: one results file holds one of each."""
 
 
@@ -63,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="test fold: stratified sample size")
     parser.add_argument("--max-questions", type=int, default=0,
                         help="dev / ad-hoc: a seeded sample of this many per conversation")
+    parser.add_argument("--max-sessions", type=int, default=0,
+                        help="smoke runs only: store the first N sessions of each episode "
+                             "(0: all); questions about later sessions lose their evidence")
     parser.add_argument("--categories", default="1,2,3,4")
     parser.add_argument("--arms", default=",".join(ARM_NAMES))
     parser.add_argument("--reference", default="inferscale-kv", help="arm the deltas are against")

@@ -97,9 +97,9 @@ class LocomoSource:
                            categories=args.categories, seed=args.seed,
                            max_per_conversation=args.max_questions,
                            test_questions=args.test_questions)
-        episodes = tuple(Episode(conv.sample_id, sessions(conv.facts,
-                                                          turns[conv.sample_id].facts), qs)
-                         for conv, qs in selection.groups)
+        episodes = tuple(Episode(conv.sample_id, sessions(
+            conv.facts, turns[conv.sample_id].facts)[:args.max_sessions or None], qs)
+            for conv, qs in selection.groups)
         return Picked(selection.split, episodes)
 
     def score(self, prediction: str, question: Mapping[str, Any]) -> dict[str, float]:

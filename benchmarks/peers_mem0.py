@@ -118,10 +118,17 @@ class Mem0Worker:
         return json.loads(line)
 
     def close(self) -> None:
+        """Ask the worker to exit; kill it if it is still busy (an add in flight) after 30 s."""
         if self._process.poll() is None:
+            assert self._process.stdin is not None
             try:
-                self.call("close")
+                self._process.stdin.write(json.dumps({"op": "close"}) + "\n")
+                self._process.stdin.flush()
+            except OSError:
+                pass
+            try:
                 self._process.wait(timeout=30)
-            except (RuntimeError, subprocess.TimeoutExpired):
+            except subprocess.TimeoutExpired:
                 self._process.kill()
+                self._process.wait()
         self._log.close()
