@@ -86,15 +86,16 @@ def ingest(arm: Any, episode: Episode, attempt: str, out: IO[str]) -> str:
 
 def ask(arm: Any, client: httpx.Client, model: str, user_id: str, episode: Episode,
         asked: str, args: argparse.Namespace) -> tuple[Recalled, Any]:
-    """One question through one arm: (what it recalled, the streamed reply)."""
-    recalled = arm.recall(user_id, episode, asked, args.k)
+    """One question through one arm: (what it recalled, the streamed reply). The kv arm's
+    server retrieves inside the chat; its search (for evidence recall only) comes after."""
     body: dict[str, Any] = {"model": model, "max_tokens": args.max_tokens, "temperature": 0.0}
     if arm.kind == "kv":
         body.update(messages=answer_messages(asked, None), user=user_id,
                     memory={"k": args.k})
-    else:
-        body.update(messages=answer_messages(asked, recalled.texts,
-                                             paste_repair(args.paste_layout)))
+        reply = stream_chat(client, body, args.answer_timeout_s)
+        return arm.recall(user_id, episode, asked, args.k), reply
+    recalled = arm.recall(user_id, episode, asked, args.k)
+    body.update(messages=answer_messages(asked, recalled.texts, paste_repair(args.paste_layout)))
     return recalled, stream_chat(client, body, args.answer_timeout_s)
 
 
