@@ -93,6 +93,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--slab-mib", type=int, default=512, help="InferScale's fact KV")
     parser.add_argument("--server-arg", action="append", default=[],
                         help="extra `inferscale serve` argument (repeat), e.g. --window=64")
+    parser.add_argument("--server-url", default=None,
+                        help="use this running `inferscale serve` (http://127.0.0.1:PORT, "
+                             "serving --model) instead of starting one; its KV cache must "
+                             "be --kv-cache-gib for --flush")
     parser.add_argument("--no-flush", dest="flush", action="store_false",
                         help="do not flush the KV cache between arms")
     parser.add_argument("--seed", type=int, default=0)

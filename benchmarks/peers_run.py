@@ -141,10 +141,16 @@ def run(args: argparse.Namespace, picked: Picked, records: Mapping[str, Any], ou
     if capacity < max_model_len:
         raise SystemExit(f"--kv-cache-gib {args.kv_cache_gib} holds {capacity} tokens, fewer "
                          f"than --max-model-len {max_model_len}: raise it")
-    print(f"starting inferscale serve ({folder}); log {workdir / 'server.log'}", flush=True)
-    server = start_server(folder, args.dtype, workdir, max_model_len=max_model_len,
-                          kv_cache_bytes=int(args.kv_cache_gib * 2**30),
-                          slab_mib=args.slab_mib, extra=args.server_arg)
+    if args.server_url:  # a server started elsewhere, sized by its own flags
+        from tests.server.process import ServerProcess
+
+        server = ServerProcess.attach(args.server_url)
+    else:
+        print(f"starting inferscale serve ({folder}); log {workdir / 'server.log'}",
+              flush=True)
+        server = start_server(folder, args.dtype, workdir, max_model_len=max_model_len,
+                              kv_cache_bytes=int(args.kv_cache_gib * 2**30),
+                              slab_mib=args.slab_mib, extra=args.server_arg)
     client = httpx.Client(base_url=server.base_url, timeout=600)
     attempt = time.strftime("%Y%m%d%H%M%S")
     arms: dict[str, Any] = {}
