@@ -134,7 +134,10 @@ class Mem0Arm:
                 {"role": "user", "content": "[1 January 2023] Sam: I moved to Lisbon."}])
             if reply["ok"]:
                 break
-        return {"ok": reply["ok"], "seconds": reply["seconds"], "error": reply.get("error")}
+        return {"ok": reply["ok"], "seconds": reply["seconds"], "error": reply.get("error"),
+                "llm_calls": [{**{k: v for k, v in c.items() if k != "reply"},
+                               "reply_head": (c.get("reply") or "")[:300]}
+                              for c in reply["llm_calls"]]}
 
     def _add(self, user_id: str, items: Sequence[Any], metadata: dict[str, Any]) -> AddCall:
         reply = self.worker.call("add", user_id=user_id, infer=self.infer, metadata=metadata,

@@ -1,9 +1,9 @@
 """peers.py's run: start the server and the arms, fill each store, answer, append records.
 
-Order per episode: every store that still has questions to answer is filled (timed, one store
-after the other, nothing else running), then each arm answers its pending questions one at a
-time: the KV cache flushed first (peers_server.flush), one untimed warm-up question, then the
-timed questions. A store is filled under a user id of its own per attempt, so a rerun after a
+Order per episode, arm after arm (--arms order): the arm's store is filled if it is not yet
+(timed, nothing else running), then the arm answers its pending questions one at a time: the
+KV cache flushed first (peers_server.flush), one untimed warm-up question, then the timed
+questions. A store is filled under a user id of its own per attempt, so a rerun after a
 killed ingestion never mixes two attempts; the server's users of a finished episode are reset
 (its slab freed for the next one).
 """
@@ -192,16 +192,13 @@ def run_episode(args: argparse.Namespace, episode: Episode, arms: Mapping[str, A
     for name, arm in arms.items():
         if not todo[name]:
             continue
-        if arm.store not in users:
+        if arm.store not in users:  # filled right before its first arm answers
             done = records["ingested"].get((arm.store, episode.episode_id))
             if done and arm.persistent:
                 users[arm.store] = done["user_id"]
             else:
                 print(f"{episode.episode_id}: filling {arm.store}", flush=True)
                 users[arm.store] = ingest(arm, episode, attempt, out)
-    for name, arm in arms.items():
-        if not todo[name]:
-            continue
         print(f"{episode.episode_id}: {name} answers {len(todo[name])}", flush=True)
         if args.flush:
             start = time.perf_counter()
