@@ -9,7 +9,9 @@ engine per arm, one arm after the other, each in a process of its own:
   reencode  a slab of --slab-mib, no lower tier: a fact evicted from the slab is encoded again
             with its context (on_evicted="reencode", the policy before tiers)
   host      the same slab over a pinned host-RAM tier of --host-tier-mib: an evicted fact is
-            demoted and promoted back by a copy; what falls out of host RAM is encoded again
+            demoted and promoted back by a copy (the tier is inclusive: a promoted fact keeps
+            its host copy, so its next eviction copies nothing); what falls out of host RAM is
+            encoded again
   disk      the same slab and host tier over a disk tier (every fact written through at
             encode time): what falls out of host RAM is loaded from its disk entry
   offload   the peer a user would pick instead: no InferScale connector, each user's facts
@@ -22,7 +24,8 @@ The first --warmup requests of each arm fill the tiers (untimed); the rest are t
 wall time of one max_tokens=1 request). Per arm: TTFT p50/p90/p99 and where each requested
 fact came from (slab, host, disk, encoded again); for the tiers, the bytes each promotion call
 moved and the host-to-device rate it achieved (the workers' own timers); for the offload arm,
-the share of prompt tokens vLLM found cached (on the GPU or loaded back from host RAM).
+the share of prompt tokens vLLM found cached (on the GPU or loaded back from host RAM); and
+the host link's own pinned copy rate, the bound for a promotion's.
 
   python benchmarks/tiers.py --model tiny --users 40 --facts-per-user 20 --k 10 --slab-mib 8
   python benchmarks/tiers.py --model llama-3.1-8b --users 80 --facts-per-user 50 --k 50 \\
@@ -215,6 +218,33 @@ def move_rates(totals: dict[str, int]) -> dict[str, float]:
     return rates
 
 
+def link_rates(mib: int = 256, repeats: int = 5) -> dict[str, float]:
+    """The host link's own rate: one copy of `mib` MiB between pinned host memory and the GPU.
+
+    The bound a promotion's rate is held against (its copies, a gather or scatter and a
+    synchronization ride on this link). Empty without CUDA.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    host = torch.empty(mib * 2**20, dtype=torch.uint8, pin_memory=True)
+    device = torch.empty_like(host, device="cuda")
+    rates: dict[str, float] = {}
+    for name, dst, src in (("h2d_gb_per_s", device, host), ("d2h_gb_per_s", host, device)):
+        times = []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            dst.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        rates[name] = host.numel() / sorted(times)[len(times) // 2] / 1e9
+    del host, device
+    torch.cuda.empty_cache()
+    return rates
+
+
 def offload_prompts(args: argparse.Namespace, texts: list[list[str]],
                     sequence: list[tuple[int, list[int], str]]) -> list[list[int]]:
     """Each request as text mode renders it, the user's facts in one stable order."""
@@ -345,7 +375,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "fact_bytes": per_fact,
               "facts_over_slab": per_fact * args.users * args.facts_per_user
               / (args.slab_mib * 2**20),
-              "results": results}
+              "link": link_rates(), "results": results}
     path = write_tagged(f"tiers-{args.model}", args.tag, record)
     try:
         for arm in args.arms.split(","):
@@ -360,6 +390,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     _print_table(results)
+    if record["link"]:
+        print("host link (pinned, 256 MiB): " + ", ".join(
+            f"{k} {v:.1f}" for k, v in record["link"].items()), flush=True)
     if args.plot:
         print(f"wrote {plot(record, path.with_suffix('.png'))}")
     return record

@@ -137,7 +137,9 @@ class HostTier:
         return tokens
 
     def promote(self, gpu: KVSlab, moves: list[Move]) -> list[int]:
-        """Move host entries (host key -> slab key, slab pages) back into the slab.
+        """Copy host entries (host key -> slab key, slab pages) back into the slab.
+
+        The host entry stays (the tier is inclusive) until the scheduler drops it.
 
         Returns:
             Per move, the tokens moved (0: not in host RAM, or the slab pages were given to a
@@ -152,7 +154,6 @@ class HostTier:
                 continue
             rows = gpu.rows_for(pages, entry.num_tokens)
             gpu.entries[slab_key] = SlabEntry(entry.owner, rows, entry.num_tokens, entry.origin)
-            del self.entries[host_key]
             batch.append((i, rows, entry.pages))
             tokens[i] = entry.num_tokens
         for chunk in self._chunks(batch):

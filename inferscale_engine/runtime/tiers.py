@@ -2,9 +2,11 @@
 
 The GPU slab's pages and LRU are Residency's (residency.py). A fact evicted from the slab is
 demoted to host RAM when the host tier has (or can make) room; a host entry evicted in turn is
-dropped (with a disk tier its file remains). Disk entries are named by a content key of what
-their KV was computed from, so an entry of another model, preamble, context, fact or key scale
-is never loaded (connector/tiers.py checks the metadata again, and a keyed MAC). The worker side
+dropped (with a disk tier its file remains). The host tier is inclusive: a fact promoted back
+into the slab keeps its host copy (a fact's KV never changes), so evicting it again costs no
+copy; only a fact that has never been in host RAM (or was dropped from it) is copied out.
+Disk entries are named by a content key of what their KV was computed from, so an entry of
+another model, preamble, context, fact or key scale is never loaded (connector/tiers.py checks the metadata again, and a keyed MAC). The worker side
 does the copies; this module only decides, deterministically, so every rank agrees.
 """
 
@@ -25,7 +27,7 @@ from inferscale_engine.runtime.residency import FactRecord, SlabAllocator
 
 
 class HostResidency:
-    """Host-RAM pages of demoted facts, least recently demoted dropped first."""
+    """Host-RAM pages of demoted facts, least recently demoted or promoted dropped first."""
 
     def __init__(self, num_pages: int, page_tokens: int) -> None:
         self._allocator = SlabAllocator(num_pages, page_tokens) if num_pages else None
@@ -45,6 +47,8 @@ class HostResidency:
                ) -> tuple[list[Move], list[int]]:
         """Host pages for records leaving the slab (their slab_key still set).
 
+        A record that still has its host copy (it was promoted from there) needs no move.
+
         Returns:
             The moves (slab key, host key, host pages), and the host keys of the entries
             dropped to make room (their worker entries must be dropped first). A record that
@@ -55,6 +59,9 @@ class HostResidency:
         if self._allocator is None:
             return moves, dropped
         for record in records:
+            if record.host_key is not None:
+                self._lru.move_to_end(record.fact.fact_id)
+                continue
             needed = self._allocator.pages_needed(len(record.fact.token_ids))
             if needed > self._allocator.num_pages:
                 continue
@@ -71,8 +78,13 @@ class HostResidency:
             self._lru[record.fact.fact_id] = record
         return moves, dropped
 
+    def touch(self, record: FactRecord) -> None:
+        """Mark a record's host copy as just used (it was promoted and stays in host RAM)."""
+        if record.host_key is not None:
+            self._lru.move_to_end(record.fact.fact_id)
+
     def release(self, record: FactRecord) -> None:
-        """Forget a record's host copy (promoted back, deleted, or its demotion failed)."""
+        """Forget a record's host copy (deleted, or a move to or from it failed)."""
         if record.host_key is None:
             return
         self._lru.pop(record.fact.fact_id, None)

@@ -10,7 +10,8 @@ fact's prompt as a prefix, and causal attention makes each fact's K/V there the 
 own request. With a disk tier every encoded fact is also written to disk.
 
 A fact whose KV left the slab comes back by a copy when it can: from host RAM if it was
-demoted there, else from its disk entry; only then is it encoded again (tiers.py). Pages are
+demoted there (the host copy stays: the host tier is inclusive), else from its disk entry; only
+then is it encoded again (tiers.py). Pages are
 allocated here, least recently used facts evicted (demoted) when the slab is full; a batch is
 all or nothing.
 """
@@ -125,8 +126,9 @@ class FactWriter:
     def free_records(self, records: Iterable[FactRecord]) -> None:
         """Move records evicted from the slab out of it.
 
-        Their KV is demoted to host RAM where it fits, else dropped (a disk entry stays); their
-        slab pages are forgotten.
+        Their KV is demoted to host RAM where it fits (no copy for a record whose host copy
+        remains from its promotion), else dropped (a disk entry stays); their slab pages are
+        forgotten.
         """
         records = [r for r in records if r.slab_key is not None]
         if not records:
@@ -219,11 +221,12 @@ class FactWriter:
         done = _everywhere(workers.promote(moves), len(moves))
         promoted = set()
         for fill, move, ok in zip(waiting, moves, done, strict=True):
-            self._host.release(fill.record)
-            if ok:
+            if ok:  # the host copy stays: evicting the fact again costs no copy
+                self._host.touch(fill.record)
                 self._counters["host_hits"] += 1
                 promoted.add(id(fill))
                 continue
+            self._host.release(fill.record)
             workers.free([fill.key])
             workers.forget([move.source_key], [])
             fill.key = self._residency.next_slab_key()

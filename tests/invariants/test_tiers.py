@@ -1,7 +1,8 @@
 """KV tiers: a fact evicted from the slab comes back from host RAM or disk as the very KV it was.
 
-A fact demoted to host RAM and promoted back, or loaded from its disk entry (after eviction or a
-restart), injects bit-identical KV: the same answer with the same logprobs (|dlogprob| = 0) as
+A fact demoted to host RAM and promoted back (keeping its host copy, so that evicting it again
+moves nothing), or loaded from its disk entry (after eviction or a restart), injects bit-identical
+KV: the same answer with the same logprobs (|dlogprob| = 0) as
 before it left the slab. A corrupt, truncated or foreign disk entry is refused and the fact
 encoded again (counted), never served. A deleted fact leaves no entry in any tier.
 """
@@ -73,6 +74,33 @@ def test_host_and_disk_round_trips_inject_bit_identical_kv(tiny_models, tmp_path
         totals = engine.stats().worker_totals
         assert totals["host_bytes_in"] > 0 and totals["host_bytes_out"] > 0
         assert totals["disk_bytes_read"] > 0 and totals["disk_writes"] >= 3 + 12 + 30
+
+
+def test_the_host_tier_is_inclusive_an_evicted_fact_with_a_host_copy_moves_nothing(tiny_models):
+    model = tiny_models["llama"]
+    # A slab of about a dozen facts, a host tier that holds every fact: alice's 3 and bob's 12
+    # cannot share the slab, so serving them in turn evicts one for the other each time.
+    with running_engine(model, slab_capacity_bytes=_bytes(model, 640),
+                        host_tier_bytes=_bytes(model, 4000)) as engine:
+        alice = engine.add_facts("alice", FACTS[:3])
+        reference = _answer(engine, "alice", alice)
+        bob = _fill(engine, "bob", 12)
+        assert engine.tiers_of(alice) == {f: ("host",) for f in alice}
+        bob_reference = _answer(engine, "bob", bob)
+        assert _answer(engine, "alice", alice) == reference  # promoted: the host copy stays
+        assert engine.tiers_of(alice) == {f: ("slab", "host") for f in alice}
+        assert _answer(engine, "bob", bob) == bob_reference  # every fact now has a host copy
+        before, totals = engine.stats().counters, engine.stats().worker_totals
+        for _ in range(2):
+            assert _answer(engine, "alice", alice) == reference
+            assert _answer(engine, "bob", bob) == bob_reference
+        after, moved = engine.stats().counters, engine.stats().worker_totals
+        assert after["evicted_facts"] - before["evicted_facts"] >= 6  # the slab did turn over
+        assert after["host_hits"] - before["host_hits"] >= 6
+        assert after["demoted_facts"] == before["demoted_facts"]  # ... with no copy out
+        assert moved["host_bytes_in"] == totals["host_bytes_in"]  # nothing into host RAM
+        assert moved["host_bytes_out"] > totals["host_bytes_out"]  # only back into the slab
+        assert after.get("encoded_facts") == before.get("encoded_facts")
 
 
 def _restart(model, disk: Path, texts, contexts=None, **overrides):
