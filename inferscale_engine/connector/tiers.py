@@ -5,10 +5,10 @@ deterministic so every tensor-parallel rank agrees) and calls these through the 
 extension (control.py); each rank moves its own KV heads.
 
 - Host tier: pinned host pages the app allocates, page-major so that an entry moves as whole
-  pages. Demoting copies an entry's rows out of the GPU slab, promoting copies them back into
-  new slab pages; each call moves all its entries together on a CUDA stream of its own (on
-  the CPU build, plain copies). Tiers are exclusive: an entry is in the slab or in host RAM,
-  never both.
+  pages, one host page to one slab page. Demoting copies an entry's pages out of the GPU slab,
+  promoting copies them back into new slab pages; each call moves all its entries together
+  on a CUDA stream of its own (on the CPU build, plain copies). The tier is inclusive: a
+  promoted entry stays in host RAM until the app drops it.
 - Disk tier: one safetensors file per fact and rank, written through when a fact is encoded
   (the copy out of the slab is synchronous; the MAC and the write run on a background
   thread), named by the app's content key. The file's metadata holds what the KV was
@@ -30,7 +30,6 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -85,11 +84,12 @@ class HostTier:
     """Demoted entries in pinned host memory, page-major.
 
     Each host page holds the keys and values of every layer for its `page_tokens` tokens as
-    one contiguous block ([2, L, page_tokens, H, D]), so moving an entry between the tiers is
-    a few large copies of whole pages (a run of consecutive pages is one copy) between pinned
-    host memory and a device buffer; the re-layout to and from the slab's [L, rows, H, D] is a
-    gather or scatter on the device. A call moves all its entries with one synchronization per
-    `MOVE_CHUNK_BYTES` of pages.
+    one contiguous block ([2, L, page_tokens, H, D]); an entry's host pages and slab pages
+    pair up one to one, in token order. A promotion copies host pages into a device buffer
+    (a run of consecutive pages is one copy, issued as soon as its entry is checked, so the
+    copies overlap the bookkeeping of the next entries), then writes the buffer's pages into
+    their slab pages with one indexed copy per keys and values. A demotion is the reverse. A
+    call synchronizes once per `MOVE_CHUNK_BYTES` of pages.
     """
 
     MOVE_CHUNK_BYTES = 256 * 2**20
@@ -113,51 +113,64 @@ class HostTier:
         return self.pages[0].numel() * self.pages.element_size()
 
     def demote(self, gpu: KVSlab, moves: list[Move]) -> list[int]:
-        """Move slab entries (slab key -> host key, host pages) into host RAM.
+        """Copy slab entries (slab key -> host key, host pages) into host RAM.
+
+        The slab entries are dropped (the app frees their pages).
 
         Returns:
             Per move, the tokens moved (0: the entry is not in the slab, or a page has been
             given to a newer demotion).
         """
         tokens = [0] * len(moves)
-        batch: list[tuple[int, SlabEntry, list[int]]] = []
-        for i, (slab_key, host_key, host_pages) in enumerate(
-                (m.source_key, m.dest_key, list(m.pages)) for m in moves):
-            entry = gpu.entries.get(slab_key)
-            if entry is None or len(host_pages) * self.page_tokens < entry.num_tokens or (
-                    claim_pages(self.entries, self.page_keys, host_key, host_pages) is None):
+        batch: list[tuple[list[int], list[int]]] = []
+        for i, move in enumerate(moves):
+            entry = gpu.entries.get(move.source_key)
+            host_pages = list(move.pages)
+            if entry is None or len(host_pages) != -(-entry.num_tokens // self.page_tokens) or (
+                    claim_pages(self.entries, self.page_keys, move.dest_key, host_pages)
+                    is None):
                 continue
-            batch.append((i, entry, host_pages))
-            self.entries[host_key] = HostEntry(entry.owner, list(host_pages), entry.num_tokens,
-                                               entry.origin)
-            del gpu.entries[slab_key]
+            slab_pages = (entry.rows[::self.page_tokens] // self.page_tokens).tolist()
+            batch.append((slab_pages, host_pages))
+            self.entries[move.dest_key] = HostEntry(entry.owner, host_pages, entry.num_tokens,
+                                                    entry.origin)
+            del gpu.entries[move.source_key]
             tokens[i] = entry.num_tokens
-        for chunk in self._chunks(batch):
-            self._to_host(gpu, [(entry.rows, pages) for _, entry, pages in chunk])
+        with _on(self._stream, gpu.keys.device):
+            for chunk in self._chunks(batch):
+                self._to_host(gpu, chunk)
         return tokens
 
     def promote(self, gpu: KVSlab, moves: list[Move]) -> list[int]:
         """Copy host entries (host key -> slab key, slab pages) back into the slab.
 
-        The host entry stays (the tier is inclusive) until the scheduler drops it.
+        The host entry stays (the tier is inclusive) until the app drops it.
 
         Returns:
             Per move, the tokens moved (0: not in host RAM, or the slab pages were given to a
             newer allocation).
         """
         tokens = [0] * len(moves)
-        batch: list[tuple[int, torch.Tensor, list[int]]] = []
-        for i, (host_key, slab_key, pages) in enumerate(
-                (m.source_key, m.dest_key, list(m.pages)) for m in moves):
-            entry = self.entries.get(host_key)
-            if entry is None or gpu.claim_pages(slab_key, pages) is None:
-                continue
-            rows = gpu.rows_for(pages, entry.num_tokens)
-            gpu.entries[slab_key] = SlabEntry(entry.owner, rows, entry.num_tokens, entry.origin)
-            batch.append((i, rows, entry.pages))
-            tokens[i] = entry.num_tokens
-        for chunk in self._chunks(batch):
-            self._to_slab(gpu, [(rows, pages) for _, rows, pages in chunk])
+        device = gpu.keys.device
+        limit = max(1, self.MOVE_CHUNK_BYTES // self.page_bytes)
+        with _on(self._stream, device):
+            step = _Step(self, device, min(limit, sum(len(m.pages) for m in moves)))
+            for i, move in enumerate(moves):
+                entry = self.entries.get(move.source_key)
+                pages = list(move.pages)
+                if entry is None or len(pages) != len(entry.pages) or (
+                        gpu.claim_pages(move.dest_key, pages) is None):
+                    continue
+                rows = gpu.rows_for(pages, entry.num_tokens)
+                gpu.entries[move.dest_key] = SlabEntry(entry.owner, rows, entry.num_tokens,
+                                                       entry.origin)
+                if step.used + len(pages) > step.capacity:
+                    step.to_slab(gpu)
+                    step = _Step(self, device, max(len(pages), min(limit, sum(
+                        len(m.pages) for m in moves[i:]))))
+                step.fetch(entry.pages, pages)
+                tokens[i] = entry.num_tokens
+            step.to_slab(gpu)
         return tokens
 
     def drop(self, host_keys: list[int]) -> int:
@@ -173,75 +186,75 @@ class HostTier:
                 "bytes_per_token": self.page_bytes // self.page_tokens,
                 "capacity_bytes": self.num_pages * self.page_bytes}
 
-    def _chunks(self, batch: list[Any]) -> Iterator[list[Any]]:
-        """Consecutive pieces of `batch` whose host pages fit one move step."""
+    def _chunks(self, batch: list[tuple[list[int], list[int]]]
+                ) -> Iterator[list[tuple[list[int], list[int]]]]:
+        """Consecutive pieces of `batch` whose pages fit one move step."""
         limit = max(1, self.MOVE_CHUNK_BYTES // self.page_bytes)
-        chunk: list[Any] = []
+        chunk: list[tuple[list[int], list[int]]] = []
         pages = 0
         for item in batch:
-            if chunk and pages + len(item[2]) > limit:
+            if chunk and pages + len(item[1]) > limit:
                 yield chunk
                 chunk, pages = [], 0
             chunk.append(item)
-            pages += len(item[2])
+            pages += len(item[1])
         if chunk:
             yield chunk
 
-    def _layout(self, items: list[tuple[torch.Tensor, list[int]]], device: torch.device
-                ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]:
-        """Slab rows, their rows in a page-major device buffer, and the copy runs.
+    def _to_host(self, gpu: KVSlab, items: list[tuple[list[int], list[int]]]) -> None:
+        """Gather slab pages into a page-major device buffer, then copy it to host pages."""
+        slab_pages = [p for pages, _ in items for p in pages]
+        index = torch.tensor(slab_pages, dtype=torch.int64).to(gpu.keys.device)
+        buffer = torch.empty((len(slab_pages), *self.pages.shape[1:]), dtype=self.pages.dtype,
+                             device=gpu.keys.device)
+        for side, slab in enumerate((gpu.keys, gpu.values)):
+            paged = slab.view(slab.shape[0], -1, self.page_tokens, *slab.shape[2:])
+            buffer[:, side] = paged.index_select(1, index).transpose(0, 1)
+        at = 0
+        for start, count in _runs([p for _, pages in items for p in pages]):
+            self.pages[start:start + count].copy_(buffer[at:at + count], non_blocking=True)
+            at += count
 
-        Returns:
-            slab rows [n] and buffer rows [n] (int64, on `device`) of every token, and
-            (host page, buffer page, count) runs of consecutive pages.
-        """
-        runs: list[tuple[int, int, int]] = []
-        buffer_rows = []
-        start = 0
-        for rows, pages in items:
-            buffer_rows.append(torch.arange(len(rows), dtype=torch.int64)
-                               + start * self.page_tokens)
-            for offset, page in enumerate(pages):
-                last = runs[-1] if runs else None
-                if last is not None and last[0] + last[2] == page and (
-                        last[1] + last[2] == start + offset):
-                    runs[-1] = (last[0], last[1], last[2] + 1)
-                else:
-                    runs.append((page, start + offset, 1))
-            start += len(pages)
-        slab_rows = torch.cat([rows for rows, _ in items]).to(device, non_blocking=True)
-        return slab_rows, torch.cat(buffer_rows).to(device, non_blocking=True), runs
 
-    def _to_slab(self, gpu: KVSlab, items: list[tuple[torch.Tensor, list[int]]]) -> None:
-        """Copy host pages into a device buffer, then scatter their tokens into slab rows."""
-        device = gpu.keys.device
-        with _on(self._stream, device):
-            slab_rows, buffer_rows, runs = self._layout(items, device)
-            count = sum(len(pages) for _, pages in items)
-            buffer = torch.empty((count, *self.pages.shape[1:]), dtype=self.pages.dtype,
-                                 device=device)
-            for host, at, n in runs:
-                buffer[at:at + n].copy_(self.pages[host:host + n], non_blocking=True)
-            # [count, 2, L, page, H, D] -> [2, L, count * page, H, D]: tokens in buffer order
-            flat = buffer.permute(1, 2, 0, 3, 4, 5).flatten(2, 3)
-            gpu.keys[:, slab_rows] = flat[0][:, buffer_rows]
-            gpu.values[:, slab_rows] = flat[1][:, buffer_rows]
+class _Step:
+    """A promotion's move step: host pages copied into a device buffer, then into slab pages."""
 
-    def _to_host(self, gpu: KVSlab, items: list[tuple[torch.Tensor, list[int]]]) -> None:
-        """Gather slab rows into a page-major device buffer, then copy its pages to host RAM."""
-        device = gpu.keys.device
-        with _on(self._stream, device):
-            slab_rows, buffer_rows, runs = self._layout(items, device)
-            count = sum(len(pages) for _, pages in items)
-            layers, _, heads, dim = gpu.keys.shape
-            flat = torch.zeros(2, layers, count * self.page_tokens, heads, dim,
-                               dtype=gpu.keys.dtype, device=device)
-            flat[0][:, buffer_rows] = gpu.keys[:, slab_rows]
-            flat[1][:, buffer_rows] = gpu.values[:, slab_rows]
-            buffer = flat.unflatten(2, (count, self.page_tokens)).permute(2, 0, 1, 3, 4, 5)
-            buffer = buffer.contiguous()
-            for host, at, n in runs:
-                self.pages[host:host + n].copy_(buffer[at:at + n], non_blocking=True)
+    def __init__(self, tier: HostTier, device: torch.device, capacity: int) -> None:
+        self.tier = tier
+        self.capacity = capacity
+        self.used = 0
+        self.buffer = torch.empty((capacity, *tier.pages.shape[1:]), dtype=tier.pages.dtype,
+                                  device=device)
+        self.slab_pages: list[int] = []
+
+    def fetch(self, host_pages: list[int], slab_pages: list[int]) -> None:
+        """Copy an entry's host pages into the buffer (asynchronously on a CUDA stream)."""
+        for start, count in _runs(host_pages):
+            self.buffer[self.used:self.used + count].copy_(self.tier.pages[start:start + count],
+                                                           non_blocking=True)
+            self.used += count
+        self.slab_pages += slab_pages
+
+    def to_slab(self, gpu: KVSlab) -> None:
+        """Write the buffer's pages into their slab pages (one indexed copy per side)."""
+        if not self.used:
+            return
+        index = torch.tensor(self.slab_pages, dtype=torch.int64).to(gpu.keys.device)
+        for side, slab in enumerate((gpu.keys, gpu.values)):
+            paged = slab.view(slab.shape[0], -1, self.tier.page_tokens, *slab.shape[2:])
+            paged.index_copy_(1, index, self.buffer[:self.used, side].transpose(0, 1))
+
+
+def _runs(pages: list[int]) -> Iterator[tuple[int, int]]:
+    """(first page, count) of each run of consecutive pages, in order."""
+    start, count = pages[0], 1
+    for page in pages[1:]:
+        if page == start + count:
+            count += 1
+            continue
+        yield start, count
+        start, count = page, 1
+    yield start, count
 
 
 @contextlib.contextmanager
