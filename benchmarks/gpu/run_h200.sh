@@ -29,7 +29,7 @@
 # ending on a block boundary and not; DRAWS, MODES, BLOCK_SIZE), floor (floor_probe.py: TTFT of kv
 # with the plan check, the load or both switched off, vs resident; MODELS, KS, VARIANTS), tp2
 # (kind nvidia-h200-x2: the TP=2 invariants, ttft.py and throughput.py at TP=2, tagged tp2),
-# tiers (benchmarks/tiers.py: tiered fact KV at 10x the slab, vLLM's CPU offloading beside it), serve_overhead (plain `vllm serve`,
+# tiers (benchmarks/tiers.py: tiered fact KV at 10x the slab, vLLM's CPU offloading beside it), promote (host-tier promotion vs the host link), serve_overhead (plain `vllm serve`,
 # the same with a no-op connector, `inferscale serve`, over HTTP, memory off / text / kv at k=50; needs .device/uv and .device/minilm), fp8 (ttft.py with an fp8 KV
 # cache), ab_old (ttft.py of this tree vs
 # another commit's carried in .device/old, alternating).
@@ -197,6 +197,9 @@ for step in "$@"; do
       # own CPU offloading as the peer (USERS, FACTS, SLAB_MIB, HOST_MIB, REQUESTS, ARMS (all five
       # take ~12 min: split them over two calls); the disk tier writes under /tmp)
       timeout 590 python3 benchmarks/tiers.py --model llama-3.1-8b --users ${USERS:-80} --facts-per-user ${FACTS:-50} --k 50 --slab-mib ${SLAB_MIB:-1280} --host-tier-mib ${HOST_MIB:-4096} --requests ${REQUESTS:-1500} --warmup 200 --kv-cache-gib 16 --cudagraph-sizes $graphs --arms ${ARMS:-resident,host,offload,disk,reencode} --disk-folder /tmp/inferscale-tiers --plot --tag h200 2>&1 | grep -vE "$quiet" | tail -16 ;;
+    promote)  # host-tier promotion per call vs the host link (benchmarks/gpu/promote_probe.py);
+      # REFERENCE=.device/old/tiers.py times another version's connector/tiers.py beside it
+      timeout 300 python3 benchmarks/gpu/promote_probe.py --calls ${CALLS:-40} ${REFERENCE:+--reference $REFERENCE} --tag h200 2>&1 | grep -vE "$quiet" | tail -5 ;;
     fp8)  # TTFT text / kv / resident with vLLM's fp8 KV cache, Llama-3.1-8B, k=0..100
       timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --kv-cache-dtype fp8 --ks ${KS:-0,25,50,100} --embedder none --warmup 4 --facts synthetic --plot --tag h200-fp8 2>&1 | grep -vE "$quiet" | tail -8 ;;
     ab_old)  # kv/resident at k=50,100: this tree vs OLD (a `git archive` of another commit's
