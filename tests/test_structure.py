@@ -93,8 +93,8 @@ def test_imports_flow_from_higher_layers_to_lower_ones():
 def test_bookkeeping_modules_import_neither_torch_nor_vllm():
     code = ("import sys; import inferscale_engine.runtime.residency, inferscale_engine.checks, "
             "inferscale_engine.protocol.plan, inferscale_engine.runtime.generation, "
-            "inferscale_engine.memory.store, inferscale_engine.memory.types, "
-            "inferscale_engine.memory.records, inferscale_engine.memory.config; "
+            "inferscale_engine.memory.store.fact_store, inferscale_engine.memory.types, "
+            "inferscale_engine.memory.store.records, inferscale_engine.memory.config; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vllm')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT)

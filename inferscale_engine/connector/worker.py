@@ -28,7 +28,7 @@ from inferscale_engine.connector.paged import (
 )
 from inferscale_engine.connector.slab import KVSlab, SlabEntry
 from inferscale_engine.connector.staging import Staging
-from inferscale_engine.connector.tiers import DiskTier, HostTier
+from inferscale_engine.connector.worker_tiers import DiskTier, HostTier
 from inferscale_engine.kernels.rope_tables import RopeTables
 from inferscale_engine.model.rope import RopeSpec, layer_rope_specs
 from inferscale_engine.protocol.plan import SYSTEM_OWNER
@@ -58,7 +58,7 @@ class InferScaleWorker:
         self._vllm_config = vllm_config
         self.slab: KVSlab | None = None
         self.host: HostTier | None = None
-        """Demoted fact KV in pinned host memory (connector/tiers.py), if configured."""
+        """Demoted fact KV in pinned host memory (connector/worker_tiers.py), if configured."""
         self.disk: DiskTier | None = None
         """Fact KV files on local disk, if configured."""
         self.paged: PagedKV | None = None
@@ -193,7 +193,7 @@ class InferScaleWorker:
         return {**self.slab.stats(), **{f"host_{k}": v for k, v in host.items()},
                 **self.counters}
 
-    # ---- tiers (control calls; connector/tiers.py) -----------------------------------
+    # ---- tiers (control calls; connector/worker_tiers.py) ----------------------------
     def demote(self, moves: list[Move]) -> list[bool]:
         """Move slab entries to host RAM; per move, done."""
         assert self.slab is not None

@@ -1,6 +1,6 @@
 """MemoryServing: the verbs that answer (generate, answer, streams, prepare), adapters' needs.
 
-Memory (main.py) holds the state; these verbs read it. Every answer ends in serving.py; the
+Memory (main.py) holds the state; these verbs read it. Every answer ends in fallback.py; the
 verbs are interactive calls that large adds yield to (gate.py).
 """
 
@@ -18,10 +18,10 @@ from typing import Any
 from inferscale_engine import checks
 from inferscale_engine.errors import HandleError, InvalidRequestError
 from inferscale_engine.facts import FactId, MemoryHandle
+from inferscale_engine.memory.fallback import PreparedPrompt, prepare, serve, serve_stream
 from inferscale_engine.memory.gate import InteractiveGate, interactive_call
-from inferscale_engine.memory.served import ServedFacts
-from inferscale_engine.memory.serving import PreparedPrompt, prepare, serve, serve_stream
-from inferscale_engine.memory.store import FactStore
+from inferscale_engine.memory.registration import ServedFacts
+from inferscale_engine.memory.store.fact_store import FactStore
 from inferscale_engine.memory.types import SearchResult
 from inferscale_engine.prompting.layout import Layout
 from inferscale_engine.prompting.tool_calls import ToolCall

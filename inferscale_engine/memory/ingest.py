@@ -5,8 +5,8 @@ Argument checks live in inferscale_engine.checks (one implementation for every l
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -14,57 +14,18 @@ import torch
 from inferscale_engine import checks
 from inferscale_engine.config import EngineConfig
 from inferscale_engine.facts import FactId
-from inferscale_engine.memory.records import StoredFact, Turn
-from inferscale_engine.memory.retrieval import RetrievalIndex
-from inferscale_engine.memory.store import FactStore
+from inferscale_engine.memory.search.index import RetrievalIndex
+from inferscale_engine.memory.store.fact_store import FactStore
+from inferscale_engine.memory.store.records import StoredFact, Turn
+from inferscale_engine.memory.store.reserved import context_metadata
 from inferscale_engine.memory.types import AddResult
 from inferscale_engine.prompting.contexts import (
     SIMILAR_CANDIDATES,
     Context,
-    RunContext,
     run_contexts,
     similar_context,
 )
 from inferscale_engine.prompting.prompt import FACT_FORMAT
-
-CONTEXT_KEY = "inferscale.context"
-"""Metadata key holding what a fact was encoded after (Context-Window Encoding): the text
-before it, or a run context as JSON ({"lead": ..., "facts": [...]}), so that its KV is
-rebuilt exactly. Keys starting with 'inferscale.' are reserved."""
-
-
-def context_metadata(context: Context) -> dict[str, Any]:
-    """The metadata entry that stores `context` (none for no context)."""
-    if isinstance(context, RunContext):
-        return {CONTEXT_KEY: context.to_json()}
-    return {CONTEXT_KEY: context} if context else {}
-
-
-def with_context(metadata: dict[str, Any] | None, old: Mapping[str, Any]
-                 ) -> dict[str, Any] | None:
-    """An updated fact's new metadata (None: unchanged), keeping its reserved keys."""
-    if metadata is None:
-        return None
-    return {**metadata, **{k: v for k, v in old.items() if k.startswith("inferscale.")}}
-
-
-AGENT_KEY, RUN_KEY = "inferscale.agent_id", "inferscale.run_id"
-"""Metadata keys of the agent and run scopes (mem0's agent_id / run_id) a fact was added in."""
-
-
-def scoped(metadata: dict[str, Any] | None, agent_id: str | None, run_id: str | None
-           ) -> dict[str, Any] | None:
-    """Metadata with the fact's agent and run scopes (checked ids) added."""
-    scope = {key: value for key, value in ((AGENT_KEY, agent_id), (RUN_KEY, run_id))
-             if value is not None}
-    return {**(metadata or {}), **scope} if scope else metadata
-
-
-
-def stored_context(metadata: Mapping[str, Any]) -> Context:
-    """The context a stored fact was encoded after (inverse of context_metadata)."""
-    value = metadata.get(CONTEXT_KEY)
-    return RunContext.from_json(value) if isinstance(value, Mapping) else value
 
 _DUPLICATE_CANDIDATES = 8
 """Most similar indexed facts compared by text per new fact."""
@@ -242,14 +203,3 @@ def store_facts(store: FactStore, user_id: str, session_id: str | None,
                           embeddings=list(vectors), metadata=metas, session_id=session_id,
                           turns=turns)
     return store.get(user_id=user_id, fact_ids=ids) if ids else []
-
-
-def public_record(stored: StoredFact) -> StoredFact:
-    """A stored fact as Memory returns it: public metadata, its agent and run scopes."""
-    return replace(stored, metadata=public_metadata(stored.metadata),
-                   agent_id=stored.metadata.get(AGENT_KEY), run_id=stored.metadata.get(RUN_KEY))
-
-
-def public_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """Metadata without InferScale's reserved keys."""
-    return {k: v for k, v in metadata.items() if not k.startswith("inferscale.")}

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from inferscale_engine import checks
 from inferscale_engine.errors import EngineClosedError, InvalidFactError, InvalidRequestError
 from inferscale_engine.facts import Fact, MemoryHandle
-from inferscale_engine.memory import filters, ingest
+from inferscale_engine.memory import ingest
 from inferscale_engine.memory.aio import AsyncVerbs
 from inferscale_engine.memory.answering import MemoryServing
 from inferscale_engine.memory.config import (
@@ -31,17 +31,16 @@ from inferscale_engine.memory.config import (
     MemoryConfig,
     check_dedupe_threshold,
     check_startup,
-    open_store,
 )
-from inferscale_engine.memory.embedder import Embedder
 from inferscale_engine.memory.gate import InteractiveGate, interactive_call
-from inferscale_engine.memory.history import HistoryEvent
 from inferscale_engine.memory.infer import infer_add
-from inferscale_engine.memory.records import StoredFact, Turn
-from inferscale_engine.memory.retrieval import RetrievalIndex
-from inferscale_engine.memory.served import ServedFacts
-from inferscale_engine.memory.store import FactStore
-from inferscale_engine.memory.turns import Session
+from inferscale_engine.memory.registration import ServedFacts
+from inferscale_engine.memory.search import filters
+from inferscale_engine.memory.search.embedder import Embedder
+from inferscale_engine.memory.search.index import RetrievalIndex
+from inferscale_engine.memory.store import FactStore, StoredFact, Turn, open_store, reserved
+from inferscale_engine.memory.store.history import HistoryEvent
+from inferscale_engine.memory.store.sessions import Session
 from inferscale_engine.memory.types import AddResult, MemoryStats, SearchResult
 from inferscale_engine.runtime.engine import Engine
 
@@ -170,7 +169,8 @@ class Memory(MemoryServing, AsyncVerbs):
             return infer_add(self, user_id=user_id, messages=[
                 {"role": r, "content": c} for r, c in chat], metadata=metadata,
                 agent_id=agent_id, run_id=run_id)
-        metadata = ingest.scoped(checks.check_metadata(metadata), *filters.scope(agent_id, run_id))
+        metadata = reserved.scoped(checks.check_metadata(metadata),
+                                   *filters.scope(agent_id, run_id))
         if (texts is None) == (messages is None):
             raise InvalidRequestError("pass exactly one of texts=[...] (facts) or messages=[...] "
                                       "(conversation turns)")
@@ -232,7 +232,7 @@ class Memory(MemoryServing, AsyncVerbs):
             self._check_open()
             self._served.sync(self._store, user_id)
             (old,) = self._store.get(user_id=user_id, fact_ids=[fact_id])
-            metadata = ingest.with_context(metadata, old.metadata)
+            metadata = reserved.with_context(metadata, old.metadata)
             new = self._store.update(user_id=user_id, fact_id=fact_id, text=text,
                                      token_ids=token_ids, embedding=vector, metadata=metadata)
             self._served.forget(user_id, [fact_id])  # the new version is encoded afresh
@@ -274,8 +274,8 @@ class Memory(MemoryServing, AsyncVerbs):
                run_id: str | None = None) -> SearchResult:
         """The user's k facts most similar to `query` (cosine), best first, and their handle.
 
-        With `filter` (memory/filters.py), only facts whose metadata match it; with agent_id /
-        run_id, only facts added in them. A user with no facts gets an empty result.
+        With `filter` (memory/search/filters.py), only facts whose metadata match it; with
+        agent_id / run_id, only facts added in them. A user with no facts gets an empty result.
         """
         user_id = checks.check_user_id(user_id)
         query = checks.check_text(query, "query", InvalidRequestError)
@@ -296,7 +296,7 @@ class Memory(MemoryServing, AsyncVerbs):
                 stored = self._store.get(user_id=user_id, fact_ids=[f for f, _ in ranked])
         if narrow:  # the first k that match and are still served (a delete may come between)
             ranked = [hit for hit, record in zip(ranked, stored, strict=True)
-                      if filters.selected(ingest.public_record(record), wanted, scope)]
+                      if filters.selected(reserved.public_record(record), wanted, scope)]
             with self._lock:
                 hits = tuple((self._served[f], s) for f, s in ranked if f in self._served)[:k]
         assert all(fact.user_id == user_id for fact, _ in hits), "the index crossed users"
@@ -314,7 +314,7 @@ class Memory(MemoryServing, AsyncVerbs):
         with self._lock:
             self._check_open()
             (stored,) = self._store.get(user_id=user_id, fact_ids=[fact_id])
-        return ingest.public_record(stored)
+        return reserved.public_record(stored)
 
     def get_all(self, *, user_id: str) -> list[Fact]:
         """All facts of a user, oldest first ([] for a user with none)."""
@@ -327,7 +327,7 @@ class Memory(MemoryServing, AsyncVerbs):
                 agent_id: str | None = None, run_id: str | None = None) -> list[StoredFact]:
         """The user's facts as stored (text, metadata, timestamps), oldest first.
 
-        With `filter` (memory/filters.py), those whose metadata match it; with agent_id /
+        With `filter` (memory/search/filters.py), those whose metadata match it; with agent_id /
         run_id, those added in them.
         """
         user_id = checks.check_user_id(user_id)
@@ -335,7 +335,8 @@ class Memory(MemoryServing, AsyncVerbs):
         with self._lock:
             self._check_open()
             stored = self._store.get_all(user_id=user_id)
-        return [r for r in map(ingest.public_record, stored) if filters.selected(r, wanted, scope)]
+        return [r for r in map(reserved.public_record, stored)
+                if filters.selected(r, wanted, scope)]
 
     def history(self, *, user_id: str, fact_id: int) -> list[HistoryEvent]:
         """A fact's ADD / UPDATE / DELETE events with old and new text, oldest first."""

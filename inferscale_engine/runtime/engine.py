@@ -39,7 +39,7 @@ from inferscale_engine.runtime.read_path import Messages, as_messages, check_req
 from inferscale_engine.runtime.residency import FactRecord
 from inferscale_engine.runtime.runner import Runner, VllmRunner, WorkerClient
 from inferscale_engine.runtime.shards import Shard, build_shards, prepare_requests, rank_of
-from inferscale_engine.runtime.tiers import disk_fingerprint
+from inferscale_engine.runtime.tier_manager import disk_fingerprint
 
 __all__ = ["Engine", "EngineStats", "Generation", "Messages"]
 

@@ -34,7 +34,7 @@ from inferscale_engine.runtime.read_path import (
 )
 from inferscale_engine.runtime.residency import FactRecord, Residency, SlabAllocator
 from inferscale_engine.runtime.runner import Runner, WorkerClient
-from inferscale_engine.runtime.tiers import HostResidency
+from inferscale_engine.runtime.tier_manager import HostResidency
 from inferscale_engine.runtime.write_path import FactWriter
 
 

@@ -242,7 +242,7 @@ def open_memory(config: EngineConfig, ours: argparse.Namespace, client: Any,
                 loop: asyncio.AbstractEventLoop) -> Any:
     """The Memory over the server's AsyncLLM (called in a worker thread)."""
     from inferscale_engine.memory import Memory, MemoryConfig
-    from inferscale_engine.memory.sql import is_postgres_url
+    from inferscale_engine.memory.store.sql import is_postgres_url
     from inferscale_engine.runtime.runner import AsyncRunner
 
     # Replicas share a PostgreSQL store: each reads its users on first use, not every user of

@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferscale_engine.errors import InferScaleError
-from inferscale_engine.memory.filters import check_filter, check_size
+from inferscale_engine.memory.search.filters import check_filter, check_size
 from inferscale_engine.server.auth import HttpError, Principal, http_error
 from inferscale_engine.server.identity import header_user, resolve_user
 
@@ -223,7 +223,7 @@ def split_filters(filters: dict[str, Any] | None) -> tuple[dict[str, Any], dict[
     """(user/agent/run ids, the metadata filter) of a mem0 filter, checked.
 
     An AND of entity equalities counts as the flat form. The filter's size and grammar are
-    checked here, before the call is queued (memory/filters.py: the limits).
+    checked here, before the call is queued (memory/search/filters.py: the limits).
 
     Raises:
         HttpError: 400 for a filter over a limit or not of the grammar, or an agent or run id

@@ -35,7 +35,7 @@ from urllib.parse import quote
 from inferscale_engine.checks import FACT_ROLES, check_messages, has_visible
 from inferscale_engine.config import plan_secret
 from inferscale_engine.errors import InferScaleError
-from inferscale_engine.memory.serving import PreparedPrompt
+from inferscale_engine.memory.fallback import PreparedPrompt
 from inferscale_engine.prompting.tool_calls import format_tool_call
 from inferscale_engine.protocol.plan import tenant_salt
 from inferscale_engine.runtime.generation import RESULT_KEY

@@ -21,7 +21,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from inferscale_integrations.langchain.chat_model import ChatInferScale
 from inferscale_integrations.langchain.memory import LangChainKVMemory
 from inferscale_integrations.langchain.middleware import KVMemoryMiddleware
-from inferscale_integrations.langchain.server import chat_openai
+from inferscale_integrations.langchain.remote import chat_openai
 from inferscale_integrations.langchain.store import KVMemoryStore, KVSearchItem, kv_context
 
 __all__ = ["ChatInferScale", "KVMemoryMiddleware", "KVMemoryStore", "KVSearchItem",

@@ -19,6 +19,6 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from inferscale_integrations.llamaindex.block import KVMemoryBlock
 from inferscale_integrations.llamaindex.llm import InferScaleLLM
 from inferscale_integrations.llamaindex.memory import LlamaIndexKVMemory
-from inferscale_integrations.llamaindex.server import openai_like
+from inferscale_integrations.llamaindex.remote import openai_like
 
 __all__ = ["InferScaleLLM", "KVMemoryBlock", "LlamaIndexKVMemory", "openai_like"]

@@ -17,7 +17,7 @@ import pytest
 from starlette.requests import Request
 
 from inferscale_engine.errors import InvalidRequestError
-from inferscale_engine.memory.filters import (
+from inferscale_engine.memory.search.filters import (
     MAX_FILTER_CHARS,
     MAX_FILTER_DEPTH,
     MAX_FILTER_LIST,

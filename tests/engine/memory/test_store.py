@@ -41,9 +41,9 @@ from inferscale_engine.errors import (
     StoreError,
 )
 from inferscale_engine.facts import Fact
-from inferscale_engine.memory.records import StoredFact, Turn
-from inferscale_engine.memory.sql import schema
-from inferscale_engine.memory.store import FactStore
+from inferscale_engine.memory.store import schema
+from inferscale_engine.memory.store.fact_store import FactStore
+from inferscale_engine.memory.store.records import StoredFact, Turn
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SCHEMA_VERSION = 4
@@ -363,7 +363,7 @@ def test_pragmas_and_schema(tmp_path):
 def test_a_new_database_and_the_folders_made_for_it_are_private(tmp_path):
     """SQLite only: facts are readable by their owner alone (file, -wal and -shm 0600; the
     folders open_store makes 0700); an existing folder keeps its mode."""
-    from inferscale_engine.memory.config import open_store
+    from inferscale_engine.memory.store import open_store
 
     def mode(path: Path) -> int:
         return path.stat().st_mode & 0o777
@@ -513,7 +513,7 @@ def test_concurrent_writers_and_readers(target, backend):
 # ---- durability under SIGKILL ------------------------------------------------------------------
 CHILD = """
 import sys
-from inferscale_engine.memory.store import FactStore
+from inferscale_engine.memory.store.fact_store import FactStore
 
 store = FactStore(sys.argv[1])
 batch = int(sys.argv[2])

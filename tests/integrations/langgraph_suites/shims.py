@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from langgraph.store.base.embed import ensure_embeddings
 
-from inferscale_engine.memory.embedder import Embedder
+from inferscale_engine.memory.search.embedder import Embedder
 from inferscale_integrations.langchain.store import KVMemoryStore
 from tests.engine.memory.memory_support import HashEmbedder
 
@@ -66,7 +66,7 @@ def _build(store: KVMemoryStore, database: str, index: dict[str, Any] | None,
            fields_key: str) -> None:
     """Make `store` a KVMemoryStore over a new Memory on `database`."""
     from inferscale_engine.memory import Memory
-    from inferscale_engine.memory.store import FactStore
+    from inferscale_engine.memory.store.fact_store import FactStore
 
     index = dict(index or {})
     embedder = LangChainEmbedder(index["embed"]) if index.get("embed") else HashEmbedder()

@@ -4,8 +4,8 @@ The GPU slab's pages and LRU are Residency's (residency.py). A fact evicted from
 demoted to host RAM when the host tier has (or can make) room; a host entry evicted in turn is
 dropped (with a disk tier its file remains). Disk entries are named by a content key of what
 their KV was computed from, so an entry of another model, preamble, context, fact or key scale
-is never loaded (connector/tiers.py checks the metadata again, and a keyed MAC). The worker side
-does the copies; this module only decides, deterministically, so every rank agrees.
+is never loaded (connector/worker_tiers.py checks the metadata again, and a keyed MAC). The
+worker side does the copies; this module only decides, deterministically, so every rank agrees.
 """
 
 from __future__ import annotations

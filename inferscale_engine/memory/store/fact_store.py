@@ -14,6 +14,7 @@ import hashlib
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from inferscale_engine.checks import (
@@ -27,12 +28,13 @@ from inferscale_engine.errors import (
     ConfigError,
     FactNotFoundError,
     InvalidFactError,
+    InvalidRequestError,
     InvalidTurnError,
 )
 from inferscale_engine.facts import FactId
-from inferscale_engine.memory import history
-from inferscale_engine.memory import turns as turn_log
-from inferscale_engine.memory.records import (
+from inferscale_engine.memory.store import history, schema
+from inferscale_engine.memory.store import sessions as turn_log
+from inferscale_engine.memory.store.records import (
     StoredFact,
     Turn,
     embedding_blob,
@@ -41,8 +43,9 @@ from inferscale_engine.memory.records import (
     token_blob,
     turn_rows,
 )
-from inferscale_engine.memory.sql import Database, open_database, schema
-from inferscale_engine.memory.sql.database import ConnectionLostError
+from inferscale_engine.memory.store.sql import Database, is_url, open_database
+from inferscale_engine.memory.store.sql.database import ConnectionLostError
+from inferscale_engine.memory.store.sql.sqlite import private_folder
 
 _IDS_PER_QUERY = 500  # stays under SQLITE_MAX_VARIABLE_NUMBER of every SQLite build (999)
 _FACT_COLUMNS = ("fact_id, user_id, session_id, text, token_ids, embedding, metadata, "
@@ -427,3 +430,17 @@ def _raise_missing(user_id: str, missing: list[int]) -> None:
                                 "another user's; list the user's facts with get_all()")
 
 
+def open_store(store: FactStore | str | os.PathLike[str]) -> FactStore:
+    """`store`, or the FactStore at that path (missing folders created 0700) or URL."""
+    if isinstance(store, FactStore):
+        return store
+    if not isinstance(store, str | os.PathLike):
+        raise InvalidRequestError(f"store must be a FactStore, a database path or URL, got "
+                                  f"{type(store).__name__}")
+    path = os.fspath(store)
+    if is_url(path):
+        return FactStore(path)
+    path = os.path.expanduser(path)
+    if path != ":memory:":
+        private_folder(Path(path).parent)
+    return FactStore(path)

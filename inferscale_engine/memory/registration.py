@@ -29,11 +29,11 @@ from tqdm import tqdm
 from inferscale_engine.errors import EngineClosedError, InvalidFactError
 from inferscale_engine.facts import Fact, FactId
 from inferscale_engine.memory.config import DEFAULT_MAX_SERVED_USERS, check_max_served_users
-from inferscale_engine.memory.fingerprint import fingerprint, refresh, stale_parts
-from inferscale_engine.memory.ingest import stored_context
-from inferscale_engine.memory.records import StoredFact
-from inferscale_engine.memory.retrieval import RetrievalIndex
-from inferscale_engine.memory.store import FactStore
+from inferscale_engine.memory.search.index import RetrievalIndex
+from inferscale_engine.memory.store.fact_store import FactStore
+from inferscale_engine.memory.store.fingerprint import fingerprint, refresh, stale_parts
+from inferscale_engine.memory.store.records import StoredFact
+from inferscale_engine.memory.store.reserved import stored_context
 from inferscale_engine.runtime.engine import Engine
 
 logger = logging.getLogger(__name__)

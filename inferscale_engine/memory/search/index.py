@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from inferscale_engine.checks import check_half_scan_min_rows, check_user_id
 from inferscale_engine.errors import ConfigError, FactNotFoundError, RetrievalError
 from inferscale_engine.facts import FactId
-from inferscale_engine.memory.embedder import resolve_device
+from inferscale_engine.memory.search.embedder import resolve_device
 
 _NEAREST_CHUNK_ROWS = 256
 """Rows per score matrix in similar_many: [256, 100k] float32 is 100 MB."""

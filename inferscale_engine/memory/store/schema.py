@@ -12,8 +12,8 @@ import unicodedata
 from collections.abc import Callable
 
 from inferscale_engine.errors import StoreError
-from inferscale_engine.memory import history
-from inferscale_engine.memory.sql.database import Database
+from inferscale_engine.memory.store import history
+from inferscale_engine.memory.store.sql.database import Database
 
 VERSION_KEY = "schema_version"
 

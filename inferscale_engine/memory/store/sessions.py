@@ -1,13 +1,13 @@
 """A user's conversations as the FactStore's `turns` table tells them (the inspector lists them).
 
-The store runs these inside its own reads (store.py), as it does history.py's.
+The store runs these inside its own reads (fact_store.py), as it does history.py's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inferscale_engine.memory.sql import Database
+from inferscale_engine.memory.store.sql import Database
 
 
 @dataclass(frozen=True, slots=True)
