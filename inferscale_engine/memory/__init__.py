@@ -7,6 +7,9 @@
   answering.py     the answering half Memory holds (generate, answer, stream, prepare)
   fallback.py      one handle's facts answered: KV when possible, stale facts left out,
                    the same facts as text when injection fails
+  scope.py         the one preamble of every verb: user checked, lock, open, synced
+  editing.py       the part that changes stored facts (update, delete, reset, add_turns)
+  listing.py       the part that reads the store as it is (get, get_all, records, history)
   ingest.py        the write path: new facts -> duplicates -> contexts -> store -> register
   infer.py         add(..., infer=True): facts extracted by the served model, reconciled
   registration.py  the facts registered with the engine and indexed (servable), start-up
@@ -25,6 +28,7 @@ from typing import Any
 
 _EXPORTS = {
     "Memory": "main", "MemoryConfig": "config", "AddResult": "types", "SearchResult": "types",
+    "MemoryItem": "types",
     "MemoryStats": "types", "FactStore": "store.fact_store", "StoredFact": "store.records",
     "Turn": "store.records", "Embedder": "search.embedder", "RetrievalIndex": "search.index",
 }

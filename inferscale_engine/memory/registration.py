@@ -1,4 +1,4 @@
-"""ServedFacts: the facts Memory has registered with the engine and indexed for search.
+"""RegisteredFacts: the facts Memory has registered with the engine and indexed for search.
 
 A durable fact is servable once the engine knows it (its KV encoded now or on first use) and
 the retrieval index holds its embedding; search may only return such facts. At start-up every
@@ -12,7 +12,8 @@ whenever the store's version of that user moved (another replica wrote), so whic
 serves a user serves exactly what the store holds. The users read this way are held in an LRU
 of `max_users`: the least recently served one beyond it is released (its facts leave the
 engine, their disk entries kept, and the index) and read again on its next use, so the state a
-process holds does not grow with every user id it is asked about.
+process holds does not grow with every user id it is asked about. The version is read before
+Memory's lock is taken (version(); scope.py), the facts only when it moved (sync()).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import json
 import logging
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from functools import partial
 
 import torch
@@ -29,6 +31,7 @@ from tqdm import tqdm
 from inferscale_engine.errors import EngineClosedError, InvalidFactError
 from inferscale_engine.facts import Fact, FactId
 from inferscale_engine.memory.config import DEFAULT_MAX_SERVED_USERS, check_max_served_users
+from inferscale_engine.memory.gate import InteractiveGate
 from inferscale_engine.memory.search.index import RetrievalIndex
 from inferscale_engine.memory.store.fact_store import FactStore
 from inferscale_engine.memory.store.fingerprint import fingerprint, refresh, stale_parts
@@ -40,9 +43,11 @@ logger = logging.getLogger(__name__)
 
 _BATCH = 256
 """Facts per engine registration call at start-up."""
+_PROGRESS_FROM = 256
+"""Adds of this many facts show a progress bar (on a terminal) while their KV is encoded."""
 
 
-class ServedFacts:
+class RegisteredFacts:
     """Fact ids -> Facts that are registered with the engine and in the index."""
 
     def __init__(self, engine: Engine, index: RetrievalIndex, counters: Counter[str],
@@ -132,6 +137,22 @@ class ServedFacts:
         self._staged.difference_update(f.fact_id for f in chunk)
         self.register(user_id, chunk, encode)
 
+    def register_in_chunks(self, user_id: str, stored: list[StoredFact], encode: bool,
+                           gate: InteractiveGate,
+                           locked: Callable[[], AbstractContextManager[None]]) -> None:
+        """Make an add's stored facts servable (encoding their KV), in chunks.
+
+        The write is already durable; between chunks, interactive calls of other users go
+        first (InteractiveGate), and each chunk holds the Memory's lock (`locked`) only while
+        it works.
+        """
+        with tqdm(total=len(stored), unit="fact", desc="InferScale: encoding facts",
+                  disable=None if len(stored) >= _PROGRESS_FROM else True) as bar:
+            for lo, hi in gate.chunks(len(stored)):
+                with locked():
+                    self.register_staged(user_id, stored[lo:hi], encode)
+                bar.update(hi - lo)
+
     def forget(self, user_id: str, fact_ids: Sequence[int]) -> None:
         """Drop deleted facts from the engine (freeing their KV) and from the index."""
         self._staged.difference_update(fact_ids)
@@ -170,18 +191,27 @@ class ServedFacts:
             if version == self._versions[user_id] + 1:
                 self._versions[user_id] = version
 
-    def sync(self, store: FactStore, user_id: str) -> None:
-        """Serve what a shared store holds for the user now (no-op for a private store).
+    def version(self, store: FactStore, user_id: str) -> int | None:
+        """The user's version in a shared store (one primary-key read), None for a private one.
 
-        One primary-key read when nothing changed. When another process wrote the user, facts
-        deleted or changed there are forgotten here and new ones registered (their KV is built
-        on first use: from the disk tier if it holds them, else encoded). Facts an add of this
-        process is still registering are left to it.
+        Read before the lock is taken (scope.py) and before the user's facts: a write after
+        this read moves the version again, so the next request syncs again.
         """
-        if not store.shared:
+        return store.user_version(user_id) if store.shared else None
+
+    def sync(self, store: FactStore, user_id: str, version: int | None) -> None:
+        """Serve what a shared store holds for the user at `version` (see version()).
+
+        Nothing to do when the version is the one last read (the version cache) or the store
+        is private (None). When another process wrote the user, facts deleted or changed there
+        are forgotten here and new ones registered (their KV is built on first use: from the
+        disk tier if it holds them, else encoded). Facts an add of this process is still
+        registering are left to it.
+        """
+        if version is None:
             return
-        version = store.user_version(user_id)  # read first: a later write syncs again
-        if self._versions.get(user_id) == version:
+        held = self._versions.get(user_id)
+        if held is not None and version <= held:  # read before a write this process synced
             self._versions.move_to_end(user_id)
             return
         current = {f.fact_id: f for f in store.get_all(user_id=user_id)}
@@ -212,7 +242,7 @@ class ServedFacts:
                 del self._facts[fact_id]
         self._counters["released_users"] += 1
 
-    def load(self, store: FactStore, embedder_name: str,
+    def register_stored(self, store: FactStore, embedder_name: str,
              embed: Callable[[list[str]], torch.Tensor], encode: bool,
              progress_bar: bool | None) -> None:
         """Register every stored fact, per user in batches; first recompute stale data."""

@@ -33,6 +33,7 @@ from inferscale_engine.protocol.plan import InjectionPlan, text_salt
 from inferscale_engine.runtime.generation import Generation, from_output
 from inferscale_engine.runtime.preambles import PreambleCache
 from inferscale_engine.runtime.residency import FactRecord, Residency
+from inferscale_engine.runtime.runner import Runner
 from inferscale_engine.runtime.write_path import FactWriter
 
 Messages = Sequence[Mapping[str, str]]
@@ -122,8 +123,8 @@ class RequestPlanner:
         """prepare() for each (handle, records, messages) of a batch, phase by phase.
 
         First every prompt, then every plan: each phase's code and data stay in the CPU's
-        caches across the batch instead of being evicted by the other's (a batch of 64 at k=50:
-        11.7 ms instead of 12.6 ms request by request, on 2 EPYC cores).
+        caches across the batch instead of being evicted by the other's (docs/benchmarks.md:
+        the defaults' figures).
         """
         built = [self._build_request(handle, records, messages, sampling, layout, tools)
                  for handle, records, messages in requests]
@@ -277,6 +278,28 @@ def _request(ids: list[int], plan: InjectionPlan | None, params: Any, asked: str
     params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": sent}
     return PreparedRequest(TokensPrompt(prompt_token_ids=ids, cache_salt=plan.cache_salt),
                            params, asked, "kv", len(ids), "", *num_repaired, ref)
+
+
+def run_batch(runner: Runner, prepared: list[PreparedRequest], ranks: list[int],
+              counters: Counter[str]) -> list[Generation]:
+    """Run a prepared batch on vLLM and collect its Generations (under the Engine's lock)."""
+    start = time.perf_counter()
+    try:
+        outputs = runner.run([p.prompt for p in prepared], [p.params for p in prepared],
+                             ranks=ranks)
+    finally:  # references the scheduler did not take (a refused or aborted request)
+        PlanHandoff.discard(p.ref for p in prepared if p.ref)
+    return collect(prepared, outputs, (time.perf_counter() - start) * 1e3, counters)
+
+
+def run_stream(runner: Runner, prepared: PreparedRequest, rank: int, counters: Counter[str]
+               ) -> Iterator[Generation]:
+    """Stream one prepared request (stream_collect); its plan reference is dropped at the end."""
+    try:
+        yield from stream_collect(prepared, runner.stream(prepared.prompt, prepared.params, rank),
+                                  counters)
+    finally:
+        PlanHandoff.discard([prepared.ref] if prepared.ref else [])
 
 
 def collect(prepared: list[PreparedRequest], outputs: list[Any], latency_ms: float,

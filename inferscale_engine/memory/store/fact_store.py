@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 
 from inferscale_engine.checks import (
     check_fact_ids,
@@ -44,7 +45,7 @@ from inferscale_engine.memory.store.records import (
     turn_rows,
 )
 from inferscale_engine.memory.store.sql import Database, is_url, open_database
-from inferscale_engine.memory.store.sql.database import ConnectionLostError
+from inferscale_engine.memory.store.sql.database import retried
 from inferscale_engine.memory.store.sql.sqlite import private_folder
 
 _IDS_PER_QUERY = 500  # stays under SQLITE_MAX_VARIABLE_NUMBER of every SQLite build (999)
@@ -56,20 +57,23 @@ _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 
-def _retried(call: Callable[_P, _R]) -> Callable[_P, _R]:
-    """The call, run once more if its connection was lost before it did anything.
+def _verb(call: Callable[_P, _R]) -> Callable[_P, _R]:
+    """A store verb: its user_id (when given) checked and normalized first, then retried.
 
-    A restart or failover of PostgreSQL drops every open connection; the call that finds its
-    connection dead wrote nothing (ConnectionLostError), so it runs again, once, on a checked
-    connection. A second loss, or one while committing, reaches the caller as a StoreError.
+    The one place the store checks user ids: every verb takes the user as `user_id`.
     """
+    names = list(inspect.signature(call).parameters)
+    position = names.index("user_id") if "user_id" in names else None
+    once_more = retried(call)
+
     @functools.wraps(call)
-    def once_more(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        try:
-            return call(*args, **kwargs)
-        except ConnectionLostError:
-            return call(*args, **kwargs)
-    return once_more
+    def checked(*args: Any, **kwargs: Any) -> _R:
+        if kwargs.get("user_id") is not None:
+            kwargs["user_id"] = check_user_id(kwargs["user_id"])
+        elif position is not None and len(args) > position:
+            args = (*args[:position], check_user_id(args[position]), *args[position + 1:])
+        return once_more(*args, **kwargs)
+    return cast(Callable[_P, _R], checked)
 
 
 class FactStore:
@@ -100,7 +104,7 @@ class FactStore:
         self._db: Database = open_database(os.fspath(path), synchronous=synchronous,
                                            busy_timeout_ms=busy_timeout_ms)
         try:
-            _retried(schema.migrate)(self._db)
+            retried(schema.migrate)(self._db)
         except BaseException:
             self._db.close()
             raise
@@ -119,7 +123,7 @@ class FactStore:
         return self._db.shared
 
     # ---- facts -------------------------------------------------------------------------
-    @_retried
+    @_verb
     def add_facts(self, *, user_id: str, texts: Sequence[str],
                   token_ids: Sequence[Sequence[int]], embeddings: Sequence[Any],
                   metadata: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
@@ -143,7 +147,6 @@ class FactStore:
                 nothing is stored.
             StoreError: the database write failed; nothing is stored.
         """
-        user_id = check_user_id(user_id)
         texts = check_list(texts, "texts", InvalidFactError)
         num_facts = len(texts)
         texts = [check_text(t, f"texts[{i}]", InvalidFactError, strip=False)
@@ -176,14 +179,13 @@ class FactStore:
             history.record(db, user_id, ((i, "ADD", None, t) for i, t in zip(ids, texts)), now)
             return ids
 
-    @_retried
+    @_verb
     def get(self, *, user_id: str, fact_ids: Sequence[int]) -> list[StoredFact]:
         """The user's facts with these ids, in the order asked.
 
         Raises:
             FactNotFoundError: an id is unknown, deleted, or another user's.
         """
-        user_id = check_user_id(user_id)
         ids = check_fact_ids(fact_ids)
         with self._db.reading("get") as db:
             found = {row[0]: fact_from_row(row)
@@ -191,16 +193,15 @@ class FactStore:
         _raise_missing(user_id, [i for i in ids if i not in found])
         return [found[i] for i in ids]
 
-    @_retried
+    @_verb
     def get_all(self, *, user_id: str) -> list[StoredFact]:
         """All facts of a user, oldest first (by fact id, which only grows)."""
-        user_id = check_user_id(user_id)
         with self._db.reading("get_all") as db:
             return [fact_from_row(row) for row in db.execute(
                 f"SELECT {_FACT_COLUMNS} FROM facts WHERE user_id = ? ORDER BY fact_id",
                 (user_id,))]
 
-    @_retried
+    @_verb
     def update(self, *, user_id: str, fact_id: int, text: str, token_ids: Sequence[int],
                embedding: Any, metadata: Mapping[str, Any] | None = None) -> StoredFact:
         """Replace a fact's text, token ids and embedding; metadata=None keeps the old one.
@@ -208,7 +209,6 @@ class FactStore:
         Raises:
             FactNotFoundError: the id is unknown or another user's; nothing changes.
         """
-        user_id = check_user_id(user_id)
         (fact_id,) = check_fact_ids([fact_id])
         text = check_text(text, "text", InvalidFactError, strip=False)
         tokens = token_blob(token_ids, "token_ids")
@@ -230,10 +230,9 @@ class FactStore:
             history.record(db, user_id, [(fact_id, "UPDATE", before[0], text)], row[8])
         return fact_from_row(row)
 
-    @_retried
+    @_verb
     def delete(self, *, user_id: str, fact_ids: Sequence[int]) -> None:
         """Delete the user's facts, all or none (FactNotFoundError: an unknown or foreign id)."""
-        user_id = check_user_id(user_id)
         ids = list(dict.fromkeys(check_fact_ids(fact_ids)))
         if not ids:
             return
@@ -245,10 +244,9 @@ class FactStore:
             db.executemany("DELETE FROM facts WHERE fact_id = ?", [(i,) for i in ids])
             history.record(db, user_id, [(i, "DELETE", existing[i], None) for i in ids], now)
 
-    @_retried
+    @_verb
     def reset(self, *, user_id: str) -> list[FactId]:
         """Delete all facts, turns and history of a user; returns the deleted fact ids."""
-        user_id = check_user_id(user_id)
         with self._db.transaction("reset") as db:
             schema.bump_user_version(db, user_id)
             fact_ids = [FactId(r[0]) for r in db.execute(
@@ -258,20 +256,18 @@ class FactStore:
             history.erase_user(db, user_id)
         return fact_ids
 
-    @_retried
+    @_verb
     def history(self, *, user_id: str, fact_id: int) -> list[history.HistoryEvent]:
         """A fact's ADD / UPDATE / DELETE events, oldest first ([] if the user never had it)."""
-        user_id = check_user_id(user_id)
         (fact_id,) = check_fact_ids([fact_id])
         with self._db.reading("history") as db:
             return history.read(db, user_id, fact_id)
 
     # ---- turns -------------------------------------------------------------------------
-    @_retried
+    @_verb
     def add_turns(self, *, user_id: str, session_id: str | None,
                   turns: Sequence[tuple[str, str]]) -> list[int]:
         """Append (role, content) messages to a session in one transaction; returns turn ids."""
-        user_id = check_user_id(user_id)
         if session_id is not None:
             session_id = check_text(session_id, "session_id", InvalidTurnError, strip=False)
         rows = turn_rows(turns)
@@ -279,11 +275,10 @@ class FactStore:
         with self._db.transaction("add_turns") as db:
             return _insert_turns(db, user_id, session_id, rows, now)
 
-    @_retried
+    @_verb
     def recent_turns(self, *, user_id: str, session_id: str | None,
                      limit: int = 20) -> list[Turn]:
         """The last `limit` turns of a session, oldest first."""
-        user_id = check_user_id(user_id)
         check_int(limit, "limit", 0, InvalidTurnError)
         session, args = ("IS NULL", ()) if session_id is None else ("= ?", (session_id,))
         with self._db.reading("recent_turns") as db:
@@ -292,18 +287,16 @@ class FactStore:
                               (user_id, *args, limit)).fetchall()
         return [Turn(*row) for row in reversed(rows)]
 
-    @_retried
+    @_verb
     def sessions(self, *, user_id: str) -> list[turn_log.Session]:
         """Every session of a user with turns (None: turns without one), latest first."""
-        user_id = check_user_id(user_id)
         with self._db.reading("sessions") as db:
             return turn_log.sessions(db, user_id)
 
-    @_retried
+    @_verb
     def recent_facts(self, *, user_id: str, limit: int = 20,
                      session_id: str | None = None) -> list[StoredFact]:
         """The user's last `limit` facts (of one session, if given), oldest first."""
-        user_id = check_user_id(user_id)
         check_int(limit, "limit", 0, InvalidFactError)
         where, args = ("AND session_id = ?", (session_id,)) if session_id is not None else ("", ())
         with self._db.reading("recent_facts") as db:
@@ -311,7 +304,7 @@ class FactStore:
                               "ORDER BY fact_id DESC LIMIT ?", (user_id, *args, limit)).fetchall()
         return [fact_from_row(row) for row in reversed(rows)]
 
-    @_retried
+    @retried
     def owner(self, fact_id: int) -> str | None:
         """The user a fact id belongs (or, deleted, belonged) to, or None (no such fact)."""
         (fact_id,) = check_fact_ids([fact_id], "fact_id")
@@ -322,21 +315,21 @@ class FactStore:
         return None if row is None else str(row[0])
 
     # ---- whole store -------------------------------------------------------------------
-    @_retried
+    @retried
     def users(self) -> list[str]:
         """Every user with facts or turns, sorted."""
         with self._db.reading("users") as db:  # sorted here: the same order in every database
             return sorted(r[0] for r in db.execute(
                 "SELECT user_id FROM facts UNION SELECT user_id FROM turns"))
 
-    @_retried
+    @_verb
     def count(self, *, user_id: str | None = None) -> int:
         """Number of facts of one user, or of all users when user_id is None."""
         with self._db.reading("count") as db:
             if user_id is None:
                 return int(db.execute("SELECT COUNT(*) FROM facts").fetchone()[0])
             return int(db.execute("SELECT COUNT(*) FROM facts WHERE user_id = ?",
-                                  (check_user_id(user_id),)).fetchone()[0])
+                                  (user_id,)).fetchone()[0])
 
     def iter_all(self, batch_size: int = 256) -> Iterator[list[StoredFact]]:
         """Every fact of every user in id order, in batches (to rebuild KV and the index).
@@ -360,13 +353,13 @@ class FactStore:
                 last_id = batch[-1].fact_id
                 yield batch
 
-    @_retried
+    @retried
     def fingerprint(self) -> str | None:
         """The stored model fingerprint (model + tokenizer identity), or None if never set."""
         with self._db.reading("fingerprint") as db:
             return schema.get_meta(db, _FINGERPRINT_KEY)
 
-    @_retried
+    @retried
     def set_fingerprint(self, value: str) -> None:
         """Record the fingerprint of the model and tokenizer the stored facts were made with."""
         value = check_text(value, "fingerprint", ConfigError, strip=False)
@@ -374,13 +367,13 @@ class FactStore:
             schema.set_meta(db, _FINGERPRINT_KEY, value)
 
     @property
-    @_retried
+    @retried
     def schema_version(self) -> int:
         """Schema version of the open database."""
         with self._db.reading("schema_version") as db:
             return int(schema.get_meta(db, schema.VERSION_KEY) or 0)
 
-    @_retried
+    @_verb
     def user_version(self, user_id: str) -> int:
         """A number that grows with every committed change of the user's facts; 0 if never written.
 
@@ -388,7 +381,6 @@ class FactStore:
         transaction. One key lookup: cheap enough to ask before serving a user whose facts this
         process has cached.
         """
-        user_id = check_user_id(user_id)
         with self._db.reading("user_version") as db:
             return schema.user_version(db, user_id)
 

@@ -16,6 +16,7 @@ import numpy as np
 from inferscale_engine.checks import check_list, check_role, check_str, json_object
 from inferscale_engine.errors import InvalidFactError, InvalidTurnError
 from inferscale_engine.facts import Fact, FactId
+from inferscale_engine.memory.types import MemoryItem
 
 TOKEN_DTYPE = np.dtype("<i4")
 EMBEDDING_DTYPE = np.dtype("<f4")
@@ -50,6 +51,12 @@ class StoredFact:
     def to_fact(self) -> Fact:
         """The app-facing Fact (id, user, text, token ids)."""
         return Fact(self.fact_id, self.user_id, self.text, self.token_ids)
+
+    def to_item(self, score: float | None = None) -> MemoryItem:
+        """The user-facing MemoryItem (metadata as held here: Memory's records are public)."""
+        return MemoryItem(self.fact_id, self.user_id, self.text, score, dict(self.metadata),
+                          self.session_id, self.created_at, self.updated_at, self.agent_id,
+                          self.run_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,6 +73,10 @@ def _build(store: KVMemoryStore, database: str, index: dict[str, Any] | None,
     fact_store = FactStore(database)
     _first_fact_id(fact_store, (len(OPENED) + 1) * FACT_IDS_PER_STORE)
     memory = Memory(ENGINE[0], fact_store, embedder, progress_bar=False, encode_on_add=False)
+    # A Memory owns its engine's fact ids (one Memory per Engine); the stores of a test share
+    # the package's engine instead, their ids kept apart by _first_fact_id, so each gives its
+    # claim back at once.
+    ENGINE[0].release_fact_ids(memory)
     OPENED.append(memory)
     CLOSE.append(fact_store)
     store._fact_store = fact_store  # type: ignore[attr-defined]
