@@ -377,7 +377,7 @@ _OWNER, _NUM_TOKENS = attrgetter("owner"), attrgetter("num_tokens")
 
 def _entry_problem(entry: SlabEntry | None, user_id: str, length: int) -> str:
     # The plan's MAC already binds slab keys to token ids; this re-checks ownership here, in
-    # the process that holds the KV (DESIGN invariant 5), and the length.
+    # the process that holds the KV (design invariant 5 of docs/how-it-works.md), and the length.
     if entry is None:
         return "not resident"
     if entry.owner not in (user_id, SYSTEM_OWNER):

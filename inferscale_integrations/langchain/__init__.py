@@ -3,7 +3,9 @@
 KVMemory for classic chains, ChatInferScale, the create_agent middleware and the LangGraph
 store (KVMemoryStore).
 
-chat_openai gives a ChatOpenAI pointed at `inferscale serve`.
+chat_model.py  ChatInferScale         memory.py  LangChainKVMemory (classic chains)
+middleware.py  KVMemoryMiddleware     store.py   KVMemoryStore (LangGraph's BaseStore)
+remote.py      chat_openai: a ChatOpenAI pointed at `inferscale serve`.
 Needs the `langchain` extra: pip install 'inferscale-kv[langchain]' (chat_openai: 'client').
 """
 

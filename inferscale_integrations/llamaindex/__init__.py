@@ -2,7 +2,9 @@
 
 KVMemory for chat engines and agents, KVMemoryBlock for LlamaIndex's block-based Memory.
 
-openai_like gives an OpenAILike pointed at `inferscale serve`.
+llm.py     InferScaleLLM             memory.py  LlamaIndexKVMemory
+block.py   KVMemoryBlock             remote.py  openai_like: an OpenAILike pointed at
+`inferscale serve`.
 Needs the `llamaindex` extra: pip install 'inferscale-kv[llamaindex]'
 (openai_like: 'client').
 """
