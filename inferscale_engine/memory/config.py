@@ -6,7 +6,9 @@ Importable without torch or vLLM: the engine is built by Memory.from_config, not
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
+from typing import Any
 
 from inferscale_engine.checks import check_half_scan_min_rows
 from inferscale_engine.config import EngineConfig
@@ -95,3 +97,14 @@ def check_startup(value: object) -> str:
         raise ConfigError(f"startup={value!r} must be 'encode' (rebuild every fact's KV now) or "
                           "'lazy' (rebuild each fact's KV on first use)")
     return str(value)
+
+
+def __getattr__(name: str) -> Any:
+    """Deprecated names of this module: open_store moved to inferscale_engine.memory.store."""
+    if name == "open_store":
+        warnings.warn("inferscale_engine.memory.config.open_store moved to "
+                      "inferscale_engine.memory.store.open_store (issue 53); this alias goes "
+                      "in a later release", DeprecationWarning, stacklevel=2)
+        from inferscale_engine.memory.store import open_store
+        return open_store
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,6 +14,10 @@ of `max_users`: the least recently served one beyond it is released (its facts l
 engine, their disk entries kept, and the index) and read again on its next use, so the state a
 process holds does not grow with every user id it is asked about. The version is read before
 Memory's lock is taken (version(); scope.py), the facts only when it moved (sync()).
+
+An add's facts are durable and staged (stage()) before they are registered in chunks
+(register_in_chunks): until then they are stored but not served. That step is where a
+background worker takes over when adds return before their KV is encoded.
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ class RequestPlanner:
             return []
         if not isinstance(handle, MemoryHandle):
             raise HandleError(f"expected a MemoryHandle, got {type(handle).__name__}")
-        user_id = check_user_id(handle.user_id)
+        user_id = owner_of(handle)
         out = []
         for fact_id in handle.fact_ids:
             record = self._facts.get(fact_id)
@@ -159,8 +159,7 @@ class RequestPlanner:
         # holds the very tuples the plan's runs were packed from (k identity tests, no ids).
         vouched = (plan is not None and self.handoff is not None
                    and all(map(is_, prompt.facts, map(_PACKED_FROM, injected))))
-        salt = (text_salt(self._secret, check_user_id(handle.user_id)) if handle is not None
-                else None)
+        salt = text_salt(self._secret, owner_of(handle)) if handle is not None else None
         return _request(ids, plan, params, asked, fallback, num_repaired, self.handoff,
                         vouched, salt)
 
@@ -235,7 +234,7 @@ class RequestPlanner:
             raise ValueError("plan() needs resident records (ready_for_kv first)")
         keys = [self._preambles.key(prompt.preamble, pinned), *slab_keys]
         runs = [self._preambles.run(prompt.preamble), *map(_PACKED_IDS, records)]
-        user_id = check_user_id(handle.user_id)
+        user_id = owner_of(handle)
         plan = InjectionPlan.from_runs(user_id, keys, runs, secret=self._secret)
         return plan.signed(self._secret) if signed else plan
 
@@ -278,6 +277,11 @@ def _request(ids: list[int], plan: InjectionPlan | None, params: Any, asked: str
     params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": sent}
     return PreparedRequest(TokensPrompt(prompt_token_ids=ids, cache_salt=plan.cache_salt),
                            params, asked, "kv", len(ids), "", *num_repaired, ref)
+
+
+def owner_of(handle: MemoryHandle) -> str:
+    """The user a handle names, checked and normalized: the read path's one user-id check."""
+    return check_user_id(handle.user_id)
 
 
 def run_batch(runner: Runner, prepared: list[PreparedRequest], ranks: list[int],

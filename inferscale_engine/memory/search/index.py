@@ -1,6 +1,6 @@
 """Per-user cosine top-k retrieval: one embedding matrix per user on a torch device.
 
-A user's search only ever scores that user's facts. Embeddings come from memory.embedder.
+A user's search only ever scores that user's facts. Embeddings come from search/embedder.py.
 """
 
 from __future__ import annotations

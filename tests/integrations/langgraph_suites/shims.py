@@ -11,7 +11,7 @@ place. Every construction makes a KVMemoryStore over a fresh Memory on the packa
   Memory's embedder and its fields the store's `fields`; without an index, the tests' hashed
   bag-of-words embedder;
 - `ttl=` is accepted and not applied: KVMemoryStore has no TTL yet (issue 54), and the tests
-  that check expiry are skipped with that reason (SKIPS in suites.py);
+  that check expiry are skipped with that reason (SKIPS in test_langgraph_suites.py);
 - `setup()`, `start_ttl_sweeper()`, `stop_ttl_sweeper()`, `MIGRATIONS` and PostgresStore's
   `_cursor()`, which the fixtures call while constructing, do what construction needs (Memory
   migrates its database when it opens it; `_cursor` opens a cursor on the test's database);
