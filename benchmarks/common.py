@@ -10,6 +10,7 @@ import random
 import statistics
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,30 @@ def open_text(path: Path, mode: str = "r") -> Any:
             with gzip.open(path, "wt", encoding="utf-8") as out:
                 out.write(text)
     return gzip.open(path, mode + "t", encoding="utf-8")
+
+
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of a results JSONL file (none if it does not exist); a line cut short by a
+    killed run is skipped."""
+    if not path.exists():
+        return
+    with open_text(path) as lines:
+        for line in lines:
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue
+
+
+def check_settings(path: Path, config: dict[str, Any], args: Any, keys: tuple[str, ...]) -> None:
+    """SystemExit if a results file's config record differs from `args` on `keys` (the
+    settings every stored result depends on)."""
+    theirs = {k: config.get(k) for k in keys}
+    ours = {k: getattr(args, k) for k in keys}
+    if theirs != ours:
+        diff = {k: (theirs[k], ours[k]) for k in keys if theirs[k] != ours[k]}
+        raise SystemExit(f"{path} holds results of other settings {diff}; pass another --out "
+                         "or --tag")
 
 
 def _gzip_text(path: Path, intact: list[bool] | None = None) -> str:

