@@ -39,6 +39,14 @@ class MemoryItem:
     """The agent scope the fact was added in (mem0's agent_id), if any."""
     run_id: str | None = None
     """The run scope the fact was added in (mem0's run_id), if any."""
+    valid_from: float | None = None
+    """When the fact became true (add's timestamp), seconds since the epoch; None: when added."""
+    valid_to: float | None = None
+    """When a newer fact superseded it; None: current."""
+    superseded_by: FactId | None = None
+    """The fact that superseded it, if any."""
+    expires_at: float | None = None
+    """When it expires (its expiration_date); None: never."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,21 +9,18 @@ sql/ holds what differs between them, so this module is the same for both.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import inspect
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any
 
 from inferscale_engine.checks import (
     check_fact_ids,
     check_int,
     check_list,
     check_text,
-    check_user_id,
 )
 from inferscale_engine.errors import (
     ConfigError,
@@ -33,7 +30,7 @@ from inferscale_engine.errors import (
     InvalidTurnError,
 )
 from inferscale_engine.facts import FactId
-from inferscale_engine.memory.store import history, schema
+from inferscale_engine.memory.store import history, schema, validity
 from inferscale_engine.memory.store import sessions as turn_log
 from inferscale_engine.memory.store.records import (
     StoredFact,
@@ -47,33 +44,13 @@ from inferscale_engine.memory.store.records import (
 from inferscale_engine.memory.store.sql import Database, is_url, open_database
 from inferscale_engine.memory.store.sql.database import retried
 from inferscale_engine.memory.store.sql.sqlite import private_folder
+from inferscale_engine.memory.store.verbs import store_verb
 
 _IDS_PER_QUERY = 500  # stays under SQLITE_MAX_VARIABLE_NUMBER of every SQLite build (999)
 _FACT_COLUMNS = ("fact_id, user_id, session_id, text, token_ids, embedding, metadata, "
-                 "created_at, updated_at")
-_TURN_COLUMNS = "turn_id, user_id, session_id, role, content, created_at"
+                 "created_at, updated_at, valid_from, valid_to, superseded_by, expires_at, "
+                 "pending")
 _FINGERPRINT_KEY = "fingerprint"
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-def _verb(call: Callable[_P, _R]) -> Callable[_P, _R]:
-    """A store verb: its user_id (when given) checked and normalized first, then retried.
-
-    The one place the store checks user ids: every verb takes the user as `user_id`.
-    """
-    names = list(inspect.signature(call).parameters)
-    position = names.index("user_id") if "user_id" in names else None
-    once_more = retried(call)
-
-    @functools.wraps(call)
-    def checked(*args: Any, **kwargs: Any) -> _R:
-        if kwargs.get("user_id") is not None:
-            kwargs["user_id"] = check_user_id(kwargs["user_id"])
-        elif position is not None and len(args) > position:
-            args = (*args[:position], check_user_id(args[position]), *args[position + 1:])
-        return once_more(*args, **kwargs)
-    return cast(Callable[_P, _R], checked)
 
 
 class FactStore:
@@ -123,12 +100,15 @@ class FactStore:
         return self._db.shared
 
     # ---- facts -------------------------------------------------------------------------
-    @_verb
+    @store_verb
     def add_facts(self, *, user_id: str, texts: Sequence[str],
                   token_ids: Sequence[Sequence[int]], embeddings: Sequence[Any],
                   metadata: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
                   session_id: str | None = None,
-                  turns: Sequence[tuple[str, str]] = ()) -> list[FactId]:
+                  turns: Sequence[tuple[str, str]] = (),
+                  valid_from: float | Sequence[float | None] | None = None,
+                  expires_at: float | Sequence[float | None] | None = None,
+                  pending: bool = False) -> list[FactId]:
         """Store facts (and the turns they came from) in one transaction; returns fact ids.
 
         Args:
@@ -141,6 +121,11 @@ class FactStore:
             session_id: conversation the facts came from, if any.
             turns: (role, content) messages appended to the session in the same transaction
                 (see add_turns).
+            valid_from: when each fact became true (seconds since the epoch; one value for all,
+                or one per fact; None: when added).
+            expires_at: when each fact expires (likewise; None: never).
+            pending: their embeddings and KV are still to be made (an asynchronous add; the
+                embeddings given stand in until set_embedding).
 
         Raises:
             InvalidUserIdError / InvalidFactError / InvalidTurnError: an argument is invalid;
@@ -164,22 +149,27 @@ class FactStore:
         if session_id is not None:
             session_id = check_text(session_id, "session_id", InvalidFactError, strip=False)
         turn_list = turn_rows(turns)
+        starts = validity.times(valid_from, "valid_from", num_facts)
+        ends = validity.times(expires_at, "expires_at", num_facts)
         now = time.time()
         with self._db.transaction("add_facts") as db:
             if texts:
                 schema.bump_user_version(db, user_id)
-            _insert_turns(db, user_id, session_id, turn_list, now)
+            turn_log.insert(db, user_id, session_id, turn_list, now)
             ids = [FactId(i) for i in db.insert(
                 "INSERT INTO facts (user_id, session_id, text, token_ids, embedding, metadata, "
-                "created_at, updated_at, content_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(user_id, session_id, text, tokens, embedding, meta, now, now, _hash(text))
-                 for text, tokens, embedding, meta in
-                 zip(texts, token_blobs, embedding_blobs, metadata_rows, strict=True)],
+                "created_at, updated_at, content_hash, valid_from, expires_at, pending) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(user_id, session_id, text, tokens, embedding, meta, now, now, _hash(text),
+                  start, end, int(pending))
+                 for text, tokens, embedding, meta, start, end in
+                 zip(texts, token_blobs, embedding_blobs, metadata_rows, starts, ends,
+                     strict=True)],
                 "fact_id")]
             history.record(db, user_id, ((i, "ADD", None, t) for i, t in zip(ids, texts)), now)
             return ids
 
-    @_verb
+    @store_verb
     def get(self, *, user_id: str, fact_ids: Sequence[int]) -> list[StoredFact]:
         """The user's facts with these ids, in the order asked.
 
@@ -193,7 +183,7 @@ class FactStore:
         _raise_missing(user_id, [i for i in ids if i not in found])
         return [found[i] for i in ids]
 
-    @_verb
+    @store_verb
     def get_all(self, *, user_id: str) -> list[StoredFact]:
         """All facts of a user, oldest first (by fact id, which only grows)."""
         with self._db.reading("get_all") as db:
@@ -201,7 +191,7 @@ class FactStore:
                 f"SELECT {_FACT_COLUMNS} FROM facts WHERE user_id = ? ORDER BY fact_id",
                 (user_id,))]
 
-    @_verb
+    @store_verb
     def update(self, *, user_id: str, fact_id: int, text: str, token_ids: Sequence[int],
                embedding: Any, metadata: Mapping[str, Any] | None = None) -> StoredFact:
         """Replace a fact's text, token ids and embedding; metadata=None keeps the old one.
@@ -230,10 +220,16 @@ class FactStore:
             history.record(db, user_id, [(fact_id, "UPDATE", before[0], text)], row[8])
         return fact_from_row(row)
 
-    @_verb
-    def delete(self, *, user_id: str, fact_ids: Sequence[int]) -> None:
-        """Delete the user's facts, all or none (FactNotFoundError: an unknown or foreign id)."""
+    @store_verb
+    def delete(self, *, user_id: str, fact_ids: Sequence[int], event: str = "DELETE") -> None:
+        """Delete the user's facts, all or none (FactNotFoundError: an unknown or foreign id).
+
+        event: what history records, DELETE (a user's erase) or EXPIRE (a sweep of expired
+        facts).
+        """
         ids = list(dict.fromkeys(check_fact_ids(fact_ids)))
+        if event not in ("DELETE", "EXPIRE"):
+            raise InvalidRequestError(f"event={event!r}: a deletion is DELETE or EXPIRE")
         if not ids:
             return
         now = time.time()
@@ -242,9 +238,37 @@ class FactStore:
             existing = dict(_select_facts(db, "fact_id, text", user_id, ids))
             _raise_missing(user_id, [i for i in ids if i not in existing])
             db.executemany("DELETE FROM facts WHERE fact_id = ?", [(i,) for i in ids])
-            history.record(db, user_id, [(i, "DELETE", existing[i], None) for i in ids], now)
+            history.record(db, user_id, [(i, event, existing[i], None) for i in ids], now)
 
-    @_verb
+    @store_verb
+    def supersede(self, *, user_id: str, fact_ids: Sequence[int], by: int,
+                  at: float | None = None) -> list[FactId]:
+        """Mark current facts of the user superseded by fact `by`; returns those marked.
+
+        They stay, for history and as-of reads; facts already superseded are left as they are.
+
+        Args:
+            at: when they stopped being true (seconds since the epoch; None: `by`'s
+                valid_from, else now).
+
+        Raises:
+            FactNotFoundError: `by` or an id is unknown or another user's; nothing changes.
+            InvalidRequestError: a fact would supersede itself.
+        """
+        ids = list(dict.fromkeys(check_fact_ids(fact_ids)))
+        (by,) = check_fact_ids([by], "by")
+        with self._db.transaction("supersede") as db:
+            schema.bump_user_version(db, user_id)
+            return validity.supersede(db, user_id, ids, FactId(by), at)
+
+    @retried
+    def expired(self, now: float | None = None, limit: int = 1000) -> list[tuple[str, FactId]]:
+        """(user, fact id) of facts whose expires_at has passed, oldest expiry first."""
+        check_int(limit, "limit", 1, InvalidRequestError)
+        with self._db.reading("expired") as db:
+            return validity.expired(db, time.time() if now is None else now, limit)
+
+    @store_verb
     def reset(self, *, user_id: str) -> list[FactId]:
         """Delete all facts, turns and history of a user; returns the deleted fact ids."""
         with self._db.transaction("reset") as db:
@@ -256,7 +280,7 @@ class FactStore:
             history.erase_user(db, user_id)
         return fact_ids
 
-    @_verb
+    @store_verb
     def history(self, *, user_id: str, fact_id: int) -> list[history.HistoryEvent]:
         """A fact's ADD / UPDATE / DELETE events, oldest first ([] if the user never had it)."""
         (fact_id,) = check_fact_ids([fact_id])
@@ -264,7 +288,7 @@ class FactStore:
             return history.read(db, user_id, fact_id)
 
     # ---- turns -------------------------------------------------------------------------
-    @_verb
+    @store_verb
     def add_turns(self, *, user_id: str, session_id: str | None,
                   turns: Sequence[tuple[str, str]]) -> list[int]:
         """Append (role, content) messages to a session in one transaction; returns turn ids."""
@@ -273,27 +297,23 @@ class FactStore:
         rows = turn_rows(turns)
         now = time.time()
         with self._db.transaction("add_turns") as db:
-            return _insert_turns(db, user_id, session_id, rows, now)
+            return turn_log.insert(db, user_id, session_id, rows, now)
 
-    @_verb
+    @store_verb
     def recent_turns(self, *, user_id: str, session_id: str | None,
                      limit: int = 20) -> list[Turn]:
         """The last `limit` turns of a session, oldest first."""
         check_int(limit, "limit", 0, InvalidTurnError)
-        session, args = ("IS NULL", ()) if session_id is None else ("= ?", (session_id,))
         with self._db.reading("recent_turns") as db:
-            rows = db.execute(f"SELECT {_TURN_COLUMNS} FROM turns WHERE user_id = ? AND "
-                              f"session_id {session} ORDER BY turn_id DESC LIMIT ?",
-                              (user_id, *args, limit)).fetchall()
-        return [Turn(*row) for row in reversed(rows)]
+            return turn_log.recent(db, user_id, session_id, limit)
 
-    @_verb
+    @store_verb
     def sessions(self, *, user_id: str) -> list[turn_log.Session]:
         """Every session of a user with turns (None: turns without one), latest first."""
         with self._db.reading("sessions") as db:
             return turn_log.sessions(db, user_id)
 
-    @_verb
+    @store_verb
     def recent_facts(self, *, user_id: str, limit: int = 20,
                      session_id: str | None = None) -> list[StoredFact]:
         """The user's last `limit` facts (of one session, if given), oldest first."""
@@ -322,7 +342,7 @@ class FactStore:
             return sorted(r[0] for r in db.execute(
                 "SELECT user_id FROM facts UNION SELECT user_id FROM turns"))
 
-    @_verb
+    @store_verb
     def count(self, *, user_id: str | None = None) -> int:
         """Number of facts of one user, or of all users when user_id is None."""
         with self._db.reading("count") as db:
@@ -373,7 +393,7 @@ class FactStore:
         with self._db.reading("schema_version") as db:
             return int(schema.get_meta(db, schema.VERSION_KEY) or 0)
 
-    @_verb
+    @store_verb
     def user_version(self, user_id: str) -> int:
         """A number that grows with every committed change of the user's facts; 0 if never written.
 
@@ -393,14 +413,6 @@ class FactStore:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _insert_turns(db: Database, user_id: str, session_id: str | None,
-                  rows: list[tuple[str, str]], now: float) -> list[int]:
-    return db.insert("INSERT INTO turns (user_id, session_id, role, content, created_at) "
-                     "VALUES (?, ?, ?, ?, ?)",
-                     [(user_id, session_id, role, content, now) for role, content in rows],
-                     "turn_id")
 
 
 def _hash(text: str) -> str:
