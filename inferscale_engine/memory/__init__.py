@@ -8,7 +8,8 @@
   fallback.py      one handle's facts answered: KV when possible, stale facts left out,
                    the same facts as text when injection fails
   scope.py         the one preamble of every verb: user checked, lock, open, synced
-  editing.py       the part that changes stored facts (update, delete, reset, add_turns)
+  editing.py       the part that changes stored facts (update, supersede, delete, reset, ...)
+  supersession.py  facts that change: the newer supersedes the older; reads as of a date
   listing.py       the part that reads the store as it is (get, get_all, records, history)
   ingest.py        the write path: new facts -> duplicates -> contexts -> store -> register
   infer.py         add(..., infer=True): facts extracted by the served model, reconciled

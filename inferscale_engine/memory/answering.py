@@ -46,8 +46,8 @@ class Answering:
     @interactive_call
     def generate(self, *, user_id: str, query: str, k: int = 5,
                  messages: Messages | None = None, sampling: Any = None, mode: str = "kv",
-                 handle: MemoryHandle | None = None, layout: Layout | None = None
-                 ) -> Generation:
+                 handle: MemoryHandle | None = None, layout: Layout | None = None,
+                 as_of: Any = None) -> Generation:
         """Answer from the user's memory: search(query, k), then answer().
 
         Args:
@@ -59,6 +59,7 @@ class Answering:
             mode: 'kv' injects the facts' KV; 'text' prefills them as text.
             handle: serve these facts instead of searching; it must be this user's.
             layout: where facts go and which are repaired as text (default: the engine's).
+            as_of: answer from the facts true at this time (see Memory.search).
 
         Raises:
             HandleError: `handle` is not a MemoryHandle of this user.
@@ -66,7 +67,7 @@ class Answering:
         user_id = self._scopes.user(user_id).user_id
         query = checks.check_text(query, "query", InvalidRequestError)
         if handle is None:
-            handle = self._search(user_id=user_id, query=query, k=k).handle
+            handle = self._search(user_id=user_id, query=query, k=k, as_of=as_of).handle
         return self.answer(messages=query if messages is None else messages, handle=handle,
                            user_id=user_id, sampling=sampling, mode=mode, layout=layout)
 

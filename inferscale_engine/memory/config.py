@@ -19,6 +19,10 @@ DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_DB_PATH = "~/.inferscale/memory.db"
 """Default fact database (created on first use)."""
 STARTUP_MODES = ("encode", "lazy")
+DEFAULT_SUPERSEDE_THRESHOLD: float | None = None
+"""Off: on LoCoMo's dev conversations, similarity alone cannot tell a changed fact from a
+related one (docs/benchmarks.md#facts-that-change), so facts are superseded explicitly
+(Memory.supersede, infer=True) unless an app whose facts are slots sets a threshold."""
 DEFAULT_MAX_SERVED_USERS = 10_000
 """Users of a shared store whose facts one process holds at once (MemoryConfig)."""
 
@@ -49,6 +53,9 @@ class MemoryConfig:
     max_served_users: int = DEFAULT_MAX_SERVED_USERS
     """Users of a shared store (replicas) whose facts this process holds at once: the least
     recently served one beyond it is released and read again on its next use."""
+    supersede_threshold: float | None = DEFAULT_SUPERSEDE_THRESHOLD
+    """Cosine similarity from which an added fact supersedes the user's older facts; None:
+    facts are superseded only explicitly (Memory.supersede, infer=True)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine, EngineConfig):
@@ -65,6 +72,7 @@ class MemoryConfig:
             raise ConfigError(f"device={self.device!r} must be a torch device name such as "
                               "'cpu' or 'cuda:0', or None (CUDA if available)")
         check_dedupe_threshold(self.dedupe_threshold)
+        check_dedupe_threshold(self.supersede_threshold, "supersede_threshold")
         check_startup(self.startup)
         if not isinstance(self.encode_on_add, bool):
             raise ConfigError(f"encode_on_add={self.encode_on_add!r} must be True or False")
@@ -80,14 +88,16 @@ def check_max_served_users(value: object) -> int:
     return value
 
 
-def check_dedupe_threshold(value: object) -> float | None:
+def check_dedupe_threshold(value: object, what: str = "dedupe_threshold") -> float | None:
     """The threshold if it is None or a float in (0, 1]; ConfigError otherwise."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not (
             math.isfinite(value) and 0.0 < value <= 1.0):
-        raise ConfigError(f"dedupe_threshold={value!r} must be a cosine similarity in (0, 1] "
-                          "(e.g. 0.95), or None to store near-duplicates too")
+        off = ("store near-duplicates too" if what == "dedupe_threshold"
+               else "supersede facts only explicitly")
+        raise ConfigError(f"{what}={value!r} must be a cosine similarity in (0, 1], or None to "
+                          f"{off}")
     return float(value)
 
 

@@ -78,12 +78,16 @@ class AddInput:
     """Per text, its message's index (None: added as a text)."""
     turns: list[tuple[str, str]] | None
     """(role, content) of every message; None when facts were added as texts."""
+    valid_from: float | None = None
+    """add()'s timestamp: when the facts became true (None: now)."""
 
     @classmethod
     def checked(cls, texts: Sequence[str] | None, messages: Sequence[Mapping[str, str]] | None,
                 session_id: str | None, metadata: Mapping[str, Any] | None,
-                agent_id: str | None, run_id: str | None) -> AddInput:
+                agent_id: str | None, run_id: str | None, timestamp: object = None
+                ) -> AddInput:
         """The arguments checked in add()'s order (InvalidFactError, InvalidTurnError, ...)."""
+        valid_from = checks.check_time(timestamp, "timestamp", InvalidFactError)
         session_id = checks.check_session(session_id)
         meta = scoped(checks.check_metadata(metadata), *scope(agent_id, run_id))
         if (texts is None) == (messages is None):
@@ -92,10 +96,11 @@ class AddInput:
         if messages is None:
             facts = [checks.check_text(t, f"texts[{i}]") for i, t in
                      enumerate(checks.check_list(texts, "texts", InvalidFactError))]
-            return cls(session_id, meta, facts, [None] * len(facts), None)
+            return cls(session_id, meta, facts, [None] * len(facts), None, valid_from)
         turns = checks.check_messages(messages)
         made = turn_facts(turns)
-        return cls(session_id, meta, [t for t, _ in made], [i for _, i in made], turns)
+        return cls(session_id, meta, [t for t, _ in made], [i for _, i in made], turns,
+                   valid_from)
 
 
 def turn_facts(turns: list[tuple[str, str]]) -> list[tuple[str, int]]:
@@ -199,10 +204,16 @@ def store(facts: list[NewFact], request: AddInput, user_id: str, fact_store: Fac
         user_id=user_id, texts=[f.text for f in kept], token_ids=[f.token_ids for f in kept],
         embeddings=[f.vector for f in kept], session_id=request.session_id,
         metadata=[{**(request.metadata or {}), **context_metadata(f.context)} for f in kept],
-        turns=request.turns or ())
+        turns=request.turns or (), valid_from=request.valid_from)
     for fact, fact_id in zip(kept, ids, strict=True):
         fact.fact_id = fact_id
     return fact_store.get(user_id=user_id, fact_ids=ids) if ids else []
+
+
+def kept_vectors(facts: list[NewFact]) -> torch.Tensor:
+    """[kept, dim] the stored facts' embeddings, in store() order."""
+    kept = [f.vector for f in facts if f.kept]
+    return torch.stack(kept) if kept else torch.empty(0)
 
 
 def results(facts: list[NewFact]) -> list[AddResult]:

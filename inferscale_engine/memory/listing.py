@@ -6,10 +6,12 @@ durable rows only: no engine, no index, no sync of served facts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from inferscale_engine import checks
+from inferscale_engine.errors import InvalidRequestError
 from inferscale_engine.facts import Fact
 from inferscale_engine.memory.scope import Scopes
 from inferscale_engine.memory.search import filters
@@ -36,27 +38,34 @@ class Listing:
             (stored,) = self._store.get(user_id=uid, fact_ids=[fact_id])
         return reserved.public_record(stored)
 
-    def get_all(self, *, user_id: str) -> list[Fact]:
-        """All facts of a user, oldest first ([] for a user with none)."""
-        with self._scopes.user(user_id, sync=False) as uid:
-            return [f.to_fact() for f in self._store.get_all(user_id=uid)]
+    def get_all(self, *, user_id: str, as_of: Any = None,
+                include_superseded: bool = False) -> list[Fact]:
+        """The user's current facts, oldest first ([] for a user with none).
+
+        as_of (a datetime, date, ISO string or epoch seconds): the facts true then instead;
+        include_superseded=True: every stored fact.
+        """
+        return [r.to_fact() for r in self.records(user_id=user_id, as_of=as_of,
+                                                  include_superseded=include_superseded)]
 
     def records(self, *, user_id: str, filter: Mapping[str, Any] | None = None,
-                agent_id: str | None = None, run_id: str | None = None) -> list[StoredFact]:
-        """The user's facts as stored (text, metadata, timestamps), oldest first.
+                agent_id: str | None = None, run_id: str | None = None, as_of: Any = None,
+                include_superseded: bool = False) -> list[StoredFact]:
+        """The user's current facts as stored (text, metadata, times), oldest first.
 
         With `filter` (memory/search/filters.py), those whose metadata match it; with agent_id
-        / run_id, those added in them.
+        / run_id, those added in them; as_of / include_superseded: see get_all.
         """
         user = self._scopes.user(user_id, sync=False)
         wanted, scope = filters.check_filter(filter), filters.scope(agent_id, run_id)
+        keep = valid_at(as_of, include_superseded)
         with user as uid:
             stored = self._store.get_all(user_id=uid)
         return [r for r in map(reserved.public_record, stored)
-                if filters.selected(r, wanted, scope)]
+                if keep(r) and filters.selected(r, wanted, scope)]
 
     def history(self, *, user_id: str, fact_id: int) -> list[HistoryEvent]:
-        """A fact's ADD / UPDATE / DELETE events with old and new text, oldest first."""
+        """A fact's events (ADD, UPDATE, SUPERSEDE, ...) with old and new text, oldest first."""
         with self._scopes.user(user_id, sync=False) as uid:
             return self._store.history(user_id=uid, fact_id=fact_id)
 
@@ -77,3 +86,24 @@ class Listing:
         """The user's conversations with stored turns, the most recently active first."""
         with self._scopes.user(user_id, sync=False) as uid:
             return self._store.sessions(user_id=uid)
+
+
+def valid_at(as_of: Any, include_superseded: bool) -> Callable[[StoredFact], bool]:
+    """Which records a read returns: current ones, those true at `as_of`, or all.
+
+    Raises:
+        InvalidRequestError: a bad as_of, or as_of with include_superseded.
+    """
+    at = checks.check_time(as_of, "as_of")
+    if not isinstance(include_superseded, bool):
+        raise InvalidRequestError(f"include_superseded={include_superseded!r} must be a bool")
+    if at is not None and include_superseded:
+        raise InvalidRequestError("pass as_of (the facts true then) or include_superseded=True "
+                                  "(every fact), not both")
+    if include_superseded:
+        return lambda record: True
+    if at is None:
+        now = time.time()
+        return lambda record: record.valid_to is None and (
+            record.expires_at is None or now < record.expires_at)
+    return lambda record: record.current(at)

@@ -24,13 +24,14 @@ import torch
 
 from inferscale_engine import checks
 from inferscale_engine.errors import EngineClosedError, InvalidRequestError
-from inferscale_engine.memory import ingest
+from inferscale_engine.memory import ingest, supersession
 from inferscale_engine.memory.aio import forward, in_thread, streamed
 from inferscale_engine.memory.answering import Answering
 from inferscale_engine.memory.config import (
     DEFAULT_DB_PATH,
     DEFAULT_EMBEDDING_MODEL,
     DEFAULT_MAX_SERVED_USERS,
+    DEFAULT_SUPERSEDE_THRESHOLD,
     MemoryConfig,
     check_dedupe_threshold,
     check_startup,
@@ -65,7 +66,8 @@ class Memory:
                  encode_on_add: bool = True, device: str | torch.device | None = None,
                  context_turns: int = 16, progress_bar: bool | None = None,
                  half_scan_min_rows: int | None = None,
-                 max_served_users: int = DEFAULT_MAX_SERVED_USERS) -> None:
+                 max_served_users: int = DEFAULT_MAX_SERVED_USERS,
+                 supersede_threshold: float | None = DEFAULT_SUPERSEDE_THRESHOLD) -> None:
         """Open the store and make every stored fact searchable and servable.
 
         Args:
@@ -85,11 +87,16 @@ class Memory:
                 last facts) read as the context a new fact is encoded after.
             progress_bar: show the start-up progress bar (None: only on a terminal).
             half_scan_min_rows, max_served_users: see MemoryConfig.
+            supersede_threshold: an added fact supersedes the user's older facts whose
+                embeddings have at least this cosine similarity with its own (supersession.py);
+                None: facts are only superseded explicitly (supersede(), infer=True).
 
         Raises:
             ConfigError: a bad option, or another open Memory owns the engine's fact ids.
         """
         self._dedupe_threshold = check_dedupe_threshold(dedupe_threshold)
+        self._supersede_threshold = check_dedupe_threshold(supersede_threshold,
+                                                           "supersede_threshold")
         check_startup(startup)
         checks.check_half_scan_min_rows(half_scan_min_rows)
         checks.check_int(context_turns, "context_turns", 0, InvalidRequestError)
@@ -125,7 +132,7 @@ class Memory:
             self._listing = Listing(self._store, self._scopes)
             self._editing = Editing(self._store, self._served, self._scopes, self.counters,
                                     engine.tokenize_fact, self._embed, encode_on_add,
-                                    self._listing.records)
+                                    self._listing.records, self.add)
             self._served.register_stored(self._store, self._embedder.name, self._embed,
                                          startup == "encode", progress_bar)
         except BaseException:
@@ -147,7 +154,8 @@ class Memory:
                          dedupe_threshold=config.dedupe_threshold, startup=config.startup,
                          encode_on_add=config.encode_on_add, device=config.device,
                          half_scan_min_rows=config.half_scan_min_rows,
-                         max_served_users=config.max_served_users)
+                         max_served_users=config.max_served_users,
+                         supersede_threshold=config.supersede_threshold)
         except BaseException:
             engine.close()
             raise
@@ -164,7 +172,7 @@ class Memory:
             messages: Sequence[Mapping[str, str]] | None = None, session_id: str | None = None,
             metadata: Mapping[str, Any] | None = None, dedupe: bool = True,
             agent_id: str | None = None, run_id: str | None = None,
-            infer: bool = False) -> list[AddResult]:
+            infer: bool = False, timestamp: Any = None) -> list[AddResult]:
         """Remember facts, or a conversation's turns; one result per fact, in order.
 
         dedupe=False stores every fact, also one that repeats a stored fact (stores keyed by
@@ -172,6 +180,9 @@ class Memory:
         scopes) tag the facts; search, records and delete_all can then narrow to them.
         infer=True has the served model extract facts from `messages` and add, update or
         delete stored facts accordingly (memory/infer.py); results say which it did.
+        timestamp (mem0's name; a datetime, date, ISO string or epoch seconds; default now):
+        when the facts became true. A new fact supersedes older ones it replaces
+        (supersede_threshold, supersession.py).
 
         With `messages`, every turn is recorded in the session and the content of each user or
         assistant turn becomes a fact encoded after the session's turns before it (their last W
@@ -187,7 +198,8 @@ class Memory:
             checks.check_session(session_id)
             return infer_add(self, user_id=user.user_id, metadata=metadata, agent_id=agent_id,
                              run_id=run_id, messages=ingest.infer_messages(texts, messages))
-        request = ingest.AddInput.checked(texts, messages, session_id, metadata, agent_id, run_id)
+        request = ingest.AddInput.checked(texts, messages, session_id, metadata, agent_id, run_id,
+                                          timestamp)
         facts = ingest.new_facts(request, self._engine.tokenize_fact, self._embed_in_chunks)
         with user as uid:
             ingest.duplicates(facts, self._index, uid,
@@ -197,6 +209,9 @@ class Memory:
                 self._served.prompt_line))
             stored = ingest.store(facts, request, uid, self._store)
             self._served.stage(f.fact_id for f in stored)
+            self.counters["superseded"] += supersession.apply(self._store, uid, supersession.find(
+                stored, ingest.kept_vectors(facts), self._index, uid, self._served.since,
+                self._supersede_threshold), self._served.forget)
             self._served.wrote(self._store, uid)
             self.counters["added"] += len(stored)
             self.counters["duplicates"] += len(facts) - len(stored)
@@ -208,11 +223,13 @@ class Memory:
     @interactive_call
     def search(self, *, user_id: str, query: str, k: int = 5,
                filter: Mapping[str, Any] | None = None, agent_id: str | None = None,
-               run_id: str | None = None) -> SearchResult:
+               run_id: str | None = None, as_of: Any = None) -> SearchResult:
         """The user's k facts most similar to `query` (cosine), best first, and their handle.
 
         With `filter` (memory/search/filters.py), only facts whose metadata match it; with
         agent_id / run_id, only facts added in them. A user with no facts gets an empty result.
+        as_of (a datetime, date, ISO string or epoch seconds): among the facts true then,
+        superseded ones included.
         """
         user = self._user(user_id)
         query = checks.check_text(query, "query", InvalidRequestError)
@@ -220,8 +237,14 @@ class Memory:
             raise InvalidRequestError(f"k={k!r} must be an int >= 0 (facts to retrieve)")
         wanted, scope = filters.check_filter(filter), filters.scope(agent_id, run_id)
         narrow = wanted is not None or scope != (None, None)
+        at = checks.check_time(as_of, "as_of")
         vector = self._embed([query])[0]
         with user as uid:
+            if at is not None:
+                hits = [(self._served[r.fact_id], s) for r, s in supersession.search_as_of(
+                    self._store, self._served, uid, vector, at, k if not narrow else 2**31)
+                    if filters.selected(r, wanted, scope)][:k]
+                return SearchResult(tuple(hits), retrieval.handle_of(uid, hits))
             ranked = retrieval.ranked(self._index, uid, vector, k, narrow)
             if not narrow:
                 hits = [(self._served[fact_id], score) for fact_id, score in ranked]
@@ -245,6 +268,7 @@ class Memory:
     # ---- the parts' verbs: editing.py, listing.py, answering.py --------------------------
     add_turns = forward("_editing", Editing.add_turns)
     update = forward("_editing", Editing.update)
+    supersede = forward("_editing", Editing.supersede)
     delete = forward("_editing", Editing.delete)
     reset = forward("_editing", Editing.reset)
     delete_all = forward("_editing", Editing.delete_all)
@@ -279,6 +303,7 @@ class Memory:
 
     # ---- async twins: the same verbs in a worker thread (aio.py) ------------------------
     aadd, aadd_turns, aupdate = in_thread(add), in_thread(add_turns), in_thread(update)
+    asupersede = in_thread(supersede)
     adelete, areset, asearch = in_thread(delete), in_thread(reset), in_thread(search)
     aget, aget_all, arecords = in_thread(get), in_thread(get_all), in_thread(records)
     agenerate, aanswer = in_thread(generate), in_thread(answer)

@@ -65,6 +65,8 @@ class RegisteredFacts:
         self._versions: OrderedDict[str, int] = OrderedDict()
         """Per user read from a shared store, the version its served facts were last read at
         (sync); least recently served first."""
+        self._since: dict[FactId, float] = {}
+        """When each served fact became true (its valid_from, else created_at)."""
         self._staged: set[int] = set()
         """Ids of facts an add has stored but not yet registered (Memory registers them in
         chunks); a delete or update meanwhile takes them out, so they are never served."""
@@ -91,6 +93,10 @@ class RegisteredFacts:
         fact = self._facts.get(fact_id)
         return fact.text if fact is not None else None
 
+    def since(self, fact_id: FactId) -> float | None:
+        """When a served fact became true, or None (not served)."""
+        return self._since.get(fact_id)
+
     def prompt_line(self, fact_id: FactId) -> tuple[str, int] | None:
         """(text, tokens of its prompt line) of a served fact, or None."""
         fact = self._facts.get(fact_id)
@@ -103,6 +109,7 @@ class RegisteredFacts:
         the engine refuses (e.g. over a lowered max_fact_tokens) stays in the store but is not
         served; it is logged and counted.
         """
+        stored = [f for f in stored if f.valid_to is None]  # superseded facts are not served
         if not stored:
             return
         facts = [f.to_fact() for f in stored]
@@ -129,7 +136,24 @@ class RegisteredFacts:
         self._index.add(user_id=user_id, fact_ids=ids, embeddings=torch.stack(
             [torch.from_numpy(f.embedding_array().copy()) for f in stored]))
         self._facts.update((f.fact_id, f) for f in facts)
+        self._since.update((f.fact_id, f.since) for f in stored)
         self._by_user.setdefault(user_id, set()).update(ids)
+
+    def register_historic(self, user_id: str, stored: Sequence[StoredFact]) -> None:
+        """Make superseded facts servable for an as-of read.
+
+        The engine knows them (KV built on first use); the index does not, so search of the
+        present never finds them.
+        """
+        fresh = [f for f in stored if f.fact_id not in self._facts]
+        if not fresh:
+            return
+        self._engine.add_tokenized_facts([f.to_fact() for f in fresh],
+                                         [stored_context(f.metadata) for f in fresh],
+                                         encode=False)
+        self._facts.update((f.fact_id, f.to_fact()) for f in fresh)
+        self._by_user.setdefault(user_id, set()).update(f.fact_id for f in fresh)
+        self._counters["historic_facts"] += len(fresh)
 
     def stage(self, fact_ids: Iterable[int]) -> None:
         """Note facts just stored, to be registered by register_staged."""
@@ -166,6 +190,7 @@ class RegisteredFacts:
             self._index.remove(user_id=user_id, fact_ids=known)
             for fact_id in known:
                 del self._facts[fact_id]
+                self._since.pop(fact_id, None)
             held = self._by_user.get(user_id, set())
             held.difference_update(known)
             if not held:  # a user with no facts left holds no state
@@ -181,6 +206,7 @@ class RegisteredFacts:
                 self._engine.delete(user_id, ids, keep_disk=True)
         finally:
             self._facts.clear()
+            self._since.clear()
             self._by_user.clear()
             self._versions.clear()
 
@@ -218,7 +244,7 @@ class RegisteredFacts:
         if held is not None and version <= held:  # read before a write this process synced
             self._versions.move_to_end(user_id)
             return
-        current = {f.fact_id: f for f in store.get_all(user_id=user_id)}
+        current = {f.fact_id: f for f in store.get_all(user_id=user_id) if f.valid_to is None}
         stale = [i for i in self._by_user.get(user_id, ()) if i not in current
                  or _changed(self._facts[i], current[i])]
         self.forget(user_id, stale)
@@ -244,6 +270,7 @@ class RegisteredFacts:
             self._index.remove(user_id=user_id, fact_ids=ids)
             for fact_id in ids:
                 del self._facts[fact_id]
+                self._since.pop(fact_id, None)
         self._counters["released_users"] += 1
 
     def register_stored(self, store: FactStore, embedder_name: str,

@@ -58,12 +58,16 @@ class AddResult:
     text: str
     event: str
     """'ADD' (stored) or 'DUPLICATE' (not stored: a near-identical fact exists); with
-    infer=True also 'UPDATE', 'DELETE' or 'NONE'."""
+    infer=True also 'UPDATE' (a new fact superseding a stored one), 'DELETE' (a stored fact
+    no longer true) or 'NONE'."""
     similarity: float | None = None
     """Cosine similarity to the duplicated fact (DUPLICATE only)."""
     turn: int | None = None
     """Index of the message of add(messages=...) the fact was made of (None: added as a text,
     or a change infer=True decided). Callers map results to their messages with it."""
+    supersedes: tuple[FactId, ...] = ()
+    """The facts this one superseded (supersede(), infer=True's UPDATE, supersede_threshold):
+    kept in the store for history and as-of reads, no longer served."""
 
 
 @dataclass(frozen=True, slots=True)

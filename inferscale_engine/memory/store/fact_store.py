@@ -241,25 +241,25 @@ class FactStore:
             history.record(db, user_id, [(i, event, existing[i], None) for i in ids], now)
 
     @store_verb
-    def supersede(self, *, user_id: str, fact_ids: Sequence[int], by: int,
+    def supersede(self, *, user_id: str, fact_ids: Sequence[int], by: int | None,
                   at: float | None = None) -> list[FactId]:
         """Mark current facts of the user superseded by fact `by`; returns those marked.
 
         They stay, for history and as-of reads; facts already superseded are left as they are.
 
         Args:
-            at: when they stopped being true (seconds since the epoch; None: `by`'s
-                valid_from, else now).
+            by: the newer fact; None: they just stopped being true.
+            at: when (seconds since the epoch; None: `by`'s valid_from, else now).
 
         Raises:
             FactNotFoundError: `by` or an id is unknown or another user's; nothing changes.
             InvalidRequestError: a fact would supersede itself.
         """
         ids = list(dict.fromkeys(check_fact_ids(fact_ids)))
-        (by,) = check_fact_ids([by], "by")
+        newer = None if by is None else FactId(check_fact_ids([by], "by")[0])
         with self._db.transaction("supersede") as db:
             schema.bump_user_version(db, user_id)
-            return validity.supersede(db, user_id, ids, FactId(by), at)
+            return validity.supersede(db, user_id, ids, newer, at)
 
     @retried
     def expired(self, now: float | None = None, limit: int = 1000) -> list[tuple[str, FactId]]:

@@ -22,13 +22,17 @@ from inferscale_engine.memory.store.sql.database import Database
 _IDS_PER_QUERY = 500
 
 
-def supersede(db: Database, user_id: str, ids: Sequence[int], by: FactId,
+def supersede(db: Database, user_id: str, ids: Sequence[int], by: FactId | None,
               at: float | None) -> list[FactId]:
-    """Mark the user's current facts `ids` superseded by `by`; returns those marked."""
-    if by in ids:
+    """Mark the user's current facts `ids` superseded by `by`; returns those marked.
+
+    by None: no newer fact replaces them; they just stopped being true.
+    """
+    if by is not None and by in ids:
         raise InvalidRequestError(f"fact {by} cannot supersede itself")
-    newer = db.execute("SELECT text, valid_from FROM facts WHERE fact_id = ? AND user_id = ?",
-                       (by, user_id)).fetchone()
+    newer = (None, None) if by is None else db.execute(
+        "SELECT text, valid_from FROM facts WHERE fact_id = ? AND user_id = ?",
+        (by, user_id)).fetchone()
     existing: dict[int, tuple[str, float | None]] = {}
     for lo in range(0, len(ids), _IDS_PER_QUERY):
         chunk = list(ids[lo:lo + _IDS_PER_QUERY])
