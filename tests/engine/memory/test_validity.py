@@ -18,8 +18,8 @@ from tests.engine.memory.memory_support import HashEmbedder
 
 pytestmark = pytest.mark.vllm
 
-JAN_2023 = dt.datetime(2023, 1, 1, tzinfo=dt.timezone.utc)
-JAN_2024 = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
+JAN_2023 = dt.datetime(2023, 1, 1, tzinfo=dt.UTC)
+JAN_2024 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
