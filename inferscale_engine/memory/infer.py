@@ -132,7 +132,7 @@ def parse_decisions(text: str, ids: Mapping[str, int]) -> list[Decision] | None:
 
 def infer_add(memory: Any, *, user_id: str, messages: Sequence[Mapping[str, str]],
               metadata: Mapping[str, Any] | None, agent_id: str | None, run_id: str | None,
-              max_tokens: int = 512) -> list[Any]:
+              max_tokens: int = 512, timestamp: float | None = None) -> list[Any]:
     """Extract, decide and apply (module docstring); one AddResult per applied decision.
 
     The ADD / UPDATE / DELETE results carry the fact's id and its (new, or deleted) text; NONE
@@ -189,15 +189,16 @@ def infer_add(memory: Any, *, user_id: str, messages: Sequence[Mapping[str, str]
         touched.add(decision.fact_id)
         if decision.event == "UPDATE":  # a new fact; the old one kept, superseded
             results.append(memory.supersede(user_id=user_id, fact_id=decision.fact_id,
-                                            text=decision.text))
+                                            text=decision.text, timestamp=timestamp))
         elif decision.event == "DELETE":  # no longer true: kept, superseded by nothing
-            memory.supersede(user_id=user_id, fact_id=decision.fact_id)
+            memory.supersede(user_id=user_id, fact_id=decision.fact_id, timestamp=timestamp)
             results.append(AddResult(FactId(decision.fact_id), listed[decision.fact_id], "DELETE"))
         else:
             results.append(AddResult(FactId(decision.fact_id), listed[decision.fact_id], "NONE"))
     if adds:  # one embedding and encoding batch for every new fact, results in decision order
         added = memory.add(user_id=user_id, texts=[results[i] for i in adds],
-                           metadata=metadata, agent_id=agent_id, run_id=run_id)
+                           metadata=metadata, agent_id=agent_id, run_id=run_id,
+                           timestamp=timestamp)
         for i, result in zip(adds, added, strict=True):
             results[i] = result
     return results

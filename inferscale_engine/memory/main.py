@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from inferscale_engine import checks
-from inferscale_engine.errors import EngineClosedError, InvalidRequestError
+from inferscale_engine.errors import EngineClosedError, InvalidFactError, InvalidRequestError
 from inferscale_engine.memory import ingest, supersession
 from inferscale_engine.memory.aio import forward, in_thread, streamed
 from inferscale_engine.memory.answering import Answering
@@ -197,7 +197,9 @@ class Memory:
         if infer:  # texts are read as the user's messages
             checks.check_session(session_id)
             return infer_add(self, user_id=user.user_id, metadata=metadata, agent_id=agent_id,
-                             run_id=run_id, messages=ingest.infer_messages(texts, messages))
+                             run_id=run_id, messages=ingest.infer_messages(texts, messages),
+                             timestamp=checks.check_time(timestamp, "timestamp",
+                                                         InvalidFactError))
         request = ingest.AddInput.checked(texts, messages, session_id, metadata, agent_id, run_id,
                                           timestamp)
         facts = ingest.new_facts(request, self._engine.tokenize_fact, self._embed_in_chunks)
