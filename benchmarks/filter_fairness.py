@@ -4,7 +4,7 @@ Tenant A's user holds --a-facts facts with metadata; B's user a few facts. First
 (--chats chats with memory, one after another: "idle"); then A's --clients clients send
 `POST /v3/memories/search/` with the largest filter the limits allow, back to back, while B
 chats the same way ("busy"). The filter is the costliest to evaluate within the limits
-(memory/filters.py): an OR of as many single-field conditions as MAX_FILTER_NODES allows,
+(memory/search/filters.py): an OR of as many single-field conditions as MAX_FILTER_NODES allows,
 none of which matches, so every one is evaluated against each of A's facts. The record has
 B's latency (median, p90, p99, max) idle and busy, and A's search latency and count. Nothing
 here asserts anything about speed.
@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def largest_filter(user_id: str) -> dict[str, Any]:
     """The costliest filter within the limits: an OR of single-field conditions, no match."""
-    from inferscale_engine.memory.filters import MAX_FILTER_LIST, MAX_FILTER_NODES
+    from inferscale_engine.memory.search.filters import MAX_FILTER_LIST, MAX_FILTER_NODES
 
     # the filter, its user id and OR list count 3 values; each part 2 (its mapping, its value)
     parts = min(MAX_FILTER_LIST, (MAX_FILTER_NODES - 3) // 2)

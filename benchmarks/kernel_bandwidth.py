@@ -18,8 +18,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from inferscale_engine.kernels.rope_tables import RopeTables
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -94,6 +98,7 @@ def main() -> int:
 
     from inferscale_engine.kernels import chunked_rope, reference
     from inferscale_engine.kernels.mover import BoundMover
+    from inferscale_engine.kernels.rope_tables import RopeTables
 
     dtype = DTYPES[args.dtype]
     rotary_dim = args.rotary_dim or args.head_dim
@@ -112,9 +117,9 @@ def main() -> int:
         * slab_keys.element_size()
     copy_src = torch.randn(kv_bytes // 4, device="cuda")
     copy_dst = torch.empty_like(copy_src)
-    tables = (cos, sin, args.style)
+    tables = RopeTables(cos, sin, args.style)
     # The engine's path: kernels bound once, each step one [4, T] index (rows, slots, from, to).
-    mover = BoundMover(cache, slab_keys, slab_values, *tables)
+    mover = BoundMover(cache, slab_keys, slab_values, tables)
     to_cache = torch.stack((rows, slots, canonical, serving)).long()
     to_slab = torch.stack((rows, slots, serving, canonical)).long()
     host_index = to_cache.cpu().pin_memory()  # the worker's zero-copy staging: read in place
@@ -124,9 +129,9 @@ def main() -> int:
         "triton_inject_host_index": lambda: mover.inject(host_index),
         "triton_capture": lambda: mover.capture(to_slab),
         "torch_inject": lambda: reference.inject_(
-            keys, values, slab_keys, slab_values, rows, slots, canonical, serving, *tables),
+            keys, values, slab_keys, slab_values, rows, slots, canonical, serving, tables),
         "torch_capture": lambda: reference.capture_(
-            keys, values, slab_keys, slab_values, slots, rows, serving, canonical, *tables),
+            keys, values, slab_keys, slab_values, slots, rows, serving, canonical, tables),
     }
     results: dict[str, object] = {}
     for name, fn in fns.items():
@@ -157,7 +162,7 @@ def main() -> int:
 
 
 def launch_host_us(cache: object, slab_keys: torch.Tensor, slab_values: torch.Tensor,
-                   tables: tuple, index: torch.Tensor, calls: int = 500) -> dict[str, float]:
+                   tables: RopeTables, index: torch.Tensor, calls: int = 500) -> dict[str, float]:
     """Host microseconds one inject launch costs (a 64-token step, no synchronization inside
     the loop): the serving path's share of the kernel. `checked`: chunked_rope.inject_ (every
     argument checked, Triton's regular launch); `bound`: BoundMover through Triton's regular
@@ -166,10 +171,10 @@ def launch_host_us(cache: object, slab_keys: torch.Tensor, slab_values: torch.Te
     from inferscale_engine.kernels.mover import BoundMover
 
     rows, slots, from_positions, to_positions = index
-    regular = BoundMover(cache, slab_keys, slab_values, *tables, prebind=False)
-    prebound = BoundMover(cache, slab_keys, slab_values, *tables)
+    regular = BoundMover(cache, slab_keys, slab_values, tables, prebind=False)
+    prebound = BoundMover(cache, slab_keys, slab_values, tables)
     fns = {"checked": lambda: chunked_rope.inject_(cache, slab_keys, slab_values, rows, slots,
-                                                   from_positions, to_positions, *tables),
+                                                   from_positions, to_positions, tables),
            "bound": lambda: regular.inject(index), "prebound": lambda: prebound.inject(index)}
     out = {}
     for name, fn in fns.items():

@@ -6,10 +6,17 @@ Memory over one shared Engine, adds every user's facts in the order they were sa
 every question through Memory.generate (k facts retrieved, greedy) in kv and in text mode.
 
 Arms (how facts are added; each answered in kv and text mode):
-  plain    Memory.add(texts=[...]) one session at a time: every version is kept, the model
-           has to work out which is current
-  infer    Memory.add(infer=True) with the session's facts as the user's messages: the served
-           model extracts facts and adds, updates or deletes stored ones (mem0's consolidation)
+  plain      Memory.add(texts=[...]) one session at a time: every version is kept, the model
+             has to work out which is current
+  dated      the same with timestamp= the session's day; "as of" questions pass as_of= that
+             date (the facts true then)
+  supersede  an app that keeps its facts as slots (a profile field per attribute): a new value
+             goes through Memory.supersede, the old one is kept as history; dated, as_of
+  tau0.4, tau0.5  dated, with Memory(supersede_threshold=0.4 / 0.5): a new fact supersedes
+             the user's facts whose embeddings are at least that similar
+  infer      Memory.add(infer=True) with the session's facts as the user's messages: the served
+             model extracts facts and adds, supersedes or ends stored ones (mem0's
+             consolidation); dated, as_of
 
 Per arm and mode: the share of answers naming the value true now (or at the date asked), the
 share naming a superseded value, for "now" and "as of" questions apart; the time each add took
@@ -79,13 +86,40 @@ def add_plain(memory: Any, user_id: str, session: list[KUFact]) -> None:
     memory.add(user_id=user_id, texts=[f.text for f in session])
 
 
+def add_dated(memory: Any, user_id: str, session: list[KUFact]) -> None:
+    memory.add(user_id=user_id, texts=[f.text for f in session], timestamp=session[0].date)
+
+
 def add_infer(memory: Any, user_id: str, session: list[KUFact]) -> None:
-    memory.add(user_id=user_id, infer=True,
+    memory.add(user_id=user_id, infer=True, timestamp=session[0].date,
                messages=[{"role": "user", "content": f.text} for f in session])
 
 
+_SLOTS: dict[tuple[str, str], int] = {}
+"""(user, slot) -> the fact that holds it now (the supersede arm's app state)."""
+
+
+def add_supersede(memory: Any, user_id: str, session: list[KUFact]) -> None:
+    """An app that keeps its facts as slots (a profile): a new value supersedes the old one."""
+    plain = [f for f in session if f.slot is None or (user_id, f.slot) not in _SLOTS]
+    for fact in session:
+        if fact.slot is not None and (user_id, fact.slot) in _SLOTS:
+            new = memory.supersede(user_id=user_id, fact_id=_SLOTS[user_id, fact.slot],
+                                   text=fact.text, timestamp=fact.date)
+            _SLOTS[user_id, fact.slot] = new.fact_id
+    if plain:
+        added = memory.add(user_id=user_id, texts=[f.text for f in plain],
+                           timestamp=session[0].date, dedupe=False)
+        for fact, result in zip(plain, added, strict=True):
+            if fact.slot is not None:
+                _SLOTS[user_id, fact.slot] = result.fact_id
+
+
 INGEST: dict[str, Callable[[Any, str, list[KUFact]], None]] = {
-    "plain": add_plain, "infer": add_infer}
+    "plain": add_plain, "dated": add_dated, "supersede": add_supersede,
+    "tau0.4": add_dated, "tau0.5": add_dated, "infer": add_infer}
+DATED = {"dated", "supersede", "tau0.4", "tau0.5", "infer"}
+"""Arms whose facts carry the day they were said; their "as of" questions pass as_of."""
 
 
 def run_arm(engine: Any, args: argparse.Namespace, arm: str, users: list[Scenario],
@@ -102,7 +136,9 @@ def run_arm(engine: Any, args: argparse.Namespace, arm: str, users: list[Scenari
     asked = {(a["question_id"], a["mode"]) for a in answers}
     if not done_marker.exists():
         (folder / f"{arm}.db").unlink(missing_ok=True)
-    with Memory(engine, folder / f"{arm}.db", args.embedder, progress_bar=False) as memory:
+    threshold = float(arm[3:]) if arm.startswith("tau") else None
+    with Memory(engine, folder / f"{arm}.db", args.embedder, progress_bar=False,
+                supersede_threshold=threshold) as memory:
         if not done_marker.exists():
             done_marker.write_text(json.dumps(ingest(memory, arm, users)))
         ingested = json.loads(done_marker.read_text())
@@ -113,8 +149,10 @@ def run_arm(engine: Any, args: argparse.Namespace, arm: str, users: list[Scenari
                     for mode in MODES:
                         if (question.question_id, mode) in asked:
                             continue
+                        as_of = question.as_of if arm in DATED else None
                         reply = memory.generate(user_id=scenario.user_id, query=question.text,
-                                                k=args.k, sampling=greedy, mode=mode)
+                                                k=args.k, sampling=greedy, mode=mode,
+                                                as_of=as_of)
                         row = {"question_id": question.question_id, "mode": mode,
                                "kind": "then" if question.as_of else "now",
                                "answer": reply.text, **score(reply.text, question)}

@@ -1,8 +1,8 @@
 """Which LoCoMo questions a run answers: the dev/test split by conversation and the samples.
 
-Protocol (notes/quality-repair.md): tune on the dev fold with grids fixed in advance, report the
-test fold once. The split is by conversation, so no fact or question of a test conversation is
-ever seen while tuning:
+Protocol (docs/benchmarks.md, "Answer quality"): tune on the dev fold with grids fixed in
+advance, report the test fold once. The split is by conversation, so no fact or question of a
+test conversation is ever seen while tuning:
   dev   conv-26 and conv-30 (233 questions of categories 1-4), all questions
   test  the other eight conversations (1,307 questions); a seeded sample of N questions
         stratified by category with proportional allocation (largest remainders)

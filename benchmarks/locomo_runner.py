@@ -84,7 +84,7 @@ def build_engine(args: argparse.Namespace, arms: Sequence[Arm]) -> Any:
 def retrieve(embedder: Any, conv: Conversation, questions: Sequence[Question], k: int
              ) -> list[tuple[list[int], list[float]]]:
     """Per question, the positions of its top-k facts, best first, and their cosines."""
-    from inferscale_engine.memory.retrieval import UserIndex
+    from inferscale_engine.memory.search.index import UserIndex
 
     index = UserIndex(embedder.dim)
     index.add(list(range(len(conv.facts))), embedder.encode([f.retrieval_text
@@ -279,7 +279,7 @@ def run(args: argparse.Namespace, arms: Sequence[Arm], selection: Selection,
     from tqdm import tqdm
     from vllm import SamplingParams
 
-    from inferscale_engine.memory.embedder import Embedder
+    from inferscale_engine.memory.search.embedder import Embedder
 
     pending = {(conv.sample_id, q.index): [a for a in arms
                                            if a.name not in answered.get((conv.sample_id,

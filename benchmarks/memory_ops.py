@@ -78,7 +78,7 @@ def random_fact_embedder(model: str, device: str):
     real model, so search latency stays end to end."""
     import torch
 
-    from inferscale_engine.memory.embedder import Embedder
+    from inferscale_engine.memory.search.embedder import Embedder
 
     class RandomFactEmbedder(Embedder):
         def __init__(self) -> None:
@@ -146,7 +146,7 @@ def run_size(engine, embedder, size: int, encode: bool, args, db: str) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     from inferscale_engine import Engine, EngineConfig
-    from inferscale_engine.memory.embedder import Embedder
+    from inferscale_engine.memory.search.embedder import Embedder
 
     args = parse_args(argv)
     load_before = os.getloadavg()  # other jobs on a shared machine slow every number down

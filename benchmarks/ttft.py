@@ -146,7 +146,7 @@ def make_retriever(args: argparse.Namespace, facts: list[str]):
 
         from inferscale_engine.memory import Embedder
         from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL
-        from inferscale_engine.memory.retrieval import UserIndex
+        from inferscale_engine.memory.search.index import UserIndex
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
         name = DEFAULT_EMBEDDING_MODEL if args.embedder == "auto" else args.embedder

@@ -4,7 +4,9 @@ Names are resolved lazily (PEP 562): vLLM's processes import `inferscale_engine.
 which must not pull in the engine, the fact store or the embedder. Type checkers and IDEs see
 the real classes (the imports under TYPE_CHECKING).
 
-  errors, config, facts, checks  what every layer shares
+  errors.py   InferScaleError and its kinds     config.py  EngineConfig, ConnectorConfig
+  facts.py    Fact, FactId, MemoryHandle        checks.py  every input rule, one place
+  cli.py      the `inferscale` command
   protocol/   the plan protocol (kv_transfer_params) between the app and vLLM's processes
   model/      model support: RoPE, architecture checks, calibration, the small model
   prompting/  prompts from token ids, layouts, encoding contexts, tool calls
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
     from inferscale_engine.facts import Fact, FactId, MemoryHandle
     from inferscale_engine.memory.config import MemoryConfig
     from inferscale_engine.memory.main import Memory
-    from inferscale_engine.memory.types import AddResult, SearchResult
+    from inferscale_engine.memory.types import AddResult, MemoryItem, SearchResult
     from inferscale_engine.runtime.engine import Engine
     from inferscale_engine.runtime.generation import EngineStats, Generation
 
@@ -54,7 +56,7 @@ _EXPORTS = {
     "UnsupportedModelError": "errors", "InvalidTurnError": "errors",
     "InvalidUserIdError": "errors", "StoreError": "errors",
     "Memory": "memory.main", "MemoryConfig": "memory.config", "AddResult": "memory.types",
-    "SearchResult": "memory.types",
+    "SearchResult": "memory.types", "MemoryItem": "memory.types",
 }
 __all__ = sorted(_EXPORTS)
 

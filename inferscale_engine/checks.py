@@ -9,6 +9,7 @@ Pure Python: importable without torch or vLLM.
 from __future__ import annotations
 
 import json
+import math
 import numbers
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
@@ -17,6 +18,7 @@ from typing import Any, cast
 from inferscale_engine.errors import (
     ConfigError,
     InvalidFactError,
+    InvalidRequestError,
     InvalidTurnError,
     InvalidUserIdError,
 )
@@ -261,3 +263,32 @@ def same_text(a: str, b: str) -> bool:
     cannot read (emoji, rare scripts) to one vector, so similarity alone never drops a fact.
     """
     return comparable_text(a) == comparable_text(b)
+
+
+def check_time(value: object, what: str, error: type[Exception] = InvalidRequestError
+               ) -> float | None:
+    """A point in time as seconds since the epoch (None stays None).
+
+    Takes a datetime (naive: UTC), a date (its midnight UTC), an ISO 8601 string of either, or
+    a number of seconds since the epoch.
+    """
+    import datetime as dt
+
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = dt.datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise error(f"{what}={value!r:.60} is not an ISO 8601 date or time, such as "
+                        "'2024-05-08' or '2024-05-08T14:30:00+02:00'") from None
+    if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+        value = dt.datetime(value.year, value.month, value.day)
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return value.timestamp()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise error(f"{what}={value!r:.60} must be a datetime, a date, an ISO 8601 string or "
+                    "seconds since the epoch")
+    return float(value)

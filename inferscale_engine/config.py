@@ -39,8 +39,8 @@ class EngineConfig:
     """Tokens per slab page (allocation granularity)."""
     context_window_tokens: int = 256
     """W: tokens of preceding conversation each fact is encoded after (0 = encode alone).
-    More context per fact is the strongest quality lever (LoCoMo dev, 0.5B: W=64 21.4 F1,
-    W=256 27.6); with runs (context_run_tokens) it costs little at ingest."""
+    More context per fact is the strongest quality lever (docs/benchmarks.md: the defaults'
+    figures); with runs (context_run_tokens) it costs little at ingest."""
     context_run_tokens: int = 512
     """R: facts added together (Memory.add(texts=[...])) are encoded in runs of up to R fact
     tokens, one save request per run: a run's first fact sees the W tokens before it, every
@@ -52,8 +52,7 @@ class EngineConfig:
     user's earlier facts most similar to it (by embedding, up to W tokens, in the order they
     were added; one save request per fact), or 'recent', the facts right before it (in runs of
     R). A fact served next to other retrieved facts is closest to its text-mode self after
-    facts like them: LoCoMo dev, 0.5B, k=20, first-token KL(text || kv) 0.071 vs 0.094 with
-    runs, same answer as text 63.5% vs 55.4%; ingest 0.52 vs 0.20 s per fact (2 CPU cores).
+    facts like them, at a higher ingest cost (docs/benchmarks.md: the defaults' figures).
     Facts of a conversation's turns are encoded after the session's turns either way."""
     max_fact_tokens: int = 256
     """Longest fact accepted, in tokens."""

@@ -4,6 +4,14 @@ KVMemory, ChatInferScale and InferScaleLLM, the create_agent middleware, the Lan
 the LlamaIndex memory block.
 
 MemoryClient is the memory REST API of `inferscale serve` (KVMemory(base_url=...) uses it).
+
+  memory.py    KVMemory (LangChain and LlamaIndex at once); base.py the state both share
+  chat.py      the answering pipeline both chat-model wrappers share; tools.py tool calls
+  handles.py   how a memory handle rides in a chat message
+  registry.py  live Memories by name (copies restored from JSON or pickle find them)
+  client.py    MemoryClient, MemoryItem: a server's memory API
+  langchain/   ChatInferScale, LangChainKVMemory, the middleware, KVMemoryStore
+  llamaindex/  InferScaleLLM, LlamaIndexKVMemory, KVMemoryBlock
 Names resolve lazily (PEP 562), so importing this package imports no framework; a missing
 framework raises ImportError naming the extra to install.
 """

@@ -168,12 +168,11 @@ class KVMemoryBase(BaseModel):
             payload = [{"role": r["role"], "content": part}
                        for r, pieces in zip(records, parts, strict=True) for part in pieces]
             if any(r["role"] in FACT_ROLES and has_visible(r["content"]) for r in records):
-                results = iter(memory.add(user_id=self.user_id, session_id=self.session_id,
-                                          messages=payload))
-                for record, pieces in zip(records, parts, strict=True):
-                    if record["role"] in FACT_ROLES:  # Memory.add: one fact per non-blank part
-                        record["fact_ids"] = [int(next(results).fact_id) for part in pieces
-                                              if has_visible(part)]
+                owner = [i for i, pieces in enumerate(parts) for _ in pieces]  # payload -> record
+                for result in memory.add(user_id=self.user_id, session_id=self.session_id,
+                                         messages=payload):
+                    assert result.turn is not None  # a fact made of a message
+                    records[owner[result.turn]]["fact_ids"].append(int(result.fact_id))
             else:
                 memory.add_turns(user_id=self.user_id, session_id=self.session_id,
                                  messages=payload)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from inferscale_engine.errors import InferScaleError
 from inferscale_engine.facts import FactId
-from inferscale_engine.memory.types import AddResult
+from inferscale_engine.memory.types import AddResult, MemoryItem
 
 API_KEY_ENV = "INFERSCALE_API_KEY"
 """Environment variable read when no api_key is given (and by restored KVMemory copies)."""
@@ -32,17 +32,9 @@ class MemoryServerError(InferScaleError):
         self.status = status
 
 
-@dataclass(frozen=True, slots=True)
-class RemoteFact:
-    """One memory as the server returns it."""
-
-    fact_id: FactId
-    user_id: str
-    text: str
-    score: float | None = None
-    """Cosine similarity to the query (search only)."""
-    metadata: dict[str, Any] = field(default_factory=dict)
-    session_id: str | None = None
+RemoteFact = MemoryItem
+"""Deprecated alias (issue 53): MemoryClient returns MemoryItem, the one fact shape Memory
+returns too (inferscale_engine.memory.types). Its fields start with RemoteFact's, in order."""
 
 
 def api_url(base_url: str) -> str:
@@ -98,7 +90,7 @@ class MemoryClient:
         return per_message
 
     def update(self, *, user_id: str, fact_id: int, text: str,
-               metadata: Mapping[str, Any] | None = None) -> RemoteFact:
+               metadata: Mapping[str, Any] | None = None) -> MemoryItem:
         """Replace a memory's text (the server rebuilds its KV)."""
         self._owned(user_id, fact_id)
         body = {"text": text, **({"metadata": dict(metadata)} if metadata is not None else {})}
@@ -115,17 +107,17 @@ class MemoryClient:
         return int(self._call("POST", "/memories/reset", json={"user_id": user_id})["deleted"])
 
     # ---- reads -------------------------------------------------------------------------
-    def search(self, *, user_id: str, query: str, k: int = 5) -> list[RemoteFact]:
+    def search(self, *, user_id: str, query: str, k: int = 5) -> list[MemoryItem]:
         """The user's k memories most similar to `query`, best first (score set)."""
         body = {"query": query, "user_id": user_id, "top_k": k}
         return [_fact(r) for r in self._call("POST", "/memories/search", json=body)["results"]]
 
-    def get_all(self, *, user_id: str) -> list[RemoteFact]:
+    def get_all(self, *, user_id: str) -> list[MemoryItem]:
         """Every memory of a user, oldest first."""
         return [_fact(r) for r in self._call("GET", "/memories",
                                              params={"user_id": user_id})["results"]]
 
-    def get(self, *, user_id: str, fact_id: int) -> RemoteFact:
+    def get(self, *, user_id: str, fact_id: int) -> MemoryItem:
         """One memory with its metadata."""
         fact = _fact(self._call("GET", f"/memories/{int(fact_id)}"))
         if fact.user_id != user_id:
@@ -154,7 +146,8 @@ class MemoryClient:
         if metadata is not None:
             body["metadata"] = dict(metadata)
         return [(int(r.get("message_index", 0)),
-                 AddResult(FactId(int(r["id"])), r["memory"], r["event"], r.get("similarity")))
+                 AddResult(FactId(int(r["id"])), r["memory"], r["event"], r.get("similarity"),
+                           r.get("message_index")))
                 for r in self._call("POST", "/memories", json=body)["results"]]
 
     def _owned(self, user_id: str, fact_id: int) -> None:
@@ -239,10 +232,11 @@ def _httpx() -> Any:
     return httpx
 
 
-def _fact(record: Mapping[str, Any]) -> RemoteFact:
-    return RemoteFact(FactId(int(record["id"])), str(record["user_id"]), str(record["memory"]),
+def _fact(record: Mapping[str, Any]) -> MemoryItem:
+    return MemoryItem(FactId(int(record["id"])), str(record["user_id"]), str(record["memory"]),
                       record.get("score"), dict(record.get("metadata") or {}),
-                      record.get("session_id"))
+                      record.get("session_id"), record.get("created_at"),
+                      record.get("updated_at"))
 
 
 def _error_message(response: Any) -> str:

@@ -26,7 +26,7 @@ from llama_index.core.schema import BaseComponent
 
 
 # Both bases define to_json (LangChain: a dict, LlamaIndex: a str); LangChain's wins by MRO and
-# json() returns LlamaIndex's string (see frameworks.md).
+# json() returns LlamaIndex's string (README.md: LlamaIndex json() / from_json).
 class KVMemory(LangChainKVMemory, LlamaIndexKVMemory):  # type: ignore[misc]
     """Long-term memory served as injected KV, for LangChain and LlamaIndex alike."""
 

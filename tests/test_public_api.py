@@ -16,7 +16,7 @@ def test_engine_exports():
         "UnsupportedModelError",
         # the memory layer
         "AddResult", "InvalidTurnError", "InvalidUserIdError", "Memory", "MemoryConfig",
-        "SearchResult", "StoreError",
+        "MemoryItem", "SearchResult", "StoreError",
     ])
     for name in inferscale_engine.__all__:
         assert getattr(inferscale_engine, name) is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -69,6 +70,20 @@ def imports_of(path: Path) -> set[str]:
     return found
 
 
+def packages() -> list[Path]:
+    return sorted(p.parent for package in PACKAGES for p in (ROOT / package).rglob("__init__.py"))
+
+
+@pytest.mark.parametrize("package", packages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_each_package_map_names_every_module_in_it(package):
+    """A package's __init__ docstring is its map: every module (name.py) and subpackage (name/)."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    names = [f"{p.stem}.py" for p in package.glob("*.py") if p.stem != "__init__"]
+    names += [f"{p.name}/" for p in package.iterdir() if (p / "__init__.py").exists()]
+    missing = sorted(n for n in names if not re.search(rf"(?<![\w/]){re.escape(n)}(?!\w)", doc))
+    assert not missing, f"name {missing} in the map of {package.relative_to(ROOT)}/__init__.py"
+
+
 @pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_module_is_over_the_limit(path):
     assert len(path.read_text().splitlines()) <= MAX_LINES, "split it by concept"
@@ -94,7 +109,8 @@ def test_bookkeeping_modules_import_neither_torch_nor_vllm():
     code = ("import sys; import inferscale_engine.runtime.residency, inferscale_engine.checks, "
             "inferscale_engine.protocol.plan, inferscale_engine.runtime.generation, "
             "inferscale_engine.memory.store, inferscale_engine.memory.types, "
-            "inferscale_engine.memory.records, inferscale_engine.memory.config; "
+            "inferscale_engine.memory.store.records, inferscale_engine.memory.config, "
+            "inferscale_engine.memory.store.reserved, inferscale_engine.memory.search.filters; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vllm')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT)

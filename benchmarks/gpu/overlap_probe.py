@@ -44,6 +44,7 @@ def main() -> dict:
                          "kernels); none found")
     from inferscale_engine.kernels import chunked_rope
     from inferscale_engine.kernels.mover import BoundMover
+    from inferscale_engine.kernels.rope_tables import RopeTables
 
     dev, dtype, layers = torch.device("cuda"), torch.bfloat16, args.layers
     bs, heads, dim = 16, 8, 128  # vLLM's block size, Llama-3.1-8B's KV heads and head size
@@ -70,7 +71,7 @@ def main() -> dict:
             part = range(g0, min(layers, g0 + size))
             cache = chunked_rope.PagedKVPointers(keys[g0:part.stop], values[g0:part.stop])
             out.append((part, BoundMover(cache, slab_k[g0:part.stop], slab_v[g0:part.stop],
-                                         cos, sin, "rotate_half")))
+                                         RopeTables(cos, sin, "rotate_half"))))
         return out
 
     hidden, inter, t = 4096, 14336, args.tokens

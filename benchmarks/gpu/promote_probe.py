@@ -4,9 +4,9 @@ A KVSlab and a pinned HostTier of Llama-3.1-8B's shape (32 layers, 8 KV heads of
 16-token pages); host entries of 30 tokens (2 consecutive pages each) scattered over the tier;
 each call promotes `--entries` random entries (k=50: ~100 MiB) into fresh slab pages, as the
 tier benchmark's requests do. Checks that the promoted rows equal the host copy bit for bit,
-and that a demotion and a promotion give the slab back the same bytes. With --reference
-FILE (a copy of another version's connector/tiers.py), the same calls alternate between both
-implementations and the slab contents they write are compared.
+and that a demotion and a promotion give the slab back the same bytes. With --reference FILE
+(another version's connector/worker_tiers.py, formerly tiers.py), the same calls alternate
+between both implementations and the slab contents they write are compared.
 
   python benchmarks/gpu/promote_probe.py --calls 40 [--reference .device/old/old_tiers.py]
 
@@ -56,7 +56,7 @@ def load_module(path: str) -> Any:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
-    from inferscale_engine.connector import tiers
+    from inferscale_engine.connector import worker_tiers as tiers
     from inferscale_engine.connector.slab import KVSlab
     from inferscale_engine.protocol.tier_control import Move
 

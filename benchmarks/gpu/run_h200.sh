@@ -198,7 +198,7 @@ for step in "$@"; do
       # take ~12 min: split them over two calls); the disk tier writes under /tmp)
       timeout 590 python3 benchmarks/tiers.py --model llama-3.1-8b --users ${USERS:-80} --facts-per-user ${FACTS:-50} --k 50 --slab-mib ${SLAB_MIB:-1280} --host-tier-mib ${HOST_MIB:-4096} --requests ${REQUESTS:-1500} --warmup 200 --kv-cache-gib 16 --cudagraph-sizes $graphs --arms ${ARMS:-resident,host,offload,disk,reencode} --disk-folder /tmp/inferscale-tiers --plot --tag h200 2>&1 | grep -vE "$quiet" | tail -16 ;;
     promote)  # host-tier promotion per call vs the host link (benchmarks/gpu/promote_probe.py);
-      # REFERENCE=.device/old/tiers.py times another version's connector/tiers.py beside it
+      # REFERENCE=.device/old/old_tiers.py times another version's connector/worker_tiers.py beside it
       timeout 300 python3 benchmarks/gpu/promote_probe.py --calls ${CALLS:-40} ${REFERENCE:+--reference $REFERENCE} --tag h200 2>&1 | grep -vE "$quiet" | tail -5 ;;
     fp8)  # TTFT text / kv / resident with vLLM's fp8 KV cache, Llama-3.1-8B, k=0..100
       timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --kv-cache-dtype fp8 --ks ${KS:-0,25,50,100} --embedder none --warmup 4 --facts synthetic --plot --tag h200-fp8 2>&1 | grep -vE "$quiet" | tail -8 ;;

@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL
-    from inferscale_engine.memory.embedder import Embedder
-    from inferscale_engine.memory.retrieval import UserIndex
+    from inferscale_engine.memory.search.embedder import Embedder
+    from inferscale_engine.memory.search.index import UserIndex
 
     args = parse_args(argv)
     scans = args.scans.split(",")

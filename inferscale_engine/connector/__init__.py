@@ -15,6 +15,17 @@ Worker side (every worker process)
   wait_for_save               capture fact spans computed in this step into the slab
   get_block_ids_with_load_errors        blocks vLLM must recompute (entry missing or foreign)
 
+Its modules, by side ("load" is vLLM's word for what we call inject):
+
+  scheduler.py     InferScaleScheduler (scheduler side): plans checked, tokens claimed
+  metadata.py      the step record the scheduler builds and the worker reads
+  worker.py        InferScaleWorker (worker side): the slab, inject and capture
+  slab.py          KVSlab: the worker's GPU tier of fact KV, in pages
+  paged.py         where a token's K and V live in vLLM's paged cache, per backend
+  staging.py       host buffers a step's injection indices are written into
+  worker_tiers.py  the worker side of the lower tiers: host RAM and disk entries
+  control.py       SlabControl: the worker extension the app calls (free, stats, tiers)
+
 This module is imported by every vLLM process: it may import only plan, rope, config, errors,
 kernels, vLLM and torch.
 """

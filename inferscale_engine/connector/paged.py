@@ -19,26 +19,10 @@ import torch
 
 from inferscale_engine.connector.slab import KVSlab
 from inferscale_engine.kernels import reference
+from inferscale_engine.kernels.rope_tables import RopeTables
 
 if TYPE_CHECKING:
     from inferscale_engine.kernels.mover import BoundMover
-
-
-class RopeTables(Protocol):
-    """fp32 cos/sin tables and the pairing style of the model's RoPE.
-
-    cos, sin: [P, R // 2] for every layer, or [G, P, R // 2] with layer_tables [L] (int64)
-    naming each layer's table (Gemma 3's local and global layers); see kernels/reference.py.
-    """
-
-    @property
-    def cos(self) -> torch.Tensor: ...
-    @property
-    def sin(self) -> torch.Tensor: ...
-    @property
-    def style(self) -> str: ...
-    @property
-    def layer_tables(self) -> torch.Tensor | None: ...
 
 
 class PagedKV(Protocol):
@@ -218,8 +202,7 @@ class CpuPackedPagedKV:
         src_rows, dst_slots, from_positions, to_positions = index.unbind(0)
         out_dtype = slab.keys.dtype if self._fp8 else self._kv_caches[0].dtype
         keys = reference.rotate_layers(slab.keys[:, src_rows], from_positions, to_positions,
-                                       rope.cos, rope.sin, rope.style, rope.layer_tables,
-                                       out_dtype)  # [L, T, H, D], all layers
+                                       rope, out_dtype)  # [L, T, H, D], all layers
         values = slab.values[:, src_rows]
         for layer, kv in enumerate(self._kv_caches):
             self._write(kv, dst_slots, keys[layer], values[layer], layer)
@@ -284,8 +267,7 @@ class StridedPagedKV:
             return
         rows, slots, from_positions, to_positions = index.unbind(0)
         reference.inject_(self.key_caches, self.value_caches, slab.keys, slab.values, rows,
-                          slots, from_positions, to_positions, rope.cos, rope.sin, rope.style,
-                          rope.layer_tables)
+                          slots, from_positions, to_positions, rope)
 
     def capture_(self, slab: KVSlab, index: torch.Tensor, rope: RopeTables) -> None:
         """Paged slots -> slab rows of every layer."""
@@ -297,8 +279,7 @@ class StridedPagedKV:
             return
         rows, slots, from_positions, to_positions = index.unbind(0)
         reference.capture_(self.key_caches, self.value_caches, slab.keys, slab.values, slots,
-                           rows, from_positions, to_positions, rope.cos, rope.sin, rope.style,
-                           rope.layer_tables)
+                           rows, from_positions, to_positions, rope)
 
     def _inject_fp8(self, slab: KVSlab, index: torch.Tensor, rope: RopeTables) -> None:
         from vllm import _custom_ops as ops
@@ -306,8 +287,7 @@ class StridedPagedKV:
         assert self._fp8 is not None
         src_rows, dst_slots, from_positions, to_positions = index.unbind(0)
         keys = reference.rotate_layers(slab.keys[:, src_rows], from_positions, to_positions,
-                                       rope.cos, rope.sin, rope.style, rope.layer_tables,
-                                       slab.keys.dtype)  # [L, T, H, D], all layers
+                                       rope, slab.keys.dtype)  # [L, T, H, D], all layers
         values = slab.values[:, src_rows]
         for layer, (k_scale, v_scale) in enumerate(self._scales):
             ops.reshape_and_cache_flash(keys[layer], values[layer], self.key_caches[layer],
@@ -322,8 +302,7 @@ class StridedPagedKV:
 
             assert self._pointers is not None
             self._bound = bound
-            self._bound_mover = BoundMover(self._pointers, slab.keys, slab.values, rope.cos,
-                                           rope.sin, rope.style, rope.layer_tables)
+            self._bound_mover = BoundMover(self._pointers, slab.keys, slab.values, rope)
         return self._bound_mover
 
 
@@ -331,8 +310,7 @@ def _capture_read(paged: PagedKV, slab: KVSlab, index: torch.Tensor, rope: RopeT
                   ) -> None:
     """Paged slots -> slab rows through `paged.read` (decoded), keys rotated per layer."""
     dst_rows, src_slots, from_positions, to_positions = index.unbind(0)
-    moves = reference.layer_rotations(from_positions, to_positions, rope.cos, rope.sin,
-                                      rope.layer_tables, paged.num_layers)
+    moves = reference.layer_rotations(from_positions, to_positions, rope, paged.num_layers)
     for layer, move in enumerate(moves):
         keys, values = paged.read(layer, src_slots)
         slab.keys[layer, dst_rows] = reference.apply_rotation(keys, *move, rope.style,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, deque
-from dataclasses import dataclass
 from operator import attrgetter
 from typing import TYPE_CHECKING, cast
 
@@ -29,7 +28,8 @@ from inferscale_engine.connector.paged import (
 )
 from inferscale_engine.connector.slab import KVSlab, SlabEntry
 from inferscale_engine.connector.staging import Staging
-from inferscale_engine.connector.tiers import DiskTier, HostTier
+from inferscale_engine.connector.worker_tiers import DiskTier, HostTier
+from inferscale_engine.kernels.rope_tables import RopeTables
 from inferscale_engine.model.rope import RopeSpec, layer_rope_specs
 from inferscale_engine.protocol.plan import SYSTEM_OWNER
 from inferscale_engine.protocol.tier_control import DiskRead, DiskWrite, Move
@@ -38,16 +38,6 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class _Rope:
-    """The RopeTables of paged.py: one [P, R/2] table, or [G, P, R/2] and each layer's."""
-
-    cos: torch.Tensor
-    sin: torch.Tensor
-    style: str
-    layer_tables: torch.Tensor | None = None
 
 
 class InferScaleWorker:
@@ -68,11 +58,11 @@ class InferScaleWorker:
         self._vllm_config = vllm_config
         self.slab: KVSlab | None = None
         self.host: HostTier | None = None
-        """Demoted fact KV in pinned host memory (connector/tiers.py), if configured."""
+        """Demoted fact KV in pinned host memory (connector/worker_tiers.py), if configured."""
         self.disk: DiskTier | None = None
         """Fact KV files on local disk, if configured."""
         self.paged: PagedKV | None = None
-        self._rope: _Rope | None = None
+        self._rope: RopeTables | None = None
         self._failed_block_ids: set[int] = set()
         self._staging = Staging(torch.device("cpu"))
         self.counters: Counter[str] = Counter()
@@ -203,7 +193,7 @@ class InferScaleWorker:
         return {**self.slab.stats(), **{f"host_{k}": v for k, v in host.items()},
                 **self.counters}
 
-    # ---- tiers (control calls; connector/tiers.py) -----------------------------------
+    # ---- tiers (control calls; connector/worker_tiers.py) ----------------------------
     def demote(self, moves: list[Move]) -> list[bool]:
         """Move slab entries to host RAM; per move, done."""
         assert self.slab is not None
@@ -387,7 +377,7 @@ _OWNER, _NUM_TOKENS = attrgetter("owner"), attrgetter("num_tokens")
 
 def _entry_problem(entry: SlabEntry | None, user_id: str, length: int) -> str:
     # The plan's MAC already binds slab keys to token ids; this re-checks ownership here, in
-    # the process that holds the KV (DESIGN invariant 5), and the length.
+    # the process that holds the KV (design invariant 5 of docs/how-it-works.md), and the length.
     if entry is None:
         return "not resident"
     if entry.owner not in (user_id, SYSTEM_OWNER):
@@ -398,7 +388,7 @@ def _entry_problem(entry: SlabEntry | None, user_id: str, length: int) -> str:
 
 
 def _rope_tables(specs: tuple[RopeSpec, ...], layer_names: list[str], num_positions: int,
-                 device: torch.device) -> _Rope:
+                 device: torch.device) -> RopeTables:
     """RoPE tables of the cache layers `layer_names` (model layer i uses specs[i]).
 
     One table when every layer rotates alike; otherwise one per distinct spec and each cache
@@ -406,8 +396,7 @@ def _rope_tables(specs: tuple[RopeSpec, ...], layer_names: list[str], num_positi
     """
     distinct = list(dict.fromkeys(specs))
     if len(distinct) == 1:
-        cos, sin = distinct[0].cos_sin(num_positions, device)
-        return _Rope(cos, sin, distinct[0].style.value)
+        return distinct[0].tables(num_positions, device)
     from vllm.model_executor.models.utils import extract_layer_index
 
     if len({(spec.style, spec.rotary_dim) for spec in distinct}) > 1:
@@ -415,9 +404,9 @@ def _rope_tables(specs: tuple[RopeSpec, ...], layer_names: list[str], num_positi
                                   "supports per-layer bases and scalings only")
     tables = [spec.cos_sin(num_positions, device) for spec in distinct]
     layer_tables = [distinct.index(specs[extract_layer_index(name)]) for name in layer_names]
-    return _Rope(torch.stack([cos for cos, _ in tables]), torch.stack([sin for _, sin in tables]),
-                 distinct[0].style.value,
-                 torch.tensor(layer_tables, dtype=torch.int64, device=device))
+    return RopeTables(torch.stack([cos for cos, _ in tables]),
+                      torch.stack([sin for _, sin in tables]), distinct[0].style.value,
+                      torch.tensor(layer_tables, dtype=torch.int64, device=device))
 
 
 def _detect_layout(layers: list[torch.Tensor], num_kv_heads: int, head_dim: int,

@@ -6,8 +6,8 @@ from `from_positions` to `to_positions` in fp32, with the angle difference compo
 tables exactly as `reference.rerotate_keys` does, and cast once; V is copied.
 
 Shapes: T tokens, L layers, H kv heads, D head_dim, R rotary_dim (<= D), P table positions.
-Tables are [P, R // 2] (every layer) or [G, P, R // 2] with `layer_tables` [L] naming each
-layer's table, as in reference.py.
+The tables come as one RopeTables (rope_tables.py): [P, R // 2] (every layer) or [G, P, R // 2]
+with `layer_tables` [L] naming each layer's table, as in reference.py.
 Index values (rows, slots, positions) are not checked on the host, since that would synchronize
 the device. A token with any of them out of range is skipped (nothing read or written), so a bad
 index never touches memory out of bounds. Destination slots (inject) and rows (capture) must be
@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from inferscale_engine.kernels.reference import INTERLEAVED, ROTATE_HALF
+from inferscale_engine.kernels.rope_tables import INTERLEAVED, ROTATE_HALF, RopeTables
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -81,8 +81,7 @@ class PagedKVPointers:
 
 def inject_(cache: PagedKVPointers, slab_keys: torch.Tensor, slab_values: torch.Tensor,
             src_rows: torch.Tensor, dst_slots: torch.Tensor, from_positions: torch.Tensor,
-            to_positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str,
-            layer_tables: torch.Tensor | None = None) -> None:
+            to_positions: torch.Tensor, rope: RopeTables) -> None:
     """Write slab rows into paged slots of every layer, keys rotated to serving positions.
 
     Args:
@@ -94,41 +93,35 @@ def inject_(cache: PagedKVPointers, slab_keys: torch.Tensor, slab_values: torch.
         dst_slots: [T] int64 (or int32) paged slots, block * block_size + offset; unique.
         from_positions: [T] int64 (or int32) canonical positions.
         to_positions: [T] int64 (or int32) serving positions.
-        cos: [P, R // 2] fp32 table of the model's RoPE (RopeSpec.cos_sin), or [G, P, R // 2]
-            tables, one per distinct layer RoPE.
-        sin: fp32, likewise.
-        style: "rotate_half" (pairs i, i + R/2) or "interleaved" (pairs 2i, 2i + 1).
-        layer_tables: [L] int64 table of each layer, with [G, P, R // 2] tables only; values
-            are not checked on the host: a layer naming no table is skipped.
+        rope: fp32 cos/sin [P, R // 2] of the model's RoPE (RopeSpec.tables), or [G, P, R // 2]
+            tables, one per distinct layer RoPE, with layer_tables [L] int64 (values are not
+            checked on the host: a layer naming no table is skipped); its style pairs dims.
     """
     _launch(cache, slab_keys, slab_values, src_rows, dst_slots, from_positions, to_positions,
-            cos, sin, style, layer_tables, to_cache=True,
+            rope, to_cache=True,
             index_names=("src_rows", "dst_slots", "from_positions", "to_positions"))
 
 
 def capture_(cache: PagedKVPointers, slab_keys: torch.Tensor, slab_values: torch.Tensor,
              src_slots: torch.Tensor, dst_rows: torch.Tensor, from_positions: torch.Tensor,
-             to_positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str,
-             layer_tables: torch.Tensor | None = None) -> None:
+             to_positions: torch.Tensor, rope: RopeTables) -> None:
     """Copy paged slots of every layer into slab rows, keys rotated to canonical positions.
 
     Same shapes as `inject_`, with src_slots / dst_rows (unique) in place of src_rows /
     dst_slots, from_positions = serving positions and to_positions = canonical positions.
     """
     _launch(cache, slab_keys, slab_values, dst_rows, src_slots, from_positions, to_positions,
-            cos, sin, style, layer_tables, to_cache=False,
+            rope, to_cache=False,
             index_names=("dst_rows", "src_slots", "from_positions", "to_positions"))
 
 
 def _launch(cache: PagedKVPointers, slab_keys: torch.Tensor, slab_values: torch.Tensor,
             rows: torch.Tensor, slots: torch.Tensor, from_positions: torch.Tensor,
-            to_positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str,
-            layer_tables: torch.Tensor | None, to_cache: bool,
+            to_positions: torch.Tensor, rope: RopeTables, to_cache: bool,
             index_names: tuple[str, str, str, str]) -> None:
     """Check the arguments, then one launch over (token blocks, layers, head blocks)."""
     indices = dict(zip(index_names, (rows, slots, from_positions, to_positions), strict=True))
-    static = StaticArgs.build(cache, slab_keys, slab_values, cos, sin, style, layer_tables,
-                              to_cache)
+    static = StaticArgs.build(cache, slab_keys, slab_values, rope, to_cache)
     num_tokens = _check_indices(cache, indices)
     if num_tokens:
         launch(static, torch.stack([i.to(torch.int64) for i in indices.values()]))
@@ -150,11 +143,11 @@ class StaticArgs:
 
     @classmethod
     def build(cls, cache: PagedKVPointers, slab_keys: torch.Tensor, slab_values: torch.Tensor,
-              cos: torch.Tensor, sin: torch.Tensor, style: str,
-              layer_tables: torch.Tensor | None, to_cache: bool) -> StaticArgs:
+              rope: RopeTables, to_cache: bool) -> StaticArgs:
         """Check the slab and tables against the cache (ValueError if they do not fit)."""
         _check_slab(cache, slab_keys, slab_values)
-        layer_tables = _check_tables(cache, cos, sin, style, layer_tables)
+        cos, sin, style = rope.cos, rope.sin, rope.style
+        layer_tables = _check_tables(cache, cos, sin, style, rope.layer_tables)
         if cache.device.type == "cuda" and cache.device.index != torch.cuda.current_device():
             # Triton launches on the current device, not on the tensors' device.
             raise ValueError(f"the cache is on {cache.device} but the current CUDA device is "

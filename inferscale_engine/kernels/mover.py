@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from inferscale_engine.kernels import chunked_rope
+from inferscale_engine.kernels.rope_tables import RopeTables
 
 logger = logging.getLogger(__name__)
 
@@ -33,11 +34,10 @@ class BoundMover:
     """inject / capture of one paged cache, slab and RoPE tables (see the module docstring)."""
 
     def __init__(self, cache: chunked_rope.PagedKVPointers, slab_keys: torch.Tensor,
-                 slab_values: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str,
-                 layer_tables: torch.Tensor | None = None, prebind: bool = True) -> None:
+                 slab_values: torch.Tensor, rope: RopeTables, prebind: bool = True) -> None:
         """Check the slab and tables against the cache (ValueError if they do not fit)."""
         self._static = {to_cache: chunked_rope.StaticArgs.build(
-            cache, slab_keys, slab_values, cos, sin, style, layer_tables, to_cache)
+            cache, slab_keys, slab_values, rope, to_cache)
             for to_cache in (True, False)}
         self._device = cache.device
         self._prebind = prebind and cache.device.type == "cuda"

@@ -6,18 +6,19 @@ so a key captured at position p and injected back at p reproduces vLLM's own rot
 rounding, whatever the absolute position. Math in fp32, one cast to the output dtype.
 
 Shapes: T tokens, H kv heads, D head_dim, R rotary_dim (<= D), P table positions, L layers.
-Tables are [P, R // 2] (one RoPE for every layer) or [G, P, R // 2] with `layer_tables` [L]
-naming each layer's table (Gemma 3: local and global layers rotate with different bases).
+The tables travel as one RopeTables (rope_tables.py): [P, R // 2] (one RoPE for every layer) or
+[G, P, R // 2] with `layer_tables` [L] naming each layer's table (Gemma 3: local and global
+layers rotate with different bases).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-ROTATE_HALF = "rotate_half"
-INTERLEAVED = "interleaved"
+from inferscale_engine.kernels.rope_tables import INTERLEAVED, ROTATE_HALF, RopeTables
+
+__all__ = ["INTERLEAVED", "ROTATE_HALF", "RopeTables", "apply_rotation", "capture_", "inject_",
+           "layer_rotations", "rerotate_keys", "rotate_layers", "rotation"]
 
 
 def rerotate_keys(
@@ -98,15 +99,13 @@ def apply_rotation(keys: torch.Tensor, cos_d: torch.Tensor, sin_d: torch.Tensor,
 
 
 def layer_rotations(from_positions: torch.Tensor, to_positions: torch.Tensor,
-                    cos: torch.Tensor, sin: torch.Tensor,
-                    layer_tables: Sequence[int] | torch.Tensor | None, num_layers: int
+                    rope: RopeTables, num_layers: int
                     ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """`rotation()` of each of `num_layers` layers; layers that share a table share one.
 
-    Args:
-        cos, sin: [P, R // 2] (every layer) or [G, P, R // 2] fp32 tables.
-        layer_tables: [L] index of each layer's table; required with [G, P, R // 2] tables.
+    With [G, P, R // 2] tables, rope.layer_tables ([L], one entry per layer) is required.
     """
+    cos, sin, layer_tables = rope.cos, rope.sin, rope.layer_tables
     if cos.dim() == 2:
         return [rotation(from_positions, to_positions, cos, sin)] * num_layers
     if layer_tables is None or len(layer_tables) != num_layers:
@@ -118,14 +117,13 @@ def layer_rotations(from_positions: torch.Tensor, to_positions: torch.Tensor,
 
 
 def rotate_layers(keys: torch.Tensor, from_positions: torch.Tensor, to_positions: torch.Tensor,
-                  cos: torch.Tensor, sin: torch.Tensor, style: str,
-                  layer_tables: Sequence[int] | torch.Tensor | None = None,
-                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                  rope: RopeTables, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """`rerotate_keys` of keys [L, T, H, D], each layer with its own table (see layer_rotations)."""
-    if cos.dim() == 2:
-        return rerotate_keys(keys, from_positions, to_positions, cos, sin, style, out_dtype)
-    moves = layer_rotations(from_positions, to_positions, cos, sin, layer_tables, keys.shape[0])
-    return torch.stack([apply_rotation(layer_keys, *move, style, out_dtype)
+    if rope.cos.dim() == 2:
+        return rerotate_keys(keys, from_positions, to_positions, rope.cos, rope.sin, rope.style,
+                             out_dtype)
+    moves = layer_rotations(from_positions, to_positions, rope, keys.shape[0])
+    return torch.stack([apply_rotation(layer_keys, *move, rope.style, out_dtype)
                         for layer_keys, move in zip(keys, moves, strict=True)])
 
 
@@ -138,10 +136,7 @@ def inject_(
     dst_slots: torch.Tensor,
     from_positions: torch.Tensor,
     to_positions: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    style: str,
-    layer_tables: Sequence[int] | torch.Tensor | None = None,
+    rope: RopeTables,
 ) -> None:
     """Write slab rows into paged KV slots of every layer, keys rotated to serving positions.
 
@@ -150,14 +145,13 @@ def inject_(
         slab_keys, slab_values: [L, num_rows, H, D] stored KV (keys at canonical positions).
         src_rows: [T] int64 slab rows.  dst_slots: [T] int64 paged slots (block * bs + offset).
         from_positions: [T] canonical positions.  to_positions: [T] serving positions.
-        cos, sin, layer_tables: the RoPE tables of every layer (see layer_rotations).
+        rope: the RoPE tables of every layer (see layer_rotations).
     """
     block_size = key_caches[0].shape[1]
     blocks, offsets = dst_slots // block_size, dst_slots % block_size
-    moves = layer_rotations(from_positions, to_positions, cos, sin, layer_tables,
-                            len(key_caches))
+    moves = layer_rotations(from_positions, to_positions, rope, len(key_caches))
     for layer, (k_cache, v_cache, move) in enumerate(zip(key_caches, value_caches, moves)):
-        k_cache[blocks, offsets] = apply_rotation(slab_keys[layer, src_rows], *move, style,
+        k_cache[blocks, offsets] = apply_rotation(slab_keys[layer, src_rows], *move, rope.style,
                                                   k_cache.dtype)
         v_cache[blocks, offsets] = slab_values[layer, src_rows].to(v_cache.dtype)
 
@@ -171,10 +165,7 @@ def capture_(
     dst_rows: torch.Tensor,
     from_positions: torch.Tensor,
     to_positions: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    style: str,
-    layer_tables: Sequence[int] | torch.Tensor | None = None,
+    rope: RopeTables,
 ) -> None:
     """Copy paged KV slots of every layer into slab rows, keys rotated to canonical positions.
 
@@ -183,9 +174,8 @@ def capture_(
     """
     block_size = key_caches[0].shape[1]
     blocks, offsets = src_slots // block_size, src_slots % block_size
-    moves = layer_rotations(from_positions, to_positions, cos, sin, layer_tables,
-                            len(key_caches))
+    moves = layer_rotations(from_positions, to_positions, rope, len(key_caches))
     for layer, (k_cache, v_cache, move) in enumerate(zip(key_caches, value_caches, moves)):
-        slab_keys[layer, dst_rows] = apply_rotation(k_cache[blocks, offsets], *move, style,
+        slab_keys[layer, dst_rows] = apply_rotation(k_cache[blocks, offsets], *move, rope.style,
                                                     slab_keys.dtype)
         slab_values[layer, dst_rows] = v_cache[blocks, offsets].to(slab_values.dtype)

@@ -3,15 +3,23 @@
 `from inferscale_engine.memory import Memory` is the entry point. Names resolve lazily
 (PEP 562) so that the store and the result types import without torch or vLLM.
 
-  main.py        Memory: the verbs (add, search, get_all, update, delete, reset, generate)
-  serving.py     the front door of serving: KV when possible, stale facts and fallbacks
-  served.py      facts registered with the engine and indexed (start-up loading)
-  ingest.py      turns -> facts and contexts, duplicate detection, add() results
-  config.py      MemoryConfig, open_store
-  types.py       AddResult, SearchResult, MemoryStats
-  fingerprint.py what stored token ids and embeddings were derived with
-  store.py       FactStore (SQLite or PostgreSQL: sql/), records.py its rows
-  embedder.py    sentence-transformers embeddings; retrieval.py per-user cosine top-k
+  main.py          Memory: the facade, every verb (add, search, get_all, update, delete, ...)
+  answering.py     the answering half Memory holds (generate, answer, stream, prepare)
+  fallback.py      one handle's facts answered: KV when possible, stale facts left out,
+                   the same facts as text when injection fails
+  scope.py         the one preamble of every verb: user checked, lock, open, synced
+  editing.py       the part that changes stored facts (update, supersede, delete, reset, ...)
+  supersession.py  facts that change: the newer supersedes the older; reads as of a date
+  listing.py       the part that reads the store as it is (get, get_all, records, history)
+  ingest.py        the write path: new facts -> duplicates -> contexts -> store -> register
+  infer.py         add(..., infer=True): facts extracted by the served model, reconciled
+  registration.py  the facts registered with the engine and indexed (servable), start-up
+  gate.py          large adds yield to interactive calls between their chunks
+  aio.py           the async verbs (aadd, asearch, ...), typed as their synchronous twins
+  config.py        MemoryConfig
+  types.py         AddResult, SearchResult, MemoryStats
+  store/           durable facts, turns and history; SQL dialects, schema, reserved keys
+  search/          embedder, per-user index, metadata filters, retrieval rules
 """
 
 from __future__ import annotations
@@ -21,8 +29,9 @@ from typing import Any
 
 _EXPORTS = {
     "Memory": "main", "MemoryConfig": "config", "AddResult": "types", "SearchResult": "types",
-    "MemoryStats": "types", "FactStore": "store", "StoredFact": "records", "Turn": "records",
-    "Embedder": "embedder", "RetrievalIndex": "retrieval",
+    "MemoryItem": "types",
+    "MemoryStats": "types", "FactStore": "store.fact_store", "StoredFact": "store.records",
+    "Turn": "store.records", "Embedder": "search.embedder", "RetrievalIndex": "search.index",
 }
 __all__ = sorted(_EXPORTS)
 

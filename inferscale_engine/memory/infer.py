@@ -1,6 +1,8 @@
 """add(..., infer=True): facts extracted by the served model, reconciled with stored facts.
 
-mem0's flow; each change is recorded in history.
+mem0's flow; each change is recorded in history. As in mem0 v3, nothing is overwritten or erased:
+an UPDATE adds the new fact and marks the stored one superseded by it, a DELETE marks it no
+longer true; both stay in the store (history, as-of reads) and leave what is served.
 
 1. Extract: the model reads the conversation and writes {"facts": [...]} (vLLM's structured
    outputs hold it to a JSON schema).
@@ -130,7 +132,7 @@ def parse_decisions(text: str, ids: Mapping[str, int]) -> list[Decision] | None:
 
 def infer_add(memory: Any, *, user_id: str, messages: Sequence[Mapping[str, str]],
               metadata: Mapping[str, Any] | None, agent_id: str | None, run_id: str | None,
-              max_tokens: int = 512) -> list[Any]:
+              max_tokens: int = 512, timestamp: float | None = None) -> list[Any]:
     """Extract, decide and apply (module docstring); one AddResult per applied decision.
 
     The ADD / UPDATE / DELETE results carry the fact's id and its (new, or deleted) text; NONE
@@ -185,17 +187,18 @@ def infer_add(memory: Any, *, user_id: str, messages: Sequence[Mapping[str, str]
             continue
         assert decision.fact_id is not None
         touched.add(decision.fact_id)
-        if decision.event == "UPDATE":
-            memory.update(user_id=user_id, fact_id=decision.fact_id, text=decision.text)
-            results.append(AddResult(FactId(decision.fact_id), decision.text, "UPDATE"))
-        elif decision.event == "DELETE":
-            memory.delete(user_id=user_id, fact_ids=[decision.fact_id])
+        if decision.event == "UPDATE":  # a new fact; the old one kept, superseded
+            results.append(memory.supersede(user_id=user_id, fact_id=decision.fact_id,
+                                            text=decision.text, timestamp=timestamp))
+        elif decision.event == "DELETE":  # no longer true: kept, superseded by nothing
+            memory.supersede(user_id=user_id, fact_id=decision.fact_id, timestamp=timestamp)
             results.append(AddResult(FactId(decision.fact_id), listed[decision.fact_id], "DELETE"))
         else:
             results.append(AddResult(FactId(decision.fact_id), listed[decision.fact_id], "NONE"))
     if adds:  # one embedding and encoding batch for every new fact, results in decision order
         added = memory.add(user_id=user_id, texts=[results[i] for i in adds],
-                           metadata=metadata, agent_id=agent_id, run_id=run_id)
+                           metadata=metadata, agent_id=agent_id, run_id=run_id,
+                           timestamp=timestamp)
         for i, result in zip(adds, added, strict=True):
             results[i] = result
     return results

@@ -1,14 +1,52 @@
-"""Memory's result types: AddResult, SearchResult, MemoryStats (importable without torch)."""
+"""Memory's result types: MemoryItem, AddResult, SearchResult, MemoryStats (no torch).
+
+MemoryItem is the one shape a user meets a fact in, from a local Memory and from MemoryClient
+(a server) alike, as mem0 returns one result shape everywhere. A field a later feature adds to
+every fact (validity, expiry) is one more field here.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from inferscale_engine.facts import Fact, FactId, MemoryHandle
 
 if TYPE_CHECKING:
     from inferscale_engine.runtime.generation import EngineStats
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryItem:
+    """One fact as a user meets it, the one shape of Memory and MemoryClient.
+
+    Memory gives it as SearchResult.items and StoredFact.to_item(); MemoryClient's search,
+    get, get_all and update return it.
+    """
+
+    fact_id: FactId
+    user_id: str
+    text: str
+    score: float | None = None
+    """Cosine similarity to the query (search results only)."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """The app's metadata (InferScale's reserved keys left out)."""
+    session_id: str | None = None
+    created_at: float | None = None
+    """Seconds since the epoch; None where the source did not say."""
+    updated_at: float | None = None
+    agent_id: str | None = None
+    """The agent scope the fact was added in (mem0's agent_id), if any."""
+    run_id: str | None = None
+    """The run scope the fact was added in (mem0's run_id), if any."""
+    valid_from: float | None = None
+    """When the fact became true (add's timestamp), seconds since the epoch; None: when added."""
+    valid_to: float | None = None
+    """When a newer fact superseded it; None: current."""
+    superseded_by: FactId | None = None
+    """The fact that superseded it, if any."""
+    expires_at: float | None = None
+    """When it expires (its expiration_date); None: never."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,9 +57,17 @@ class AddResult:
     """The new fact's id, or for a DUPLICATE the id of the fact it duplicates."""
     text: str
     event: str
-    """'ADD' (stored) or 'DUPLICATE' (not stored: a near-identical fact exists)."""
+    """'ADD' (stored) or 'DUPLICATE' (not stored: a near-identical fact exists); with
+    infer=True also 'UPDATE' (a new fact superseding a stored one), 'DELETE' (a stored fact
+    no longer true) or 'NONE'."""
     similarity: float | None = None
     """Cosine similarity to the duplicated fact (DUPLICATE only)."""
+    turn: int | None = None
+    """Index of the message of add(messages=...) the fact was made of (None: added as a text,
+    or a change infer=True decided). Callers map results to their messages with it."""
+    supersedes: tuple[FactId, ...] = ()
+    """The facts this one superseded (supersede(), infer=True's UPDATE, supersede_threshold):
+    kept in the store for history and as-of reads, no longer served."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +83,11 @@ class SearchResult:
     def facts(self) -> list[Fact]:
         """The hits' facts, best first."""
         return [fact for fact, _ in self.hits]
+
+    @property
+    def items(self) -> list[MemoryItem]:
+        """The hits as MemoryItems (score set), best first."""
+        return [MemoryItem(f.fact_id, f.user_id, f.text, score) for f, score in self.hits]
 
 
 @dataclass(frozen=True, slots=True)

@@ -150,6 +150,16 @@ def _coarse_grained(logprobs: Mapping[int, float], union: set[int]) -> dict[obje
     return probs
 
 
+def engine_key_scale(config: Any, fingerprint: str, num_layers: int) -> tuple[float, ...]:
+    """An engine's per-layer key scale (ConfigError if it does not fit the model).
+
+    Its calibration's (bound to `fingerprint`), else EngineConfig.key_scale.
+    """
+    scale = (config.key_scale if config.calibration is None
+             else Calibration.load(config.calibration, fingerprint).key_scale)
+    return key_scale_tuple(scale, num_layers, ConfigError)
+
+
 def key_scale_tuple(value: float | tuple[float, ...], num_layers: int,
                     error: type[Exception] = InvalidFactError) -> tuple[float, ...]:
     """A key_scale as stored in plans: () for 1, else one value or one per layer."""

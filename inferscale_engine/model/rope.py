@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from inferscale_engine.errors import UnsupportedModelError
+from inferscale_engine.kernels.rope_tables import RopeTables
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
@@ -113,6 +114,10 @@ class RopeSpec:
             positions = positions / self.position_divisor
         angles = torch.einsum("i,j -> ij", positions, inv_freq)
         return angles.cos().to(device), angles.sin().to(device)
+
+    def tables(self, num_positions: int, device: torch.device | str = "cpu") -> RopeTables:
+        """cos_sin() and the pairing style as the one record every KV mover takes."""
+        return RopeTables(*self.cos_sin(num_positions, device), self.style.value)
 
     @classmethod
     def from_hf_config(cls, config: Any, max_model_len: int | None = None,

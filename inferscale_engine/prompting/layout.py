@@ -84,11 +84,9 @@ class Layout:
 
 QUALITY_LAYOUT = Layout(repair_facts=2, repair_placement="user")
 """The default (EngineConfig.layout): the 2 most relevant facts repeated as text in a "More
-memories:" block before the question, the rest injected. Chosen on the LoCoMo dev grid
-(benchmarks/results/locomo-dev-grid.md, Qwen2.5-Coder-0.5B, k=20): with facts encoded at
-W=256 in runs of 512 tokens (the EngineConfig defaults) it scores 33.3 F1 against 33.5 for the
-best text layout and 28.0 with every fact injected; on an H200 (Llama-3.1-8B geometry) its
-TTFT at k=50 is 10.9 ms against 11.3 ms for plain injection and 34.0 ms for text.
+memories:" block before the question, the rest injected. Chosen on the LoCoMo dev grid: about
+the best text layout's answers at injection's TTFT (docs/benchmarks.md: the defaults'
+figures).
 """
 
 

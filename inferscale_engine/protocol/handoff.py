@@ -2,14 +2,15 @@
 
 With the embedded default (VLLM_ENABLE_V1_MULTIPROCESSING=0) the app, vLLM's EngineCore and
 the scheduler-side connector share one process, so a plan need not be encoded, signed, parsed
-and MAC-checked to cross a boundary it never crosses (at k=100 that is ~20% of the host work a
-kv request adds: 489 -> 384 us cold on 2 EPYC cores, `benchmarks/critical_path.py`). The
-engine puts the plan here under a fresh random reference and sends only the reference in the
-request's kv_transfer_params; the scheduler takes it back, once, and still checks what no
-reference vouches for: the prompt's cache_salt and token ids (DESIGN invariant 6). The ids are
-checked by identity when the engine handed over the prompt list with the plan (it does when
-that list holds the very tuples the plan's runs were packed from) and vLLM carried that list
-through; otherwise id by id. The worker re-checks ownership as always (invariant 5).
+and MAC-checked to cross a boundary it never crosses (a fifth of the host work a kv request
+adds at k=100: docs/benchmarks.md, the defaults' figures). The engine puts the plan here
+under a fresh random reference and sends only the reference in the request's
+kv_transfer_params; the scheduler takes it back, once, and still checks what no reference
+vouches for: the prompt's cache_salt and token ids (design invariant 6 of docs/how-it-works.md:
+the connector never trusts a plan). The ids are checked by identity when the engine handed
+over the prompt list with the plan (it does when that list holds the very tuples the plan's
+runs were packed from) and vLLM carried that list through; otherwise id by id. The worker
+re-checks ownership as always (invariant 5: a user's request reaches only that user's facts).
 
 A reference is 128 random bits, bound to the engine that made it (a digest of its secret), and
 lives from the engine's prepare until the scheduler takes it or the engine's batch ends. One

@@ -1,7 +1,7 @@
 """Tier-control records: what the app asks every worker to move between its KV tiers.
 
-The app decides every move (runtime/tiers.py, runtime/write_path.py); each worker carries it
-out on its own KV heads (connector/tiers.py). The records cross vLLM's collective_rpc, whose
+The app decides every move (runtime/tier_manager.py, runtime/write_path.py); each worker carries it
+out on its own KV heads (connector/worker_tiers.py). The records cross vLLM's collective_rpc, whose
 serializer takes plain types only, so each goes as a tuple (`to_wire`) and is rebuilt on the
 worker (`from_wire`); these are the only places the tuples' order is written.
 """
@@ -46,7 +46,7 @@ class DiskWrite:
 
     slab_key: int
     name: str
-    """File stem: the app's content key (runtime/tiers.py disk_identity)."""
+    """File stem: the app's content key (runtime/tier_manager.py disk_identity)."""
     owner: str
     meta: Mapping[str, str]
     """What the KV was computed from; the file must carry it to be loaded again."""

@@ -10,36 +10,35 @@ Text mode sends the same token ids with no plan (the baseline and the fallback).
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
-from inferscale_engine.checks import check_text, check_user_id
+from inferscale_engine.checks import check_user_id
 from inferscale_engine.config import ConnectorConfig, EngineConfig, plan_secret
-from inferscale_engine.errors import (
-    ConfigError,
-    EngineClosedError,
-    FactNotFoundError,
-    InvalidFactError,
-    SlabFullError,
-)
+from inferscale_engine.errors import EngineClosedError, FactNotFoundError
 from inferscale_engine.facts import Fact, FactId, MemoryHandle
-from inferscale_engine.model.calibration import Calibration, key_scale_tuple, model_fingerprint
+from inferscale_engine.model.calibration import engine_key_scale, model_fingerprint
 from inferscale_engine.model.check import check_model, connector_config, load_tokenizer
-from inferscale_engine.prompting.contexts import Context, context_texts, context_tokens
+from inferscale_engine.prompting.contexts import Context
 from inferscale_engine.prompting.layout import Layout
 from inferscale_engine.prompting.prompt import MemoryPrompt, PromptBuilder
 from inferscale_engine.prompting.tool_calls import ToolCall, parse_tool_calls
-from inferscale_engine.protocol.handoff import PlanHandoff
 from inferscale_engine.protocol.plan import InjectionPlan
 from inferscale_engine.runtime import read_path
+from inferscale_engine.runtime.fact_table import FactTable
 from inferscale_engine.runtime.generation import EngineStats, Generation, text_pieces
-from inferscale_engine.runtime.read_path import Messages, as_messages, check_request, collect
+from inferscale_engine.runtime.read_path import Messages, as_messages, check_request
 from inferscale_engine.runtime.residency import FactRecord
 from inferscale_engine.runtime.runner import Runner, VllmRunner, WorkerClient
-from inferscale_engine.runtime.shards import Shard, build_shards, prepare_requests, rank_of
-from inferscale_engine.runtime.tiers import disk_fingerprint
+from inferscale_engine.runtime.shards import (
+    Shard,
+    build_shards,
+    engine_stats,
+    prepare_requests,
+    rank_of,
+)
+from inferscale_engine.runtime.tier_manager import disk_fingerprint
 
 __all__ = ["Engine", "EngineStats", "Generation", "Messages"]
 
@@ -68,25 +67,27 @@ class Engine:
         self._num_layers = hf_config.num_hidden_layers
         self.fingerprint = model_fingerprint(hf_config, self.tokenizer, config.dtype)
         """Model identity a calibration is bound to."""
-        scale = config.key_scale
-        if config.calibration is not None:
-            scale = Calibration.load(config.calibration, self.fingerprint).key_scale
-        self._key_scale = key_scale_tuple(scale, self._num_layers, ConfigError)
+        key_scale = engine_key_scale(config, self.fingerprint, self._num_layers)
         disk = disk_fingerprint(config, self.fingerprint)  # checked before vLLM starts
         self._runner = runner(config, connector)
-        self._facts: dict[FactId, FactRecord] = {}
-        self._next_fact_id = 1
+        self._table = FactTable(config, self.prompts, key_scale, self._num_layers)
+        """The registered facts and the rules of getting in (fact_table.py)."""
+        self._facts: dict[FactId, FactRecord] = self._table.records
         self.counters: Counter[str] = Counter()
         self._shards = build_shards(config, connector, self._runner, self.prompts, self._facts,
                                     self._secret, self.counters, disk)
         """One per vLLM engine (shards.py); a user's facts live in rank_of(user)'s."""
 
+    def _user(self, user_id: str) -> tuple[str, Shard]:
+        """A verb's user id, checked (the engine's one check), and the shard that serves it."""
+        user_id = check_user_id(user_id)
+        return user_id, self._shard(user_id)
+
     def _shard(self, user_id: str | None) -> Shard:
         """The shard of a user's engine (the first for requests without a user)."""
         return self._shards[rank_of(user_id, len(self._shards)) if user_id else 0]
 
-    def _shard_of(self, handle: object) -> Shard:
-        """The shard of a handle's user (resolve() refuses what is not a handle)."""
+    def _shard_of(self, handle: object) -> Shard:  # resolve() refuses what is not a handle
         return self._shard(handle.user_id if isinstance(handle, MemoryHandle) else None)
 
     # The first shard's parts: the whole engine without data parallelism (tests use them).
@@ -115,13 +116,11 @@ class Engine:
             InvalidFactError: a text is empty, not a string, or too long. Nothing is stored.
             SlabFullError: the facts do not fit even after eviction. Nothing is stored.
         """
-        user_id = check_user_id(user_id)
-        if isinstance(texts, str) or not isinstance(texts, Sequence):
-            raise InvalidFactError(f"texts must be a list of strings, got {type(texts).__name__}")
-        texts = [check_text(t, f"texts[{i}]") for i, t in enumerate(texts)]
+        user_id, _ = self._user(user_id)
+        texts = self._table.check_texts(texts)
         token_ids = [self.tokenize_fact(t) for t in texts]
         with self._lock:
-            ids = self._new_fact_ids(fact_ids, len(texts))
+            ids = self._table.new_ids(fact_ids, len(texts))
             self.add_tokenized_facts([Fact(i, user_id, t, toks) for i, t, toks in
                                       zip(ids, texts, token_ids, strict=True)],
                                      contexts, window=window, encode=encode,
@@ -142,33 +141,10 @@ class Engine:
                 length. Nothing is stored.
             SlabFullError: the facts do not fit even after eviction. Nothing is stored.
         """
-        users = {check_user_id(f.user_id) for f in facts}
-        if len(users) > 1:
-            raise InvalidFactError(f"facts of {len(users)} users in one call; add each user's "
-                                   "facts separately")
-        contexts = list(contexts) if contexts is not None else [None] * len(facts)
-        if len(contexts) != len(facts):
-            raise InvalidFactError(f"{len(contexts)} contexts for {len(facts)} facts; pass one "
-                                   "context (or None) per fact")
-        window = self._window(window)
-        for fact in facts:
-            if not fact.token_ids:
-                raise InvalidFactError(f"fact {fact.fact_id} has no token ids")
-            self._check_length(fact.token_ids, fact.text)
-        scale = self._key_scale if key_scale is None else key_scale_tuple(key_scale,
-                                                                      self._num_layers)
-        known = {f.text: tuple(f.token_ids) for f in facts}  # a run's facts, tokenized once
-        (user_id,) = users or {""}  # one user, its id normalized
-        records = [FactRecord(Fact(f.fact_id, user_id, f.text, tuple(f.token_ids)), ids,
-                              key_scale=scale) for f, ids in zip(
-                                  facts, self._context_tokens(contexts, window, known),
-                                  strict=True)]
+        records = self._table.build(facts, contexts, window, key_scale)
         with self._lock:
             self._check_open()
-            if clash := [r.fact.fact_id for r in records if r.fact.fact_id in self._facts]:
-                raise InvalidFactError(f"fact ids {clash[:5]} are already registered")
-            self._next_fact_id = max([self._next_fact_id - 1,
-                                      *(r.fact.fact_id for r in records)]) + 1
+            self._table.admit(records)
             if encode and records:
                 self._shard(records[0].fact.user_id).writer.make_resident(
                     records, self.prompts.preamble(), {r.fact.fact_id for r in records},
@@ -177,56 +153,26 @@ class Engine:
                 self._facts[record.fact.fact_id] = record
 
     def tokenize_fact(self, text: str, *, check_length: bool = True) -> tuple[int, ...]:
-        """A fact's token ids as they appear in prompts (stored once, encoded as they are).
-
-        Raises:
-            InvalidFactError: the text has nothing visible, or (check_length) it exceeds
-                max_fact_tokens.
-        """
-        text = check_text(text, "a fact")
-        ids = self.prompts.fact_ids(text)
-        if check_length:
-            self._check_length(ids, text)
-        return ids
-
-    def _check_length(self, token_ids: Sequence[int], text: str) -> None:
-        if len(token_ids) > self.config.max_fact_tokens:
-            raise InvalidFactError(f"a fact has {len(token_ids)} tokens, over max_fact_tokens="
-                                   f"{self.config.max_fact_tokens}; split it (Memory splits turns)"
-                                   f" or raise EngineConfig.max_fact_tokens: {text[:60]!r}...")
+        """A fact's token ids as prompts hold them (InvalidFactError: blank, or too long)."""
+        return self._table.tokenize(text, check_length)
 
     def split_text(self, text: str) -> list[str]:
         """`text` cut into pieces that each fit in one fact (max_fact_tokens), in order."""
-        limit = self.config.max_fact_tokens
-        if len(self.prompts.fact_ids(text)) <= limit:
-            return [text]
-        token_ids = self.prompts.encode(text)
-        # Room for the fact format, and for a cut piece tokenizing a little longer on its own.
-        step = max(1, limit - len(self.prompts.fact_ids("")) - 8)
-        return [self.tokenizer.decode(token_ids[i:i + step])
-                for i in range(0, len(token_ids), step)]
+        return self._table.split(text, self.tokenizer)
 
-    def _new_fact_ids(self, fact_ids: Sequence[FactId] | None, count: int) -> list[FactId]:
-        if fact_ids is None:
-            return [FactId(self._next_fact_id + i) for i in range(count)]
-        ids = [FactId(int(f)) for f in fact_ids]
-        if len(ids) != count or len(set(ids)) != count:
-            raise InvalidFactError("fact_ids must hold one distinct id per text")
-        return ids
+    def claim_fact_ids(self, owner: object) -> None:
+        """Hand the numbering of facts to `owner` (a Memory: its store's ids) until released.
 
-    def _window(self, window: int | None) -> int:
-        window = self.config.context_window_tokens if window is None else window
-        if not 0 <= window <= self.config.context_window_tokens:
-            raise InvalidFactError(f"window must be in [0, {self.config.context_window_tokens}] "
-                                   "(EngineConfig.context_window_tokens)")
-        return window
+        An engine's fact ids have one author: while a Memory holds them, add_facts without
+        fact_ids and a second Memory are refused (ConfigError here; fact_table.py).
+        """
+        with self._lock:
+            self._table.claim(owner)
 
-    def _context_tokens(self, contexts: Sequence[Context], window: int,
-                        known: Mapping[str, tuple[int, ...]]) -> list[tuple[int, ...]]:
-        encode = self.prompts.batch_encoder(context_texts(contexts))  # one batch: a restart
-        return [context_tokens(c, window, encode, lambda text: known.get(text) or  # registers
-                               self.prompts.fact_ids(text),  # every stored fact's context
-                               limit=window + self.config.context_run_tokens) for c in contexts]
+    def release_fact_ids(self, owner: object) -> None:
+        """End `owner`'s claim (Memory.close); add_facts numbers facts again."""
+        with self._lock:
+            self._table.release(owner)
 
     # ---- read path ---------------------------------------------------------------------
     def generate(self, handle: MemoryHandle | None, messages: Messages | str,
@@ -258,15 +204,8 @@ class Engine:
         """generate() for many requests in one vLLM batch: prepare, run, collect."""
         with self._lock:  # held through the run: vllm.LLM is not thread-safe
             prepared, shards = self._prepare(requests, sampling, mode, layout, tools)
-            start = time.perf_counter()
-            try:
-                outputs = self._runner.run([p.prompt for p in prepared],
-                                           [p.params for p in prepared],
-                                           ranks=[s.rank for s in shards])
-            finally:  # references the scheduler did not take (a refused or aborted request)
-                PlanHandoff.discard(p.ref for p in prepared if p.ref)
-            latency_ms = (time.perf_counter() - start) * 1e3
-            return collect(prepared, outputs, latency_ms, self.counters)
+            return read_path.run_batch(self._runner, prepared, [s.rank for s in shards],
+                                       self.counters)
 
     def stream(self, handle: MemoryHandle | None, messages: Messages | str,
                sampling: Any = None, mode: str = "kv", *, layout: Layout | None = None,
@@ -274,12 +213,9 @@ class Engine:
                ) -> Generator[Generation, None, None]:
         """generate() streamed: the answer so far after each step; the last is finished."""
         with self._lock:
-            prepared, shards = self._prepare([(handle, messages)], sampling, mode, layout, tools)
-            try:
-                yield from read_path.stream_collect(prepared[0], self._runner.stream(
-                    prepared[0].prompt, prepared[0].params, shards[0].rank), self.counters)
-            finally:
-                PlanHandoff.discard(p.ref for p in prepared if p.ref)
+            (prepared,), (shard,) = self._prepare([(handle, messages)], sampling, mode, layout,
+                                                  tools)
+            yield from read_path.run_stream(self._runner, prepared, shard.rank, self.counters)
 
     def _prepare(self, requests: Sequence[tuple[MemoryHandle | None, Messages | str]],
                  sampling: Any, mode: str, layout: Layout | None,
@@ -298,10 +234,8 @@ class Engine:
         """The prompt generate() would send for this handle and layout (no plan, no KV)."""
         with self._lock:
             self._check_open()
-            planner = self._shard_of(handle).planner
-            chosen = layout or self.config.layout
-            injected, repaired = planner.arrange(handle, planner.resolve(handle), chosen)
-            return planner.build(as_messages(messages), injected, repaired, chosen, tools)
+            return self._shard_of(handle).render(handle, as_messages(messages),
+                                                 layout or self.config.layout, tools)
 
     def prepare_request(self, handle: MemoryHandle, messages: Messages | str, *,
                         layout: Layout | None = None,
@@ -311,29 +245,16 @@ class Engine:
 
         For clients that talk to vLLM themselves: send prompt.token_ids() with
         cache_salt=plan.cache_salt and kv_transfer_params=plan.to_params().
+
+        Raises:
+            SlabFullError: the handle's facts do not fit in the slab.
         """
         with self._lock:
-            shard, injected, repaired, pinned = self._resident(handle, layout)
-            prompt = shard.planner.build(as_messages(messages), injected, repaired,
-                                         layout or self.config.layout, tools)
-            try:
-                return prompt, shard.planner.plan(handle, prompt, injected, pinned)
-            finally:
-                shard.preambles.end_batch()
-
-    def _resident(self, handle: MemoryHandle, layout: Layout | None
-                  ) -> tuple[Shard, list[FactRecord], list[FactRecord], set[FactId]]:
-        """Shard, facts to inject (made resident, else SlabFullError), to repair, pins."""
-        self._check_open()
-        shard = self._shard_of(handle)
-        records = shard.planner.resolve(handle)
-        if layout is not None:
-            layout.check_handle_size(len(records))
-        injected, repaired = shard.planner.arrange(handle, records, layout or self.config.layout)
-        pinned = {r.fact.fact_id for r in records}
-        if not shard.planner.ready_for_kv(injected, pinned):
-            raise SlabFullError("the handle's facts do not fit in the slab")
-        return shard, injected, repaired, pinned
+            self._check_open()
+            return self._shard_of(handle).prepare(
+                handle, layout, self.config.layout,
+                lambda planner, injected, repaired, chosen: planner.build(
+                    as_messages(messages), injected, repaired, chosen, tools))
 
     def parse_tool_calls(self, text: str, tools: Sequence[Mapping[str, Any]],
                          parser: str = "hermes") -> tuple[str, list[ToolCall]]:
@@ -351,16 +272,14 @@ class Engine:
         [memory header][fact_1]..[fact_k][repaired facts][prompt]: there is no chat template,
         so the preamble is the configured system prompt's tokens alone.
         """
+        preamble = self.prompts.encode(self.config.system_prompt)
         with self._lock:
-            shard, injected, repaired, pinned = self._resident(handle, layout)
-            prompt = MemoryPrompt(self.prompts.encode(self.config.system_prompt),
-                                  tuple(r.fact.token_ids for r in injected),
-                                  tuple(prompt_token_ids),
-                                  tuple(r.fact.token_ids for r in repaired))
-            try:
-                return prompt, shard.planner.plan(handle, prompt, injected, pinned)
-            finally:
-                shard.preambles.end_batch()
+            self._check_open()
+            return self._shard_of(handle).prepare(
+                handle, layout, self.config.layout,
+                lambda _, injected, repaired, __: MemoryPrompt(
+                    preamble, tuple(r.fact.token_ids for r in injected), tuple(prompt_token_ids),
+                    tuple(r.fact.token_ids for r in repaired)))
 
     def text_pieces(self, generation: Generation) -> list[str]:
         """The answer as per-token text pieces whose concatenation is exactly its text."""
@@ -369,7 +288,7 @@ class Engine:
     # ---- management --------------------------------------------------------------------
     def get_facts(self, user_id: str) -> list[Fact]:
         """All facts of a user, oldest first."""
-        user_id = check_user_id(user_id)
+        user_id, _ = self._user(user_id)
         with self._lock:
             return [r.fact for r in self._facts.values() if r.fact.user_id == user_id]
 
@@ -393,9 +312,9 @@ class Engine:
             FactNotFoundError / HandleError: an id is unknown or another user's; nothing is
                 deleted.
         """
+        user_id, shard = self._user(user_id)
         with self._lock:
             self._check_open()
-            shard = self._shard(check_user_id(user_id))
             records = shard.planner.resolve(MemoryHandle(user_id, tuple(fact_ids)))
             shard.writer.forget(records, self.prompts.preamble(), keep_disk)
             for record in records:
@@ -405,12 +324,7 @@ class Engine:
         """App-side and per-worker counters."""
         with self._lock:
             self._check_open()
-            shards = self._shards
-            return EngineStats(
-                len(self._facts), sum(s.residency.num_resident for s in shards),
-                sum(s.residency.num_free_pages for s in shards),
-                [w for s in shards for w in s.workers.stats()], dict(self.counters), len(shards),
-                sum(s.host.num_resident for s in shards))
+            return engine_stats(self._shards, len(self._facts), self.counters)
 
     @property
     def workers(self) -> WorkerClient:
@@ -419,7 +333,7 @@ class Engine:
 
     def rank_of(self, user_id: str) -> int:
         """The data-parallel engine that serves a user (0 without data parallelism)."""
-        return rank_of(check_user_id(user_id), len(self._shards))
+        return self._user(user_id)[1].rank
 
     @property
     def llm(self) -> Any:

@@ -33,6 +33,7 @@ from inferscale_engine.protocol.plan import InjectionPlan, text_salt
 from inferscale_engine.runtime.generation import Generation, from_output
 from inferscale_engine.runtime.preambles import PreambleCache
 from inferscale_engine.runtime.residency import FactRecord, Residency
+from inferscale_engine.runtime.runner import Runner
 from inferscale_engine.runtime.write_path import FactWriter
 
 Messages = Sequence[Mapping[str, str]]
@@ -88,7 +89,7 @@ class RequestPlanner:
             return []
         if not isinstance(handle, MemoryHandle):
             raise HandleError(f"expected a MemoryHandle, got {type(handle).__name__}")
-        user_id = check_user_id(handle.user_id)
+        user_id = owner_of(handle)
         out = []
         for fact_id in handle.fact_ids:
             record = self._facts.get(fact_id)
@@ -122,8 +123,8 @@ class RequestPlanner:
         """prepare() for each (handle, records, messages) of a batch, phase by phase.
 
         First every prompt, then every plan: each phase's code and data stay in the CPU's
-        caches across the batch instead of being evicted by the other's (a batch of 64 at k=50:
-        11.7 ms instead of 12.6 ms request by request, on 2 EPYC cores).
+        caches across the batch instead of being evicted by the other's (docs/benchmarks.md:
+        the defaults' figures).
         """
         built = [self._build_request(handle, records, messages, sampling, layout, tools)
                  for handle, records, messages in requests]
@@ -158,8 +159,7 @@ class RequestPlanner:
         # holds the very tuples the plan's runs were packed from (k identity tests, no ids).
         vouched = (plan is not None and self.handoff is not None
                    and all(map(is_, prompt.facts, map(_PACKED_FROM, injected))))
-        salt = (text_salt(self._secret, check_user_id(handle.user_id)) if handle is not None
-                else None)
+        salt = text_salt(self._secret, owner_of(handle)) if handle is not None else None
         return _request(ids, plan, params, asked, fallback, num_repaired, self.handoff,
                         vouched, salt)
 
@@ -234,7 +234,7 @@ class RequestPlanner:
             raise ValueError("plan() needs resident records (ready_for_kv first)")
         keys = [self._preambles.key(prompt.preamble, pinned), *slab_keys]
         runs = [self._preambles.run(prompt.preamble), *map(_PACKED_IDS, records)]
-        user_id = check_user_id(handle.user_id)
+        user_id = owner_of(handle)
         plan = InjectionPlan.from_runs(user_id, keys, runs, secret=self._secret)
         return plan.signed(self._secret) if signed else plan
 
@@ -277,6 +277,33 @@ def _request(ids: list[int], plan: InjectionPlan | None, params: Any, asked: str
     params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": sent}
     return PreparedRequest(TokensPrompt(prompt_token_ids=ids, cache_salt=plan.cache_salt),
                            params, asked, "kv", len(ids), "", *num_repaired, ref)
+
+
+def owner_of(handle: MemoryHandle) -> str:
+    """The user a handle names, checked and normalized: the read path's one user-id check."""
+    return check_user_id(handle.user_id)
+
+
+def run_batch(runner: Runner, prepared: list[PreparedRequest], ranks: list[int],
+              counters: Counter[str]) -> list[Generation]:
+    """Run a prepared batch on vLLM and collect its Generations (under the Engine's lock)."""
+    start = time.perf_counter()
+    try:
+        outputs = runner.run([p.prompt for p in prepared], [p.params for p in prepared],
+                             ranks=ranks)
+    finally:  # references the scheduler did not take (a refused or aborted request)
+        PlanHandoff.discard(p.ref for p in prepared if p.ref)
+    return collect(prepared, outputs, (time.perf_counter() - start) * 1e3, counters)
+
+
+def run_stream(runner: Runner, prepared: PreparedRequest, rank: int, counters: Counter[str]
+               ) -> Iterator[Generation]:
+    """Stream one prepared request (stream_collect); its plan reference is dropped at the end."""
+    try:
+        yield from stream_collect(prepared, runner.stream(prepared.prompt, prepared.params, rank),
+                                  counters)
+    finally:
+        PlanHandoff.discard([prepared.ref] if prepared.ref else [])
 
 
 def collect(prepared: list[PreparedRequest], outputs: list[Any], latency_ms: float,

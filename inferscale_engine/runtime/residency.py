@@ -30,7 +30,7 @@ class FactRecord:
     key_scale: tuple[float, ...] = ()
     """Key temperature the KV is encoded with (() = 1): kept so a re-encode matches."""
     host_key: int | None = None
-    """Where the KV waits in host RAM after its demotion from the slab (tiers.py)."""
+    """Where the KV waits in host RAM after its demotion from the slab (tier_manager.py)."""
     host_pages: tuple[int, ...] | None = None
     packed_ids: bytes = field(init=False, repr=False)
     """fact.token_ids packed once (plan.pack_token_ids): a plan joins these, no per-token work."""

@@ -260,7 +260,7 @@ def engine_kwargs(config: EngineConfig, connector: ConnectorConfig) -> dict[str,
         ),
         worker_extension_cls=_EXTENSION,
         # One KV cache group for all layers, so injected facts keep their blocks in sliding-
-        # window layers too (Gemma 2 / 3; model_check.py). vLLM 0.26 and 0.32 already turn the
+        # window layers too (Gemma 2 / 3; model/check.py). vLLM 0.26 and 0.32 already turn the
         # hybrid manager off for a connector without SupportsHMA; this does not depend on it.
         disable_hybrid_kv_cache_manager=True,
     )

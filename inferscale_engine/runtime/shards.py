@@ -15,15 +15,18 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from inferscale_engine.config import ConnectorConfig, EngineConfig
+from inferscale_engine.errors import SlabFullError
 from inferscale_engine.facts import FactId, MemoryHandle
 from inferscale_engine.prompting.layout import Layout
-from inferscale_engine.prompting.prompt import PromptBuilder
+from inferscale_engine.prompting.prompt import MemoryPrompt, PromptBuilder
 from inferscale_engine.protocol.handoff import PlanHandoff
+from inferscale_engine.protocol.plan import InjectionPlan
+from inferscale_engine.runtime.generation import EngineStats
 from inferscale_engine.runtime.preambles import PreambleCache
 from inferscale_engine.runtime.read_path import (
     Messages,
@@ -34,7 +37,7 @@ from inferscale_engine.runtime.read_path import (
 )
 from inferscale_engine.runtime.residency import FactRecord, Residency, SlabAllocator
 from inferscale_engine.runtime.runner import Runner, WorkerClient
-from inferscale_engine.runtime.tiers import HostResidency
+from inferscale_engine.runtime.tier_manager import HostResidency
 from inferscale_engine.runtime.write_path import FactWriter
 
 
@@ -90,6 +93,44 @@ class Shard:
     preambles: PreambleCache
     planner: RequestPlanner
     workers: WorkerClient
+
+    def render(self, handle: MemoryHandle | None, messages: Messages, layout: Layout,
+               tools: Sequence[Mapping[str, Any]] | None) -> MemoryPrompt:
+        """The prompt of a handle's facts and a chat, as a kv request would send it."""
+        injected, repaired = self.planner.arrange(handle, self.planner.resolve(handle), layout)
+        return self.planner.build(messages, injected, repaired, layout, tools)
+
+    def prepare(self, handle: MemoryHandle, layout: Layout | None, default_layout: Layout,
+                build: Callable[[RequestPlanner, list[FactRecord], list[FactRecord], Layout],
+                                MemoryPrompt]) -> tuple[MemoryPrompt, InjectionPlan]:
+        """A prompt `build` makes around the handle's facts, and its signed plan.
+
+        The facts to inject are made resident first (SlabFullError if they do not fit);
+        `build(planner, injected, repaired, layout)` makes the prompt.
+        """
+        records = self.planner.resolve(handle)
+        if layout is not None:
+            layout.check_handle_size(len(records))
+        chosen = layout or default_layout
+        injected, repaired = self.planner.arrange(handle, records, chosen)
+        pinned = {r.fact.fact_id for r in records}
+        if not self.planner.ready_for_kv(injected, pinned):
+            raise SlabFullError("the handle's facts do not fit in the slab")
+        prompt = build(self.planner, injected, repaired, chosen)
+        try:
+            return prompt, self.planner.plan(handle, prompt, injected, pinned)
+        finally:
+            self.preambles.end_batch()
+
+
+def engine_stats(shards: Sequence[Shard], num_facts: int, counters: Counter[str]
+                 ) -> EngineStats:
+    """The Engine's stats: its facts, every shard's slab and host tier, every worker's counters."""
+    return EngineStats(
+        num_facts, sum(s.residency.num_resident for s in shards),
+        sum(s.residency.num_free_pages for s in shards),
+        [w for s in shards for w in s.workers.stats()], dict(counters), len(shards),
+        sum(s.host.num_resident for s in shards))
 
 
 def build_shards(config: EngineConfig, connector: ConnectorConfig, runner: Runner,

@@ -11,7 +11,7 @@ own request. With a disk tier every encoded fact is also written to disk.
 
 A fact whose KV left the slab comes back by a copy when it can: from host RAM if it was
 demoted there (the host copy stays: the host tier is inclusive), else from its disk entry; only
-then is it encoded again (tiers.py). Pages are
+then is it encoded again (tier_manager.py). Pages are
 allocated here, least recently used facts evicted (demoted) when the slab is full; a batch is
 all or nothing.
 """
@@ -31,7 +31,7 @@ from inferscale_engine.protocol.tier_control import DiskRead, DiskWrite, Move, d
 from inferscale_engine.runtime.generation import RESULT_KEY
 from inferscale_engine.runtime.residency import FactRecord, Residency
 from inferscale_engine.runtime.runner import Runner
-from inferscale_engine.runtime.tiers import HostResidency, disk_identity
+from inferscale_engine.runtime.tier_manager import HostResidency, disk_identity
 
 
 @dataclass(slots=True)

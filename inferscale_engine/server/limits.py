@@ -22,8 +22,8 @@ MAX_BODY_BYTES = 8 * 2**20
 """Requests with a larger body are refused (413) before they are read."""
 MAX_FILTER_BODY_BYTES = 256 * 2**10
 """Bodies of the routes that take a metadata filter (FILTER_PATHS) are refused (413) beyond
-this, before they are read: a filter is evaluated against every fact (memory/filters.py bounds
-it further once parsed)."""
+this, before they are read: a filter is evaluated against every fact (memory/search/filters.py
+bounds it further once parsed)."""
 FILTER_PATHS = frozenset({"/v1/memories/search", "/v3/memories/", "/v3/memories/search/"})
 MAX_HEAD_BYTES = 32 * 2**10
 """Requests whose request line and headers together are larger are refused (431)."""

@@ -146,7 +146,7 @@ def main(argv: list[str]) -> int:
     args, config = vllm_args(ours, rest)
     # uvloop, as `vllm serve` runs: on asyncio's own loop every hop between vLLM's engine
     # client (ZMQ), the tokenizer threads and the HTTP stream waits longer, which cost a
-    # streamed chat 4x its TTFT on the CPU backend (tiny model: 48 ms vs 12 ms).
+    # streamed chat 4x its TTFT on the CPU backend (docs/benchmarks.md, the defaults' figures).
     try:
         import uvloop  # a dependency of vLLM (not on every platform)
     except ImportError:
@@ -242,7 +242,7 @@ def open_memory(config: EngineConfig, ours: argparse.Namespace, client: Any,
                 loop: asyncio.AbstractEventLoop) -> Any:
     """The Memory over the server's AsyncLLM (called in a worker thread)."""
     from inferscale_engine.memory import Memory, MemoryConfig
-    from inferscale_engine.memory.sql import is_postgres_url
+    from inferscale_engine.memory.store.sql import is_postgres_url
     from inferscale_engine.runtime.runner import AsyncRunner
 
     # Replicas share a PostgreSQL store: each reads its users on first use, not every user of
@@ -266,21 +266,21 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
     from inferscale_engine.server import mem0_api, routes, ui
     from inferscale_engine.server.metrics import MemoryMetrics
     from inferscale_engine.server.seam import (
-        MemoryContext,
         MemoryServingChat,
         MemoryServingCompletion,
+        SeamState,
     )
     from inferscale_engine.server.ui import api, page
 
-    context = MemoryContext(memory, default_k, max_add_facts, replica_id)
-    app.state.inferscale = context
+    state = SeamState(memory, default_k, max_add_facts, replica_id)
+    app.state.inferscale = state
     hosts = hosts or AllowedHosts.for_server(None, keys is not None)
     app.state.allowed_hosts = hosts
     for name, cls in (("openai_serving_chat", MemoryServingChat),
                       ("openai_serving_completion", MemoryServingCompletion)):
         base = getattr(app.state, name, None)
         if base is not None:
-            setattr(app.state, name, cls.adopt(base, context))
+            setattr(app.state, name, cls.adopt(base, state))
     app.include_router(routes.router)
     app.include_router(mem0_api.router)
     app.include_router(page.router)
@@ -325,7 +325,7 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
 
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES,  # before the key check
                        paths=dict.fromkeys(FILTER_PATHS, MAX_FILTER_BODY_BYTES))
-    app.add_middleware(CountRefusals, counts=context.refusals)  # outermost: counts them all
-    metrics = MemoryMetrics(memory, context.refusals)
+    app.add_middleware(CountRefusals, counts=state.refusals)  # outermost: counts them all
+    metrics = MemoryMetrics(memory, state.refusals)
     metrics.start()
     return metrics

@@ -12,7 +12,7 @@
 
 The client sends `Authorization: Token <key>` (accepted like Bearer). Ids are strings on the
 wire. Filters name the user (required: a key reaches only its own users, as everywhere), the
-agent and run scopes, and metadata conditions (memory/filters.py). With `infer=True` the
+agent and run scopes, and metadata conditions (memory/search/filters.py). With `infer=True` the
 served model extracts facts and adds, updates or deletes stored ones (memory/infer.py);
 otherwise each user or assistant message is stored as a fact.
 """

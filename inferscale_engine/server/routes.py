@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferscale_engine.errors import InferScaleError
-from inferscale_engine.memory.filters import check_filter, check_size
+from inferscale_engine.memory.search.filters import check_filter, check_size
 from inferscale_engine.server.auth import HttpError, Principal, http_error
 from inferscale_engine.server.identity import header_user, resolve_user
 
@@ -109,7 +109,7 @@ async def _call(function: Callable[..., Any], pool: Executor | None = None,
 
 
 def _filter_pool(request: Request, filter: Any) -> Executor | None:
-    """The pool a call with this metadata filter runs in (MemoryContext.filter_pool)."""
+    """The pool a call with this metadata filter runs in (SeamState.filter_pool)."""
     return request.app.state.inferscale.filter_pool if filter else None
 
 
@@ -138,10 +138,10 @@ def _record(fact: Any, stored: Any = None) -> dict[str, Any]:
 async def add(request: Request, body: AddBody) -> dict[str, Any]:
     """Remember facts (texts) or a conversation's turns (messages)."""
     user_id = _user(request, ("user_id", body.user_id))
-    context = request.app.state.inferscale
-    context.check_add_size(len(body.texts or ()) + len(body.messages or ()))
+    state = request.app.state.inferscale
+    state.check_add_size(len(body.texts or ()) + len(body.messages or ()))
     if body.messages is not None and body.texts is None:  # long turns are cut, not refused
-        indexed = await _call(context.add_messages, user_id=user_id,
+        indexed = await _call(state.add_messages, user_id=user_id,
                               messages=body.messages, metadata=body.metadata,
                               session_id=body.session_id)
     else:
@@ -223,7 +223,7 @@ def split_filters(filters: dict[str, Any] | None) -> tuple[dict[str, Any], dict[
     """(user/agent/run ids, the metadata filter) of a mem0 filter, checked.
 
     An AND of entity equalities counts as the flat form. The filter's size and grammar are
-    checked here, before the call is queued (memory/filters.py: the limits).
+    checked here, before the call is queued (memory/search/filters.py: the limits).
 
     Raises:
         HttpError: 400 for a filter over a limit or not of the grammar, or an agent or run id

@@ -35,7 +35,7 @@ from urllib.parse import quote
 from inferscale_engine.checks import FACT_ROLES, check_messages, has_visible
 from inferscale_engine.config import plan_secret
 from inferscale_engine.errors import InferScaleError
-from inferscale_engine.memory.serving import PreparedPrompt
+from inferscale_engine.memory.fallback import PreparedPrompt
 from inferscale_engine.prompting.tool_calls import format_tool_call
 from inferscale_engine.protocol.plan import tenant_salt
 from inferscale_engine.runtime.generation import RESULT_KEY
@@ -65,8 +65,11 @@ _SCOPE: contextvars.ContextVar[RequestScope | None] = contextvars.ContextVar(
     "inferscale_scope", default=None)
 
 
-class MemoryContext:
-    """What the seam and the routes share: the Memory, its defaults, pending write-backs."""
+class SeamState:
+    """What the seam and the routes share: the Memory, its defaults, pending write-backs.
+
+    One per server (app.state.inferscale); a request's own state is its RequestScope.
+    """
 
     def __init__(self, memory: Any, default_k: int = 5,
                  max_add_facts: int = DEFAULT_MAX_ADD_FACTS, replica_id: str | None = None
@@ -123,9 +126,7 @@ class MemoryContext:
         results = self.memory.add(
             user_id=user_id, session_id=session_id, metadata=metadata,
             messages=[{"role": role, "content": part} for _, role, part in pieces])
-        owners = [index for index, role, part in pieces
-                  if role in FACT_ROLES and has_visible(part)]  # Memory.add: one fact each
-        return list(zip(owners, results, strict=True))
+        return [(pieces[r.turn][0], r) for r in results]  # AddResult.turn: the piece's index
 
     async def add_facts(self, scope: RequestScope) -> None:
         """Store a request's memory.add facts (one transaction) before its answer is prepared.
@@ -219,14 +220,14 @@ def report(scope: RequestScope, raw_request: Any, final: Mapping[str, Any] | Non
 class _Seam:
     """create_* / render_* overrides shared by the chat and completion classes."""
 
-    _inferscale: MemoryContext
+    _inferscale: SeamState
 
     @classmethod
-    def adopt(cls, base: Any, context: MemoryContext) -> Any:
+    def adopt(cls, base: Any, state: SeamState) -> Any:
         """An instance of this class over vLLM's initialized serving object (same state)."""
         adopted = cls.__new__(cls)
         adopted.__dict__.update(base.__dict__)
-        adopted._inferscale = context
+        adopted._inferscale = state
         return adopted
 
     async def _serve(self, create: Any, request: Any, raw_request: Any) -> Any:

@@ -3,7 +3,9 @@
 KVMemory for classic chains, ChatInferScale, the create_agent middleware and the LangGraph
 store (KVMemoryStore).
 
-chat_openai gives a ChatOpenAI pointed at `inferscale serve`.
+chat_model.py  ChatInferScale         memory.py  LangChainKVMemory (classic chains)
+middleware.py  KVMemoryMiddleware     store.py   KVMemoryStore (LangGraph's BaseStore)
+remote.py      chat_openai: a ChatOpenAI pointed at `inferscale serve`.
 Needs the `langchain` extra: pip install 'inferscale-kv[langchain]' (chat_openai: 'client').
 """
 
@@ -21,7 +23,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from inferscale_integrations.langchain.chat_model import ChatInferScale
 from inferscale_integrations.langchain.memory import LangChainKVMemory
 from inferscale_integrations.langchain.middleware import KVMemoryMiddleware
-from inferscale_integrations.langchain.server import chat_openai
+from inferscale_integrations.langchain.remote import chat_openai
 from inferscale_integrations.langchain.store import KVMemoryStore, KVSearchItem, kv_context
 
 __all__ = ["ChatInferScale", "KVMemoryMiddleware", "KVMemoryStore", "KVSearchItem",

@@ -29,10 +29,7 @@ from pydantic import ConfigDict, Field, PrivateAttr
 
 from inferscale_engine.errors import InvalidRequestError
 from inferscale_engine.memory.aio import iterate_in_thread
-from inferscale_integrations.handles import HANDLES_KEY, ChatTurn
-from inferscale_integrations.langchain.memory import LangChainSerializable, message_role
-from inferscale_integrations.registry import DEFAULT_NAME
-from inferscale_integrations.serving import (
+from inferscale_integrations.chat import (
     ChatAnswer,
     ServeCounters,
     answer_chat,
@@ -40,6 +37,9 @@ from inferscale_integrations.serving import (
     model_label,
     stream_chat,
 )
+from inferscale_integrations.handles import HANDLES_KEY, ChatTurn
+from inferscale_integrations.langchain.memory import LangChainSerializable, message_role
+from inferscale_integrations.registry import DEFAULT_NAME
 from inferscale_integrations.tools import format_tool_call
 
 if TYPE_CHECKING:

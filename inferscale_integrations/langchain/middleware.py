@@ -23,9 +23,9 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langgraph.runtime import Runtime
 
 from inferscale_engine.errors import InvalidRequestError
+from inferscale_integrations.chat import ServeCounters
 from inferscale_integrations.handles import HANDLES_KEY
 from inferscale_integrations.registry import DEFAULT_NAME, check_name, get_memory
-from inferscale_integrations.serving import ServeCounters
 
 if TYPE_CHECKING:
     from inferscale_engine.memory import Memory

@@ -45,13 +45,13 @@ from langgraph.store.base import (
 from inferscale_engine import checks
 from inferscale_engine.errors import HandleError, InvalidRequestError
 from inferscale_engine.facts import MemoryHandle
-from inferscale_engine.memory.filters import COMBINATORS, check_filter
+from inferscale_engine.memory.search.filters import COMBINATORS, check_filter
 from inferscale_integrations.handles import RECENT_HANDLES
 from inferscale_integrations.registry import DEFAULT_NAME, check_name, get_memory
 
 if TYPE_CHECKING:
     from inferscale_engine.memory import Memory
-    from inferscale_engine.memory.records import StoredFact
+    from inferscale_engine.memory.store.records import StoredFact
 
 SCOPE_PREFIX = "langgraph:"
 """Memory user ids of store namespaces: the prefix, then the labels percent-encoded, '/'-joined."""

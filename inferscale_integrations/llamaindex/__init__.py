@@ -2,7 +2,9 @@
 
 KVMemory for chat engines and agents, KVMemoryBlock for LlamaIndex's block-based Memory.
 
-openai_like gives an OpenAILike pointed at `inferscale serve`.
+llm.py     InferScaleLLM             memory.py  LlamaIndexKVMemory
+block.py   KVMemoryBlock             remote.py  openai_like: an OpenAILike pointed at
+`inferscale serve`.
 Needs the `llamaindex` extra: pip install 'inferscale-kv[llamaindex]'
 (openai_like: 'client').
 """
@@ -19,6 +21,6 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from inferscale_integrations.llamaindex.block import KVMemoryBlock
 from inferscale_integrations.llamaindex.llm import InferScaleLLM
 from inferscale_integrations.llamaindex.memory import LlamaIndexKVMemory
-from inferscale_integrations.llamaindex.server import openai_like
+from inferscale_integrations.llamaindex.remote import openai_like
 
 __all__ = ["InferScaleLLM", "KVMemoryBlock", "LlamaIndexKVMemory", "openai_like"]

@@ -30,10 +30,7 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
 from inferscale_engine.memory.aio import iterate_in_thread
-from inferscale_integrations.handles import HANDLES_KEY, ChatTurn
-from inferscale_integrations.llamaindex.memory import message_role
-from inferscale_integrations.registry import DEFAULT_NAME, MemoryNotRegisteredError, get_memory
-from inferscale_integrations.serving import (
+from inferscale_integrations.chat import (
     ChatAnswer,
     ServeCounters,
     answer_chat,
@@ -41,6 +38,9 @@ from inferscale_integrations.serving import (
     model_label,
     stream_chat,
 )
+from inferscale_integrations.handles import HANDLES_KEY, ChatTurn
+from inferscale_integrations.llamaindex.memory import message_role
+from inferscale_integrations.registry import DEFAULT_NAME, MemoryNotRegisteredError, get_memory
 from inferscale_integrations.tools import format_tool_call
 
 if TYPE_CHECKING:

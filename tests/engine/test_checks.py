@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from inferscale_engine import checks
 from inferscale_engine.errors import InvalidFactError, InvalidUserIdError
 from inferscale_engine.memory.ingest import find_duplicates
-from inferscale_engine.memory.retrieval import RetrievalIndex
+from inferscale_engine.memory.search.index import RetrievalIndex
 
 INVISIBLE = ["\u200b", "\u200d", "\ufeff", "\u200b\u200b\u200b\u200c", " \t\n", "\u2060",
              "\u00ad", "\u3164", "\ufe0f", "\u034f", "\u2800", "\U000e0041"]

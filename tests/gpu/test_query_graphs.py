@@ -20,7 +20,7 @@ def _embedder_or_skip():
     """The test's embedder; skipped (not failed) on a machine without what it needs."""
     pytest.importorskip("sentence_transformers", reason="needs sentence-transformers")
     from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL
-    from inferscale_engine.memory.embedder import Embedder
+    from inferscale_engine.memory.search.embedder import Embedder
 
     name = os.environ.get("INFERSCALE_TEST_EMBEDDER")
     if name is None:

@@ -219,7 +219,7 @@ def test_forged_and_inconsistent_entries_are_refused_never_an_error(tiny_models,
 def test_the_disk_key_is_private_or_refused(tiny_models, tmp_path, monkeypatch):
     from inferscale_engine.config import DISK_KEY_ENV
     from inferscale_engine.errors import ConfigError
-    from inferscale_engine.runtime.tiers import check_disk_tier
+    from inferscale_engine.runtime.tier_manager import check_disk_tier
 
     monkeypatch.delenv(DISK_KEY_ENV, raising=False)
     folder = tmp_path / "tier"

@@ -287,7 +287,7 @@ def _deep_and(user: str, depth: int) -> dict:
 
 
 def test_filters_are_checked_before_evaluation_on_every_route(http, user_a):
-    from inferscale_engine.memory.filters import MAX_FILTER_LIST
+    from inferscale_engine.memory.search.filters import MAX_FILTER_LIST
     from inferscale_engine.server.limits import MAX_FILTER_BODY_BYTES
 
     added = http.post("/v1/memories", headers=auth("a"), json={

@@ -139,7 +139,7 @@ def _held(replicas: list[ServerProcess], total: int) -> list[int]:
 
 
 def _stored(url: str) -> dict[str, dict[int, str]]:
-    from inferscale_engine.memory.store import FactStore
+    from inferscale_engine.memory.store.fact_store import FactStore
 
     with FactStore(url) as store:
         return {user: {f.fact_id: f.text for f in store.get_all(user_id=user)}

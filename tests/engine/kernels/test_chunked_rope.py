@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from inferscale_engine.kernels import chunked_rope, reference
-from inferscale_engine.kernels.reference import INTERLEAVED, ROTATE_HALF
+from inferscale_engine.kernels.rope_tables import INTERLEAVED, ROTATE_HALF, RopeTables
 from inferscale_engine.model.rope import RopeSpec, RopeStyle
 
 INTERPRETED = chunked_rope._INTERPRETED
@@ -111,9 +111,9 @@ def make_plan(case: Case, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
     return tuple(t.to(DEVICE) for t in (rows, slots, torch.cat(canonical), serving_positions))
 
 
-def tables(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+def tables(case: Case) -> RopeTables:
     spec = RopeSpec(RopeStyle(case.style), case.head_dim, case.rotary_dim, **ROPES[case.rope_type])
-    return spec.cos_sin(NUM_POSITIONS, device=DEVICE)
+    return spec.tables(NUM_POSITIONS, device=DEVICE)
 
 
 def assert_matches(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -134,12 +134,11 @@ def check_inject(case: Case, seed: int = 0) -> None:
     ref_keys, ref_values = [k.clone() for k in keys], [v.clone() for v in values]
     slab_keys, slab_values = make_slab(case, gen, fill=None)
     rows, slots, canonical, serving = make_plan(case, gen)
-    cos, sin = tables(case)
+    rope = tables(case)
     cache = chunked_rope.PagedKVPointers(keys, values)
-    chunked_rope.inject_(cache, slab_keys, slab_values, rows, slots, canonical, serving, cos,
-                         sin, case.style)
+    chunked_rope.inject_(cache, slab_keys, slab_values, rows, slots, canonical, serving, rope)
     reference.inject_(ref_keys, ref_values, slab_keys, slab_values, rows, slots, canonical,
-                      serving, cos, sin, case.style)
+                      serving, rope)
     written = torch.zeros(case.num_blocks * case.block_size, dtype=torch.bool, device=DEVICE)
     written[slots] = True
     written = written.view(case.num_blocks, case.block_size)
@@ -159,12 +158,11 @@ def check_capture(case: Case, seed: int = 0) -> None:
     slab_keys, slab_values = make_slab(case, gen, fill=SENTINEL)
     ref_slab_keys, ref_slab_values = slab_keys.clone(), slab_values.clone()
     rows, slots, canonical, serving = make_plan(case, gen)
-    cos, sin = tables(case)
+    rope = tables(case)
     cache = chunked_rope.PagedKVPointers(keys, values)
-    chunked_rope.capture_(cache, slab_keys, slab_values, slots, rows, serving, canonical, cos,
-                          sin, case.style)
+    chunked_rope.capture_(cache, slab_keys, slab_values, slots, rows, serving, canonical, rope)
     reference.capture_(keys, values, ref_slab_keys, ref_slab_values, slots, rows, serving,
-                       canonical, cos, sin, case.style)
+                       canonical, rope)
     assert_matches(slab_keys, ref_slab_keys)
     assert_matches(slab_values, ref_slab_values)
     untouched = torch.ones(case.num_rows, dtype=torch.bool, device=DEVICE)
@@ -235,9 +233,8 @@ def test_empty_call_writes_nothing() -> None:
     keys, values = make_cache(case, gen, fill=SENTINEL)
     slab_keys, slab_values = make_slab(case, gen, fill=None)
     empty = torch.empty(0, dtype=torch.int64, device=DEVICE)
-    cos, sin = tables(case)
     chunked_rope.inject_(chunked_rope.PagedKVPointers(keys, values), slab_keys, slab_values,
-                         empty, empty, empty, empty, cos, sin, ROTATE_HALF)
+                         empty, empty, empty, empty, tables(case))
     assert all(bool((t == SENTINEL).all()) for t in keys + values)
 
 
@@ -251,9 +248,8 @@ def test_out_of_range_tokens_are_skipped_not_written_out_of_bounds() -> None:
     slots[1] = case.num_blocks * case.block_size  # one past the last slot
     rows[2] = -1
     serving[3] = NUM_POSITIONS
-    cos, sin = tables(case)
     chunked_rope.inject_(chunked_rope.PagedKVPointers(keys, values), slab_keys, slab_values,
-                         rows, slots, canonical, serving, cos, sin, ROTATE_HALF)
+                         rows, slots, canonical, serving, tables(case))
     written = [bool((keys[0][s // case.block_size, s % case.block_size] != SENTINEL).all())
                for s in slots.clamp(max=case.num_blocks * case.block_size - 1).tolist()]
     assert written == [True, False, False, False, True, True]
@@ -266,12 +262,13 @@ def _bad_call(**overrides):
     keys, values = make_cache(case, gen, fill=0.0)
     slab_keys, slab_values = make_slab(case, gen, fill=0.0)
     rows, slots, canonical, serving = make_plan(case, gen)
-    cos, sin = tables(case)
+    rope = tables(case)
     args = dict(slab_keys=slab_keys, slab_values=slab_values, src_rows=rows, dst_slots=slots,
-                from_positions=canonical, to_positions=serving, cos=cos, sin=sin,
+                from_positions=canonical, to_positions=serving, cos=rope.cos, sin=rope.sin,
                 style=ROTATE_HALF)
     args.update({k: v(args) if callable(v) else v for k, v in overrides.items()})
-    return chunked_rope.PagedKVPointers(keys, values), args
+    rope = RopeTables(args.pop("cos"), args.pop("sin"), args.pop("style"))
+    return chunked_rope.PagedKVPointers(keys, values), {**args, "rope": rope}
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -338,7 +335,7 @@ def test_steps_of_any_size_and_offset_reuse_one_compiled_kernel() -> None:
     keys, values = make_cache(case, gen, fill=None)
     slab_keys, slab_values = make_slab(case, gen, fill=None)
     rows, slots, canonical, serving = make_plan(case, gen)
-    cos, sin = tables(case)
+    rope = tables(case)
     cache = chunked_rope.PagedKVPointers(keys, values)
 
     def step(start: int, count: int) -> float:
@@ -346,7 +343,7 @@ def test_steps_of_any_size_and_offset_reuse_one_compiled_kernel() -> None:
         args = [t[start:start + count] for t in (rows, slots, canonical, serving)]
         torch.cuda.synchronize()
         begin = time.perf_counter()
-        chunked_rope.inject_(cache, slab_keys, slab_values, *args, cos, sin, case.style)
+        chunked_rope.inject_(cache, slab_keys, slab_values, *args, rope)
         torch.cuda.synchronize()
         return time.perf_counter() - begin
 
@@ -370,6 +367,7 @@ def test_per_layer_tables_rotate_each_layer_with_its_own(direction: str) -> None
     (cos0, sin0), (cos1, sin1) = (s.cos_sin(NUM_POSITIONS, DEVICE) for s in (local, global_))
     cos, sin = torch.stack([cos0, cos1]), torch.stack([sin0, sin1])
     layer_tables = torch.tensor([1, 0, 1], dtype=torch.int64, device=DEVICE)
+    rope = RopeTables(cos, sin, case.style, layer_tables)
     rows, slots, canonical, serving = make_plan(case, gen)
     keys, values = make_cache(case, gen, fill=None if direction == "capture" else SENTINEL)
     slab_keys, slab_values = make_slab(case, gen, fill=SENTINEL if direction == "capture"
@@ -378,26 +376,26 @@ def test_per_layer_tables_rotate_each_layer_with_its_own(direction: str) -> None
     want_slab = slab_keys.clone()
     cache = chunked_rope.PagedKVPointers(keys, values)
     if direction == "inject":
-        chunked_rope.inject_(cache, slab_keys, slab_values, rows, slots, canonical, serving, cos,
-                             sin, case.style, layer_tables)
+        chunked_rope.inject_(cache, slab_keys, slab_values, rows, slots, canonical, serving,
+                             rope)
     else:
         chunked_rope.capture_(cache, slab_keys, slab_values, slots, rows, serving, canonical,
-                              cos, sin, case.style, layer_tables)
+                              rope)
     for layer, table in enumerate(layer_tables.tolist()):
-        one = [cos0, cos1][table], [sin0, sin1][table]
+        one = RopeTables([cos0, cos1][table], [sin0, sin1][table], case.style)
         if direction == "inject":
             reference.inject_(want_keys[layer:layer + 1], [values[layer].clone()],
                               slab_keys[layer:layer + 1], slab_values[layer:layer + 1], rows,
-                              slots, canonical, serving, *one, case.style)
+                              slots, canonical, serving, one)
             assert_matches(keys[layer], want_keys[layer])
         else:
             reference.capture_(keys[layer:layer + 1], values[layer:layer + 1],
                                want_slab[layer:layer + 1], slab_values[layer:layer + 1].clone(),
-                               slots, rows, serving, canonical, *one, case.style)
+                               slots, rows, serving, canonical, one)
             assert_matches(slab_keys[layer], want_slab[layer])
     moved = canonical != serving
     assert moved.any()
     assert not torch.equal(cos0, cos1)
     with pytest.raises(ValueError, match="layer_tables"):
-        chunked_rope.inject_(cache, slab_keys, slab_values, rows, slots, canonical, serving, cos,
-                             sin, case.style)
+        chunked_rope.inject_(cache, slab_keys, slab_values, rows, slots, canonical, serving,
+                             RopeTables(cos, sin, case.style))

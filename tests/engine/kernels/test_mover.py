@@ -41,13 +41,13 @@ def staged(parts: tuple[torch.Tensor, ...], start: int, count: int, capacity: in
 def test_every_launch_matches_the_reference(direction: str) -> None:
     case = Case(dtype=torch.bfloat16, lengths=(40, 41, 7, 13), num_rows=128, num_blocks=64)
     gen = torch.Generator().manual_seed(11)
-    cos, sin = tables(case)
+    rope = tables(case)
     rows, slots, canonical, serving = make_plan(case, gen)
     keys, values = make_cache(case, gen, fill=None if direction == "capture" else SENTINEL)
     slab_keys, slab_values = make_slab(case, gen, fill=SENTINEL if direction == "capture"
                                        else None)
     mover = BoundMover(chunked_rope.PagedKVPointers(keys, values), slab_keys, slab_values,
-                       cos, sin, case.style)
+                       rope)
     for step, (start, count) in enumerate(STEPS):
         want_keys, want_values = [k.clone() for k in keys], [v.clone() for v in values]
         want_slab_keys, want_slab_values = slab_keys.clone(), slab_values.clone()
@@ -56,14 +56,12 @@ def test_every_launch_matches_the_reference(direction: str) -> None:
             index = staged((rows, slots, canonical, serving), start, count, 128 + step)
             mover.inject(index)
             reference.inject_(want_keys, want_values, slab_keys, slab_values, rows[piece],
-                              slots[piece], canonical[piece], serving[piece], cos, sin,
-                              case.style)
+                              slots[piece], canonical[piece], serving[piece], rope)
         else:
             index = staged((rows, slots, serving, canonical), start, count, 128 + step)
             mover.capture(index)
             reference.capture_(keys, values, want_slab_keys, want_slab_values, slots[piece],
-                               rows[piece], serving[piece], canonical[piece], cos, sin,
-                               case.style)
+                               rows[piece], serving[piece], canonical[piece], rope)
         for got, want in zip([*keys, *values, slab_keys, slab_values],
                              [*want_keys, *want_values, want_slab_keys, want_slab_values]):
             assert_matches(got, want)
@@ -76,12 +74,12 @@ def test_an_index_in_pinned_host_memory_moves_what_a_device_index_moves() -> Non
     # The worker's zero-copy staging: the kernel reads the index where the host wrote it.
     case = Case(dtype=torch.bfloat16, lengths=(40, 41, 7, 13), num_rows=128, num_blocks=64)
     gen = torch.Generator().manual_seed(12)
-    cos, sin = tables(case)
+    rope = tables(case)
     rows, slots, canonical, serving = make_plan(case, gen)
     keys, values = make_cache(case, gen, fill=SENTINEL)
     slab_keys, slab_values = make_slab(case, gen, fill=None)
     mover = BoundMover(chunked_rope.PagedKVPointers(keys, values), slab_keys, slab_values,
-                       cos, sin, case.style)
+                       rope)
     for step, (start, count) in enumerate(STEPS):
         want_keys, want_values = [k.clone() for k in keys], [v.clone() for v in values]
         piece = slice(start, start + count)
@@ -90,7 +88,7 @@ def test_an_index_in_pinned_host_memory_moves_what_a_device_index_moves() -> Non
         pinned.copy_(host)
         mover.inject(pinned)
         reference.inject_(want_keys, want_values, slab_keys, slab_values, rows[piece],
-                          slots[piece], canonical[piece], serving[piece], cos, sin, case.style)
+                          slots[piece], canonical[piece], serving[piece], rope)
         for got, want in zip([*keys, *values], [*want_keys, *want_values]):
             assert_matches(got, want)
     assert mover.fast_launches == len(STEPS) - 1
@@ -105,7 +103,7 @@ def test_a_bad_index_is_refused_with_its_shape() -> None:
     keys, values = make_cache(case, gen, fill=0.0)
     slab_keys, slab_values = make_slab(case, gen, fill=0.0)
     mover = BoundMover(chunked_rope.PagedKVPointers(keys, values), slab_keys, slab_values,
-                       *tables(case), case.style)
+                       tables(case))
     good = torch.zeros(4, 8, dtype=torch.int64, device=DEVICE)
     strided = torch.zeros(8, 4, dtype=torch.int64, device=DEVICE).t()  # [4, 8], columns apart
     for bad in (good.int(), good[:3], strided, good[0]):

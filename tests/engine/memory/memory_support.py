@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from inferscale_engine.memory.embedder import Embedder
+from inferscale_engine.memory.search.embedder import Embedder
 
 SHORT_SYSTEM_PROMPT = "Memory:\n"
 """A short preamble: fewer tokens per save request, so big tests encode faster."""

@@ -17,7 +17,7 @@ import pytest
 from starlette.requests import Request
 
 from inferscale_engine.errors import InvalidRequestError
-from inferscale_engine.memory.filters import (
+from inferscale_engine.memory.search.filters import (
     MAX_FILTER_CHARS,
     MAX_FILTER_DEPTH,
     MAX_FILTER_LIST,
@@ -131,16 +131,16 @@ async def test_filtered_routes_leave_the_chats_pool_free(fresh_memory):
     """More filtered requests than asyncio's pool has threads, each stuck in its filter: a
     chat's retrieval (the seam's asyncio.to_thread) is still served."""
     from inferscale_engine.server import mem0_api
-    from inferscale_engine.server.seam import MemoryContext
+    from inferscale_engine.server.seam import SeamState
 
     memory = fresh_memory
     memory.add(user_id="ann", texts=FACTS[:3], metadata={"kind": "trip"})
     memory.add(user_id="bob", texts=FACTS[3:])
-    context = MemoryContext(memory)
+    shared = SeamState(memory)
 
     class App:
         class state:  # noqa: N801 - Starlette's app.state
-            inferscale = context
+            inferscale = shared
 
     request = Request({"type": "http", "method": "POST", "path": "/v3/memories/search/",
                        "headers": [], "app": App()})
@@ -159,5 +159,5 @@ async def test_filtered_routes_leave_the_chats_pool_free(fresh_memory):
     finally:
         blocking.release.set()
         results = await asyncio.gather(*searches, return_exceptions=True)
-        context.close()
+        shared.close()
     assert all(r == {"results": []} for r in results), results[:2]

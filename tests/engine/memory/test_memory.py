@@ -24,8 +24,8 @@ from inferscale_engine.errors import (
 )
 from inferscale_engine.facts import MemoryHandle
 from inferscale_engine.memory import Memory
-from inferscale_engine.memory.ingest import CONTEXT_KEY
-from inferscale_engine.memory.store import FactStore
+from inferscale_engine.memory.store.fact_store import FactStore
+from inferscale_engine.memory.store.reserved import CONTEXT_KEY
 from inferscale_engine.memory.types import AddResult, SearchResult
 from tests.conftest import FACTS, greedy, max_abs_diff
 from tests.engine.memory.memory_support import HashEmbedder

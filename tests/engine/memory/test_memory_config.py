@@ -11,8 +11,8 @@ from inferscale_engine.errors import ConfigError
 from inferscale_engine.facts import MemoryHandle
 from inferscale_engine.memory import Memory
 from inferscale_engine.memory.config import MemoryConfig
-from inferscale_engine.memory.fingerprint import stale_parts
-from inferscale_engine.memory.store import FactStore
+from inferscale_engine.memory.store.fact_store import FactStore
+from inferscale_engine.memory.store.fingerprint import stale_parts
 from tests.conftest import FACTS, engine_config, greedy, max_abs_diff
 
 

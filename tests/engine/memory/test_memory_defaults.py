@@ -13,7 +13,7 @@ import torch
 
 from inferscale_engine.config import EngineConfig
 from inferscale_engine.memory import Memory
-from inferscale_engine.memory.ingest import CONTEXT_KEY
+from inferscale_engine.memory.store.reserved import CONTEXT_KEY
 from inferscale_engine.prompting.layout import QUALITY_LAYOUT, USER_BLOCK_HEADER, Layout
 from tests.conftest import FACTS, greedy, running_engine
 from tests.engine.memory.memory_support import HashEmbedder

@@ -33,7 +33,7 @@ from inferscale_engine.errors import (
 )
 from inferscale_engine.facts import MemoryHandle
 from inferscale_engine.memory import Memory
-from inferscale_engine.memory.store import FactStore
+from inferscale_engine.memory.store.fact_store import FactStore
 from inferscale_engine.runtime.generation import from_output as _generation
 from tests.conftest import FACTS, greedy, running_engine
 from tests.engine.memory.memory_support import HashEmbedder

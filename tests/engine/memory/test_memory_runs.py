@@ -9,7 +9,7 @@ import torch
 
 from inferscale_engine.facts import MemoryHandle
 from inferscale_engine.memory import Memory
-from inferscale_engine.memory.ingest import CONTEXT_KEY
+from inferscale_engine.memory.store.reserved import CONTEXT_KEY
 from inferscale_engine.prompting.contexts import RunContext
 from tests.conftest import FACTS, greedy, max_abs_diff, running_engine
 from tests.engine.memory.memory_support import HashEmbedder

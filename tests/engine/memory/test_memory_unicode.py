@@ -7,7 +7,7 @@ import pytest
 
 from inferscale_engine.errors import InvalidFactError, InvalidUserIdError
 from inferscale_engine.memory import Memory
-from inferscale_engine.memory.embedder import Embedder
+from inferscale_engine.memory.search.embedder import Embedder
 from tests.conftest import running_engine
 
 pytestmark = pytest.mark.vllm

@@ -21,8 +21,8 @@ from inferscale_engine.errors import (
     RetrievalError,
 )
 from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL
-from inferscale_engine.memory.embedder import Embedder
-from inferscale_engine.memory.retrieval import RetrievalIndex, UserIndex
+from inferscale_engine.memory.search.embedder import Embedder
+from inferscale_engine.memory.search.index import RetrievalIndex, UserIndex
 
 DIM = 4
 
@@ -100,7 +100,7 @@ def test_query_tokenizer_gives_what_preprocess_gives(embedder, text):
 
 
 def test_query_tokenizer_falls_back_to_preprocess_when_they_differ(embedder):
-    from inferscale_engine.memory.embedder import _fast_tokenizer
+    from inferscale_engine.memory.search.embedder import _fast_tokenizer
 
     model = embedder._loaded()
 
@@ -453,7 +453,7 @@ def test_half_scan_rejects_a_bad_query_like_the_float32_scan():
 
 
 def test_half_copies_start_at_the_devices_threshold():
-    from inferscale_engine.memory.retrieval import HALF_SCAN_MIN_ROWS
+    from inferscale_engine.memory.search.index import HALF_SCAN_MIN_ROWS
 
     index = UserIndex(4)
     rows = HALF_SCAN_MIN_ROWS["cpu"]

@@ -13,7 +13,7 @@ import pytest
 
 from inferscale_engine.errors import FactNotFoundError
 from inferscale_engine.memory import Memory
-from inferscale_engine.memory.store import FactStore
+from inferscale_engine.memory.store.fact_store import FactStore
 from tests.conftest import FACTS, greedy
 from tests.engine.memory.memory_support import HashEmbedder
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from inferscale_engine.memory.ingest import similar_fact_contexts
-from inferscale_engine.memory.retrieval import RetrievalIndex
+from inferscale_engine.memory.search.index import RetrievalIndex
 from inferscale_engine.prompting.prompt import FACT_FORMAT
 
 STORED = {1: "Alice plays chess in Paris.", 2: "Bob feeds his two cats.",

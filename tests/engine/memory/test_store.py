@@ -15,6 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -36,17 +37,18 @@ from inferscale_engine.errors import (
     FactNotFoundError,
     InferScaleError,
     InvalidFactError,
+    InvalidRequestError,
     InvalidTurnError,
     InvalidUserIdError,
     StoreError,
 )
 from inferscale_engine.facts import Fact
-from inferscale_engine.memory.records import StoredFact, Turn
-from inferscale_engine.memory.sql import schema
-from inferscale_engine.memory.store import FactStore
+from inferscale_engine.memory.store import schema
+from inferscale_engine.memory.store.fact_store import FactStore
+from inferscale_engine.memory.store.records import StoredFact, Turn
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -363,7 +365,7 @@ def test_pragmas_and_schema(tmp_path):
 def test_a_new_database_and_the_folders_made_for_it_are_private(tmp_path):
     """SQLite only: facts are readable by their owner alone (file, -wal and -shm 0600; the
     folders open_store makes 0700); an existing folder keeps its mode."""
-    from inferscale_engine.memory.config import open_store
+    from inferscale_engine.memory.store import open_store
 
     def mode(path: Path) -> int:
         return path.stat().st_mode & 0o777
@@ -513,7 +515,7 @@ def test_concurrent_writers_and_readers(target, backend):
 # ---- durability under SIGKILL ------------------------------------------------------------------
 CHILD = """
 import sys
-from inferscale_engine.memory.store import FactStore
+from inferscale_engine.memory.store.fact_store import FactStore
 
 store = FactStore(sys.argv[1])
 batch = int(sys.argv[2])
@@ -663,6 +665,80 @@ def test_history_records_every_change_in_its_transaction_and_reset_erases_it(sto
     assert len(store.history(user_id="hist", fact_id=first)) == 2
     store.reset(user_id="hist")
     assert store.history(user_id="hist", fact_id=first) == []
+
+
+# ---- time on facts: validity, superseding, expiry -------------------------------------------
+def test_superseded_facts_stay_with_their_interval_and_the_chain_in_history(store):
+    old, other = add(store, "tim", ["Tim lives in Boston.", "Tim likes tea."],
+                     valid_from=[1000.0, None])
+    (new,) = add(store, "tim", ["Tim moved to Lisbon."], valid_from=2000.0)
+    before = store.user_version("tim")
+    assert store.supersede(user_id="tim", fact_ids=[old], by=new) == [old]
+    assert store.user_version("tim") > before
+    stored = {f.fact_id: f for f in store.get_all(user_id="tim")}
+    assert (stored[old].valid_from, stored[old].valid_to, stored[old].superseded_by) == (
+        1000.0, 2000.0, new)  # stopped when the newer fact began
+    assert stored[other].valid_from is None and stored[other].since == stored[other].created_at
+    assert stored[new].valid_to is None and stored[new].superseded_by is None
+    # as of a date: which facts were true then
+    assert stored[old].current(1500.0) and not stored[new].current(1500.0)
+    assert not stored[old].current(2500.0) and stored[new].current(2500.0)
+    assert not stored[old].current(999.0)
+    item = stored[old].to_item()
+    assert (item.valid_from, item.valid_to, item.superseded_by) == (1000.0, 2000.0, new)
+    assert [(e.event, e.old_text, e.new_text) for e in store.history(user_id="tim", fact_id=old)
+            ] == [("ADD", None, "Tim lives in Boston."),
+                  ("SUPERSEDE", "Tim lives in Boston.", "Tim moved to Lisbon.")]
+    # superseding again changes nothing; an explicit time wins
+    assert store.supersede(user_id="tim", fact_ids=[old], by=new) == []
+    assert store.supersede(user_id="tim", fact_ids=[other], by=new, at=1234.5) == [other]
+    assert store.get(user_id="tim", fact_ids=[other])[0].valid_to == 1234.5
+
+
+def test_supersede_refuses_foreign_unknown_and_self_and_changes_nothing(store):
+    (mine,) = add(store, "ann", ["Ann works at Acme."])
+    (theirs,) = add(store, "bob", ["Bob works at Initech."])
+    (newer,) = add(store, "ann", ["Ann works at Globex."])
+    with pytest.raises(FactNotFoundError):
+        store.supersede(user_id="ann", fact_ids=[mine, theirs], by=newer)
+    with pytest.raises(FactNotFoundError):
+        store.supersede(user_id="ann", fact_ids=[mine], by=theirs)
+    with pytest.raises(InvalidRequestError, match="cannot supersede itself"):
+        store.supersede(user_id="ann", fact_ids=[mine, newer], by=newer)
+    assert all(f.valid_to is None for f in store.get_all(user_id="ann") + store.get_all(
+        user_id="bob"))
+    assert [e.event for e in store.history(user_id="ann", fact_id=mine)] == ["ADD"]
+
+
+def test_expiry_is_stored_listed_in_order_and_a_sweep_records_expire(store):
+    soon, later, never = add(store, "eve", ["a", "b", "c"], expires_at=[100.0, 200.0, None])
+    (other,) = add(store, "zed", ["z"], expires_at=50.0)
+    assert store.expired(now=10.0) == []
+    assert store.expired(now=150.0) == [("zed", other), ("eve", soon)]
+    assert store.expired(now=1e12, limit=1) == [("zed", other)]
+    fact, kept = store.get(user_id="eve", fact_ids=[soon, never])
+    assert fact.expires_at == 100.0 and not fact.current(time.time())  # expired long ago
+    assert kept.expires_at is None and kept.current(time.time())
+    store.delete(user_id="eve", fact_ids=[soon], event="EXPIRE")
+    assert [e.event for e in store.history(user_id="eve", fact_id=soon)] == ["ADD", "EXPIRE"]
+    assert store.expired(now=150.0) == [("zed", other)]
+    with pytest.raises(InvalidRequestError, match="DELETE or EXPIRE"):
+        store.delete(user_id="eve", fact_ids=[later], event="FORGET")
+    assert len(store.get_all(user_id="eve")) == 2
+
+
+@pytest.mark.parametrize(("field", "value"), [("valid_from", "yesterday"), ("expires_at", True),
+                                              ("valid_from", float("nan")),
+                                              ("expires_at", [1.0])])
+def test_bad_times_are_refused_and_nothing_is_stored(store, field, value):
+    with pytest.raises(InvalidFactError, match=field):
+        add(store, "bad", ["x", "y"], **{field: value})
+    assert store.count(user_id="bad") == 0
+
+
+def test_a_pending_fact_is_marked(store):
+    (fact,) = add(store, "pat", ["later"], pending=True)
+    assert store.get(user_id="pat", fact_ids=[fact])[0].pending
 
 
 # ---- per-user versions (how replicas sharing a database notice each other's writes) ----------

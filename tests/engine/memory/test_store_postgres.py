@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from inferscale_engine.errors import ConfigError, StoreError
-from inferscale_engine.memory import history
-from inferscale_engine.memory.config import MemoryConfig, open_store
-from inferscale_engine.memory.sql.postgres import redact
-from inferscale_engine.memory.store import FactStore
+from inferscale_engine.memory.config import MemoryConfig
+from inferscale_engine.memory.store import history, open_store
+from inferscale_engine.memory.store.fact_store import FactStore
+from inferscale_engine.memory.store.sql.postgres import redact
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -87,7 +87,7 @@ def hold_inside_transaction(monkeypatch, user_id: str) -> tuple[threading.Event,
 # ---- several processes on one database ---------------------------------------------------------
 WRITER = """
 import sys, time
-from inferscale_engine.memory.store import FactStore
+from inferscale_engine.memory.store.fact_store import FactStore
 
 url, n, fact_id, start = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 with FactStore(url) as store:
@@ -128,7 +128,7 @@ def test_processes_writing_one_database_lose_nothing(postgres_url):
 
 OPENER = """
 import sys, time
-from inferscale_engine.memory.store import FactStore
+from inferscale_engine.memory.store.fact_store import FactStore
 
 url, n, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
 time.sleep(max(0.0, start - time.time()))
@@ -341,7 +341,7 @@ def test_text_is_stored_as_written_and_nul_escaped(postgres_url):
 
     with FactStore(postgres_url) as fact_store:
         add(fact_store, "u", ["plain text é 🧠", "with\x00nul"])
-        assert fact_store.schema_version == 4
+        assert fact_store.schema_version == 5
     with psycopg.connect(postgres_url) as raw:
         texts = [r[0] for r in raw.execute("SELECT text FROM facts ORDER BY fact_id")]
         tables = {r[0] for r in raw.execute(

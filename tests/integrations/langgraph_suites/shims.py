@@ -11,7 +11,7 @@ place. Every construction makes a KVMemoryStore over a fresh Memory on the packa
   Memory's embedder and its fields the store's `fields`; without an index, the tests' hashed
   bag-of-words embedder;
 - `ttl=` is accepted and not applied: KVMemoryStore has no TTL yet (issue 54), and the tests
-  that check expiry are skipped with that reason (SKIPS in suites.py);
+  that check expiry are skipped with that reason (SKIPS in test_langgraph_suites.py);
 - `setup()`, `start_ttl_sweeper()`, `stop_ttl_sweeper()`, `MIGRATIONS` and PostgresStore's
   `_cursor()`, which the fixtures call while constructing, do what construction needs (Memory
   migrates its database when it opens it; `_cursor` opens a cursor on the test's database);
@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from langgraph.store.base.embed import ensure_embeddings
 
-from inferscale_engine.memory.embedder import Embedder
+from inferscale_engine.memory.search.embedder import Embedder
 from inferscale_integrations.langchain.store import KVMemoryStore
 from tests.engine.memory.memory_support import HashEmbedder
 
@@ -66,13 +66,17 @@ def _build(store: KVMemoryStore, database: str, index: dict[str, Any] | None,
            fields_key: str) -> None:
     """Make `store` a KVMemoryStore over a new Memory on `database`."""
     from inferscale_engine.memory import Memory
-    from inferscale_engine.memory.store import FactStore
+    from inferscale_engine.memory.store.fact_store import FactStore
 
     index = dict(index or {})
     embedder = LangChainEmbedder(index["embed"]) if index.get("embed") else HashEmbedder()
     fact_store = FactStore(database)
     _first_fact_id(fact_store, (len(OPENED) + 1) * FACT_IDS_PER_STORE)
     memory = Memory(ENGINE[0], fact_store, embedder, progress_bar=False, encode_on_add=False)
+    # A Memory owns its engine's fact ids (one Memory per Engine); the stores of a test share
+    # the package's engine instead, their ids kept apart by _first_fact_id, so each gives its
+    # claim back at once.
+    ENGINE[0].release_fact_ids(memory)
     OPENED.append(memory)
     CLOSE.append(fact_store)
     store._fact_store = fact_store  # type: ignore[attr-defined]

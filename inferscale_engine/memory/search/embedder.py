@@ -129,11 +129,12 @@ class _QueryEncoder:
     """One text through the sentence-transformers pipeline without encode()'s bookkeeping.
 
     On CUDA the whole pipeline (transformer, pooling, normalization) is replayed from a CUDA graph
-    captured per padded length bucket on first use: a 6-layer MiniLM query goes from ~7 ms of
-    eager launches to one replay. Padding is masked, so the vector equals the eager one up to
-    float rounding. Any failure to capture turns graphs off for good (eager from then on).
+    captured per padded length bucket on first use: one replay instead of the eager launches
+    (docs/benchmarks.md: the defaults' figures). Padding is masked, so the vector equals the
+    eager one up to float rounding. Any failure to capture turns graphs off for good (eager from
+    then on).
     The text is tokenized by a private copy of the model's Rust tokenizer when that gives what
-    the model's preprocess() gives (checked once); preprocess() costs ~4x more host time.
+    the model's preprocess() gives (checked once); preprocess() costs more host time.
     Callers serialize access (Embedder's lock).
     """
 

@@ -1,4 +1,4 @@
-"""ServedFacts: the facts Memory has registered with the engine and indexed for search.
+"""RegisteredFacts: the facts Memory has registered with the engine and indexed for search.
 
 A durable fact is servable once the engine knows it (its KV encoded now or on first use) and
 the retrieval index holds its embedding; search may only return such facts. At start-up every
@@ -12,7 +12,12 @@ whenever the store's version of that user moved (another replica wrote), so whic
 serves a user serves exactly what the store holds. The users read this way are held in an LRU
 of `max_users`: the least recently served one beyond it is released (its facts leave the
 engine, their disk entries kept, and the index) and read again on its next use, so the state a
-process holds does not grow with every user id it is asked about.
+process holds does not grow with every user id it is asked about. The version is read before
+Memory's lock is taken (version(); scope.py), the facts only when it moved (sync()).
+
+An add's facts are durable and staged (stage()) before they are registered in chunks
+(register_in_chunks): until then they are stored but not served. That step is where a
+background worker takes over when adds return before their KV is encoded.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import json
 import logging
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from functools import partial
 
 import torch
@@ -29,20 +35,23 @@ from tqdm import tqdm
 from inferscale_engine.errors import EngineClosedError, InvalidFactError
 from inferscale_engine.facts import Fact, FactId
 from inferscale_engine.memory.config import DEFAULT_MAX_SERVED_USERS, check_max_served_users
-from inferscale_engine.memory.fingerprint import fingerprint, refresh, stale_parts
-from inferscale_engine.memory.ingest import stored_context
-from inferscale_engine.memory.records import StoredFact
-from inferscale_engine.memory.retrieval import RetrievalIndex
-from inferscale_engine.memory.store import FactStore
+from inferscale_engine.memory.gate import InteractiveGate
+from inferscale_engine.memory.search.index import RetrievalIndex
+from inferscale_engine.memory.store.fact_store import FactStore
+from inferscale_engine.memory.store.fingerprint import fingerprint, refresh, stale_parts
+from inferscale_engine.memory.store.records import StoredFact
+from inferscale_engine.memory.store.reserved import stored_context
 from inferscale_engine.runtime.engine import Engine
 
 logger = logging.getLogger(__name__)
 
 _BATCH = 256
 """Facts per engine registration call at start-up."""
+_PROGRESS_FROM = 256
+"""Adds of this many facts show a progress bar (on a terminal) while their KV is encoded."""
 
 
-class ServedFacts:
+class RegisteredFacts:
     """Fact ids -> Facts that are registered with the engine and in the index."""
 
     def __init__(self, engine: Engine, index: RetrievalIndex, counters: Counter[str],
@@ -56,6 +65,8 @@ class ServedFacts:
         self._versions: OrderedDict[str, int] = OrderedDict()
         """Per user read from a shared store, the version its served facts were last read at
         (sync); least recently served first."""
+        self._since: dict[FactId, float] = {}
+        """When each served fact became true (its valid_from, else created_at)."""
         self._staged: set[int] = set()
         """Ids of facts an add has stored but not yet registered (Memory registers them in
         chunks); a delete or update meanwhile takes them out, so they are never served."""
@@ -82,6 +93,10 @@ class ServedFacts:
         fact = self._facts.get(fact_id)
         return fact.text if fact is not None else None
 
+    def since(self, fact_id: FactId) -> float | None:
+        """When a served fact became true, or None (not served)."""
+        return self._since.get(fact_id)
+
     def prompt_line(self, fact_id: FactId) -> tuple[str, int] | None:
         """(text, tokens of its prompt line) of a served fact, or None."""
         fact = self._facts.get(fact_id)
@@ -94,6 +109,7 @@ class ServedFacts:
         the engine refuses (e.g. over a lowered max_fact_tokens) stays in the store but is not
         served; it is logged and counted.
         """
+        stored = [f for f in stored if f.valid_to is None]  # superseded facts are not served
         if not stored:
             return
         facts = [f.to_fact() for f in stored]
@@ -120,7 +136,24 @@ class ServedFacts:
         self._index.add(user_id=user_id, fact_ids=ids, embeddings=torch.stack(
             [torch.from_numpy(f.embedding_array().copy()) for f in stored]))
         self._facts.update((f.fact_id, f) for f in facts)
+        self._since.update((f.fact_id, f.since) for f in stored)
         self._by_user.setdefault(user_id, set()).update(ids)
+
+    def register_historic(self, user_id: str, stored: Sequence[StoredFact]) -> None:
+        """Make superseded facts servable for an as-of read.
+
+        The engine knows them (KV built on first use); the index does not, so search of the
+        present never finds them.
+        """
+        fresh = [f for f in stored if f.fact_id not in self._facts]
+        if not fresh:
+            return
+        self._engine.add_tokenized_facts([f.to_fact() for f in fresh],
+                                         [stored_context(f.metadata) for f in fresh],
+                                         encode=False)
+        self._facts.update((f.fact_id, f.to_fact()) for f in fresh)
+        self._by_user.setdefault(user_id, set()).update(f.fact_id for f in fresh)
+        self._counters["historic_facts"] += len(fresh)
 
     def stage(self, fact_ids: Iterable[int]) -> None:
         """Note facts just stored, to be registered by register_staged."""
@@ -132,6 +165,22 @@ class ServedFacts:
         self._staged.difference_update(f.fact_id for f in chunk)
         self.register(user_id, chunk, encode)
 
+    def register_in_chunks(self, user_id: str, stored: list[StoredFact], encode: bool,
+                           gate: InteractiveGate,
+                           locked: Callable[[], AbstractContextManager[None]]) -> None:
+        """Make an add's stored facts servable (encoding their KV), in chunks.
+
+        The write is already durable; between chunks, interactive calls of other users go
+        first (InteractiveGate), and each chunk holds the Memory's lock (`locked`) only while
+        it works.
+        """
+        with tqdm(total=len(stored), unit="fact", desc="InferScale: encoding facts",
+                  disable=None if len(stored) >= _PROGRESS_FROM else True) as bar:
+            for lo, hi in gate.chunks(len(stored)):
+                with locked():
+                    self.register_staged(user_id, stored[lo:hi], encode)
+                bar.update(hi - lo)
+
     def forget(self, user_id: str, fact_ids: Sequence[int]) -> None:
         """Drop deleted facts from the engine (freeing their KV) and from the index."""
         self._staged.difference_update(fact_ids)
@@ -141,6 +190,7 @@ class ServedFacts:
             self._index.remove(user_id=user_id, fact_ids=known)
             for fact_id in known:
                 del self._facts[fact_id]
+                self._since.pop(fact_id, None)
             held = self._by_user.get(user_id, set())
             held.difference_update(known)
             if not held:  # a user with no facts left holds no state
@@ -156,6 +206,7 @@ class ServedFacts:
                 self._engine.delete(user_id, ids, keep_disk=True)
         finally:
             self._facts.clear()
+            self._since.clear()
             self._by_user.clear()
             self._versions.clear()
 
@@ -170,21 +221,30 @@ class ServedFacts:
             if version == self._versions[user_id] + 1:
                 self._versions[user_id] = version
 
-    def sync(self, store: FactStore, user_id: str) -> None:
-        """Serve what a shared store holds for the user now (no-op for a private store).
+    def version(self, store: FactStore, user_id: str) -> int | None:
+        """The user's version in a shared store (one primary-key read), None for a private one.
 
-        One primary-key read when nothing changed. When another process wrote the user, facts
-        deleted or changed there are forgotten here and new ones registered (their KV is built
-        on first use: from the disk tier if it holds them, else encoded). Facts an add of this
-        process is still registering are left to it.
+        Read before the lock is taken (scope.py) and before the user's facts: a write after
+        this read moves the version again, so the next request syncs again.
         """
-        if not store.shared:
+        return store.user_version(user_id) if store.shared else None
+
+    def sync(self, store: FactStore, user_id: str, version: int | None) -> None:
+        """Serve what a shared store holds for the user at `version` (see version()).
+
+        Nothing to do when the version is the one last read (the version cache) or the store
+        is private (None). When another process wrote the user, facts deleted or changed there
+        are forgotten here and new ones registered (their KV is built on first use: from the
+        disk tier if it holds them, else encoded). Facts an add of this process is still
+        registering are left to it.
+        """
+        if version is None:
             return
-        version = store.user_version(user_id)  # read first: a later write syncs again
-        if self._versions.get(user_id) == version:
+        held = self._versions.get(user_id)
+        if held is not None and version <= held:  # read before a write this process synced
             self._versions.move_to_end(user_id)
             return
-        current = {f.fact_id: f for f in store.get_all(user_id=user_id)}
+        current = {f.fact_id: f for f in store.get_all(user_id=user_id) if f.valid_to is None}
         stale = [i for i in self._by_user.get(user_id, ()) if i not in current
                  or _changed(self._facts[i], current[i])]
         self.forget(user_id, stale)
@@ -210,9 +270,10 @@ class ServedFacts:
             self._index.remove(user_id=user_id, fact_ids=ids)
             for fact_id in ids:
                 del self._facts[fact_id]
+                self._since.pop(fact_id, None)
         self._counters["released_users"] += 1
 
-    def load(self, store: FactStore, embedder_name: str,
+    def register_stored(self, store: FactStore, embedder_name: str,
              embed: Callable[[list[str]], torch.Tensor], encode: bool,
              progress_bar: bool | None) -> None:
         """Register every stored fact, per user in batches; first recompute stale data."""

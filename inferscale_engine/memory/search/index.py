@@ -1,14 +1,15 @@
 """Per-user cosine top-k retrieval: one embedding matrix per user on a torch device.
 
-A user's search only ever scores that user's facts. Embeddings come from memory.embedder.
+A user's search only ever scores that user's facts. Embeddings come from search/embedder.py.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ParamSpec, TypeVar, cast
 
 import numpy as np
 import torch
@@ -17,17 +18,18 @@ import torch.nn.functional as F
 from inferscale_engine.checks import check_half_scan_min_rows, check_user_id
 from inferscale_engine.errors import ConfigError, FactNotFoundError, RetrievalError
 from inferscale_engine.facts import FactId
-from inferscale_engine.memory.embedder import resolve_device
+from inferscale_engine.memory.search.embedder import resolve_device
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 _NEAREST_CHUNK_ROWS = 256
 """Rows per score matrix in similar_many: [256, 100k] float32 is 100 MB."""
 
 HALF_SCAN_MIN_ROWS = {"cuda": 524_288, "cpu": 8_192}
 """Per device type, from how many rows an index also keeps float16 copies of its rows and scans
-those (half the bytes of the memory-bound scan), then re-ranks the best candidates in float32.
-Where the halved scan outweighs the extra steps (benchmarks/gpu/search_probe.py, one query end to
-end, float32 / float16 scan): H200 300k rows 1.07 / 1.11 ms, 1M rows 1.21 / 1.08 ms; 2 EPYC
-cores 10k rows 8.1 / 7.5 ms, 100k 18.6 / 9.8 ms. Other device types: never."""
+those (half the bytes of the memory-bound scan), then re-ranks the best candidates in float32:
+where the halved scan outweighs the extra steps (docs/benchmarks.md: the defaults'
+figures). Other device types: never."""
 
 _HALF_SCORE_ERROR = 2e-3
 """Bound on |float16 score - float32 score| for unit vectors: rounding both vectors to float16
@@ -229,6 +231,15 @@ class UserIndex:
             self._half = half
 
 
+def _verb(call: Callable[_P, _R]) -> Callable[_P, _R]:
+    """An index verb: its `user_id` keyword checked and normalized (the index's one check)."""
+    @functools.wraps(call)
+    def checked(*args: Any, **kwargs: Any) -> _R:
+        kwargs["user_id"] = check_user_id(kwargs["user_id"])
+        return call(*args, **kwargs)
+    return cast(Callable[_P, _R], checked)
+
+
 class RetrievalIndex:
     """A separate UserIndex per user on one device. Thread-safe."""
 
@@ -247,9 +258,9 @@ class RetrievalIndex:
         self._users: dict[str, UserIndex] = {}
         self._lock = threading.RLock()
 
+    @_verb
     def add(self, *, user_id: str, fact_ids: Sequence[int], embeddings: Any) -> None:
         """Index (or re-index) a user's facts; embeddings: [len(fact_ids), dim]."""
-        user_id = check_user_id(user_id)
         ids = _check_fact_ids(fact_ids)
         vectors = _to_tensor(embeddings, self._device, "embeddings")
         if not ids and not vectors.numel():
@@ -266,9 +277,9 @@ class RetrievalIndex:
             self._dim = index.dim
             self._users[user_id] = index
 
+    @_verb
     def remove(self, *, user_id: str, fact_ids: Iterable[int]) -> None:
         """Remove a user's facts; FactNotFoundError (nothing removed) if one is not indexed."""
-        user_id = check_user_id(user_id)
         with self._lock:
             index = self._users.get(user_id)
             if index is None:
@@ -277,10 +288,10 @@ class RetrievalIndex:
             if not len(index):
                 del self._users[user_id]  # frees the user's device memory
 
+    @_verb
     def search(self, *, user_id: str, query_embedding: Any,
                k: int) -> list[tuple[FactId, float]]:
         """The user's k most similar facts, best first; [] for a user with none."""
-        user_id = check_user_id(user_id)
         with self._lock:
             index = self._users.get(user_id)
             if index is None:
@@ -292,22 +303,22 @@ class RetrievalIndex:
         hits = self.search(user_id=user_id, query_embedding=embedding, k=1)
         return hits[0] if hits else None
 
+    @_verb
     def similar_many(self, *, user_id: str, embeddings: Any, threshold: float, limit: int = 8
                      ) -> list[list[tuple[FactId, float]]]:
         """Per row of embeddings [n, dim], the user's facts with cosine >= threshold.
 
         At most `limit` per row, most similar first.
         """
-        user_id = check_user_id(user_id)
         with self._lock:
             index = self._users.get(user_id)
             if index is None:
                 return [[] for _ in range(len(embeddings))]
             return index.similar_many(embeddings, threshold, limit)
 
+    @_verb
     def drop_user(self, *, user_id: str) -> None:
         """Forget a user's index (no-op for an unknown user)."""
-        user_id = check_user_id(user_id)
         with self._lock:
             self._users.pop(user_id, None)
 

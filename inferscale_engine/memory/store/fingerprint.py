@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from inferscale_engine.config import EngineConfig
-from inferscale_engine.memory.records import StoredFact
-from inferscale_engine.memory.store import FactStore
+from inferscale_engine.memory.store.fact_store import FactStore
+from inferscale_engine.memory.store.records import StoredFact
 from inferscale_engine.prompting.prompt import FACT_FORMAT
 from inferscale_engine.protocol.plan import PLAN_VERSION
 

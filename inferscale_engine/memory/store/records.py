@@ -16,6 +16,7 @@ import numpy as np
 from inferscale_engine.checks import check_list, check_role, check_str, json_object
 from inferscale_engine.errors import InvalidFactError, InvalidTurnError
 from inferscale_engine.facts import Fact, FactId
+from inferscale_engine.memory.types import MemoryItem
 
 TOKEN_DTYPE = np.dtype("<i4")
 EMBEDDING_DTYPE = np.dtype("<f4")
@@ -42,6 +43,26 @@ class StoredFact:
     """The agent scope the fact was added in (Memory's records; None in the store's)."""
     run_id: str | None = None
     """The run scope the fact was added in (likewise)."""
+    valid_from: float | None = None
+    """When the fact became true (add's timestamp); None: when it was added (created_at)."""
+    valid_to: float | None = None
+    """When a newer fact superseded it (None: current)."""
+    superseded_by: FactId | None = None
+    """The fact that superseded it."""
+    expires_at: float | None = None
+    """When it expires (None: never); an expired fact is never served."""
+    pending: bool = False
+    """Its embedding and KV are still being made (an asynchronous add)."""
+
+    @property
+    def since(self) -> float:
+        """When the fact became true: valid_from, else created_at."""
+        return self.created_at if self.valid_from is None else self.valid_from
+
+    def current(self, at: float) -> bool:
+        """True if the fact was true and not expired at time `at` (seconds since the epoch)."""
+        return (self.since <= at and (self.valid_to is None or at < self.valid_to)
+                and (self.expires_at is None or at < self.expires_at))
 
     def embedding_array(self) -> np.ndarray:
         """The embedding as a read-only float32 vector [dim] (a view, no copy)."""
@@ -50,6 +71,13 @@ class StoredFact:
     def to_fact(self) -> Fact:
         """The app-facing Fact (id, user, text, token ids)."""
         return Fact(self.fact_id, self.user_id, self.text, self.token_ids)
+
+    def to_item(self, score: float | None = None) -> MemoryItem:
+        """The user-facing MemoryItem (metadata as held here: Memory's records are public)."""
+        return MemoryItem(self.fact_id, self.user_id, self.text, score, dict(self.metadata),
+                          self.session_id, self.created_at, self.updated_at, self.agent_id,
+                          self.run_id, self.valid_from, self.valid_to, self.superseded_by,
+                          self.expires_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +165,11 @@ def turn_rows(turns: object) -> list[tuple[str, str]]:
 
 def fact_from_row(row: tuple[Any, ...]) -> StoredFact:
     """A StoredFact from a row of the facts table."""
-    fact_id, user_id, session_id, text, tokens, embedding, metadata, created, updated = row
+    (fact_id, user_id, session_id, text, tokens, embedding, metadata, created, updated,
+     valid_from, valid_to, superseded_by, expires_at, pending) = row
     return StoredFact(FactId(fact_id), user_id, session_id, text,
                       tuple(np.frombuffer(tokens, dtype=TOKEN_DTYPE).tolist()), bytes(embedding),
-                      json.loads(metadata), created, updated)
+                      json.loads(metadata), created, updated, valid_from=valid_from,
+                      valid_to=valid_to,
+                      superseded_by=None if superseded_by is None else FactId(superseded_by),
+                      expires_at=expires_at, pending=bool(pending))

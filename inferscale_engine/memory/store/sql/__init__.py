@@ -1,11 +1,10 @@
 """The databases under FactStore: one small object per kind, behind one contract.
 
-store.py chooses one by its target (open_database) and runs the same SQL on either.
+fact_store.py chooses one by its target (open_database) and runs the same SQL on either.
 
   database.py  Database: what FactStore runs SQL through (a lock, transactions, StoreError)
   sqlite.py    SqliteDatabase: a file or ':memory:', one process (the default)
   postgres.py  PostgresDatabase: a postgresql:// URL, shared by several processes
-  schema.py    the migration steps of both, the meta table, per-user versions
 """
 
 from __future__ import annotations
@@ -13,9 +12,9 @@ from __future__ import annotations
 import re
 
 from inferscale_engine.errors import ConfigError
-from inferscale_engine.memory.sql.database import Database
-from inferscale_engine.memory.sql.postgres import PostgresDatabase, is_postgres_url, redact
-from inferscale_engine.memory.sql.sqlite import SqliteDatabase
+from inferscale_engine.memory.store.sql.database import Database
+from inferscale_engine.memory.store.sql.postgres import PostgresDatabase, is_postgres_url, redact
+from inferscale_engine.memory.store.sql.sqlite import SqliteDatabase
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 

@@ -1,6 +1,6 @@
 """The worker's lower tiers of fact KV: pinned host RAM (warm) and local disk (cold).
 
-The GPU slab (slab.py) is the hot tier. The app decides what moves where (runtime/tiers.py,
+The GPU slab (slab.py) is the hot tier. The app decides what moves where (runtime/tier_manager.py,
 deterministic so every tensor-parallel rank agrees) and calls these through the worker
 extension (control.py); each rank moves its own KV heads.
 

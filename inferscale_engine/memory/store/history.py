@@ -1,6 +1,6 @@
-"""Each fact's history: every ADD, UPDATE and DELETE with the old and new text and the time.
+"""Each fact's history: every ADD, UPDATE, SUPERSEDE, EXPIRE and DELETE, texts and time.
 
-Rows are written in the same transaction as the change they record (store.py), so history and
+Rows are written in the same transaction as the change they record (fact_store.py), so history and
 facts never disagree, on either database (sql/). A user's reset erases the user's history too:
 a deleted user leaves no text behind. Schema step 3 creates the table and records an ADD for
 every fact already stored.
@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from inferscale_engine.memory.sql.database import Database
+    from inferscale_engine.memory.store.sql.database import Database
 
-EVENTS = ("ADD", "UPDATE", "DELETE")
+EVENTS = ("ADD", "UPDATE", "DELETE", "SUPERSEDE", "EXPIRE")
+"""SUPERSEDE: a newer fact replaced it (new_text: the newer fact's text); EXPIRE: its
+expiration passed and a sweep deleted it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +28,7 @@ class HistoryEvent:
     fact_id: int
     user_id: str
     event: str
-    """ADD, UPDATE or DELETE."""
+    """One of EVENTS."""
     old_text: str | None
     new_text: str | None
     created_at: float

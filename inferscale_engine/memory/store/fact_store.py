@@ -9,30 +9,30 @@ sql/ holds what differs between them, so this module is the same for both.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 from inferscale_engine.checks import (
     check_fact_ids,
     check_int,
     check_list,
     check_text,
-    check_user_id,
 )
 from inferscale_engine.errors import (
     ConfigError,
     FactNotFoundError,
     InvalidFactError,
+    InvalidRequestError,
     InvalidTurnError,
 )
 from inferscale_engine.facts import FactId
-from inferscale_engine.memory import history
-from inferscale_engine.memory import turns as turn_log
-from inferscale_engine.memory.records import (
+from inferscale_engine.memory.store import history, schema, validity
+from inferscale_engine.memory.store import sessions as turn_log
+from inferscale_engine.memory.store.records import (
     StoredFact,
     Turn,
     embedding_blob,
@@ -41,32 +41,16 @@ from inferscale_engine.memory.records import (
     token_blob,
     turn_rows,
 )
-from inferscale_engine.memory.sql import Database, open_database, schema
-from inferscale_engine.memory.sql.database import ConnectionLostError
+from inferscale_engine.memory.store.sql import Database, is_url, open_database
+from inferscale_engine.memory.store.sql.database import retried
+from inferscale_engine.memory.store.sql.sqlite import private_folder
+from inferscale_engine.memory.store.verbs import store_verb
 
 _IDS_PER_QUERY = 500  # stays under SQLITE_MAX_VARIABLE_NUMBER of every SQLite build (999)
 _FACT_COLUMNS = ("fact_id, user_id, session_id, text, token_ids, embedding, metadata, "
-                 "created_at, updated_at")
-_TURN_COLUMNS = "turn_id, user_id, session_id, role, content, created_at"
+                 "created_at, updated_at, valid_from, valid_to, superseded_by, expires_at, "
+                 "pending")
 _FINGERPRINT_KEY = "fingerprint"
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-def _retried(call: Callable[_P, _R]) -> Callable[_P, _R]:
-    """The call, run once more if its connection was lost before it did anything.
-
-    A restart or failover of PostgreSQL drops every open connection; the call that finds its
-    connection dead wrote nothing (ConnectionLostError), so it runs again, once, on a checked
-    connection. A second loss, or one while committing, reaches the caller as a StoreError.
-    """
-    @functools.wraps(call)
-    def once_more(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        try:
-            return call(*args, **kwargs)
-        except ConnectionLostError:
-            return call(*args, **kwargs)
-    return once_more
 
 
 class FactStore:
@@ -97,7 +81,7 @@ class FactStore:
         self._db: Database = open_database(os.fspath(path), synchronous=synchronous,
                                            busy_timeout_ms=busy_timeout_ms)
         try:
-            _retried(schema.migrate)(self._db)
+            retried(schema.migrate)(self._db)
         except BaseException:
             self._db.close()
             raise
@@ -116,12 +100,15 @@ class FactStore:
         return self._db.shared
 
     # ---- facts -------------------------------------------------------------------------
-    @_retried
+    @store_verb
     def add_facts(self, *, user_id: str, texts: Sequence[str],
                   token_ids: Sequence[Sequence[int]], embeddings: Sequence[Any],
                   metadata: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
                   session_id: str | None = None,
-                  turns: Sequence[tuple[str, str]] = ()) -> list[FactId]:
+                  turns: Sequence[tuple[str, str]] = (),
+                  valid_from: float | Sequence[float | None] | None = None,
+                  expires_at: float | Sequence[float | None] | None = None,
+                  pending: bool = False) -> list[FactId]:
         """Store facts (and the turns they came from) in one transaction; returns fact ids.
 
         Args:
@@ -134,13 +121,17 @@ class FactStore:
             session_id: conversation the facts came from, if any.
             turns: (role, content) messages appended to the session in the same transaction
                 (see add_turns).
+            valid_from: when each fact became true (seconds since the epoch; one value for all,
+                or one per fact; None: when added).
+            expires_at: when each fact expires (likewise; None: never).
+            pending: their embeddings and KV are still to be made (an asynchronous add; the
+                embeddings given stand in until set_embedding).
 
         Raises:
             InvalidUserIdError / InvalidFactError / InvalidTurnError: an argument is invalid;
                 nothing is stored.
             StoreError: the database write failed; nothing is stored.
         """
-        user_id = check_user_id(user_id)
         texts = check_list(texts, "texts", InvalidFactError)
         num_facts = len(texts)
         texts = [check_text(t, f"texts[{i}]", InvalidFactError, strip=False)
@@ -158,29 +149,33 @@ class FactStore:
         if session_id is not None:
             session_id = check_text(session_id, "session_id", InvalidFactError, strip=False)
         turn_list = turn_rows(turns)
+        starts = validity.times(valid_from, "valid_from", num_facts)
+        ends = validity.times(expires_at, "expires_at", num_facts)
         now = time.time()
         with self._db.transaction("add_facts") as db:
             if texts:
                 schema.bump_user_version(db, user_id)
-            _insert_turns(db, user_id, session_id, turn_list, now)
+            turn_log.insert(db, user_id, session_id, turn_list, now)
             ids = [FactId(i) for i in db.insert(
                 "INSERT INTO facts (user_id, session_id, text, token_ids, embedding, metadata, "
-                "created_at, updated_at, content_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(user_id, session_id, text, tokens, embedding, meta, now, now, _hash(text))
-                 for text, tokens, embedding, meta in
-                 zip(texts, token_blobs, embedding_blobs, metadata_rows, strict=True)],
+                "created_at, updated_at, content_hash, valid_from, expires_at, pending) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(user_id, session_id, text, tokens, embedding, meta, now, now, _hash(text),
+                  start, end, int(pending))
+                 for text, tokens, embedding, meta, start, end in
+                 zip(texts, token_blobs, embedding_blobs, metadata_rows, starts, ends,
+                     strict=True)],
                 "fact_id")]
             history.record(db, user_id, ((i, "ADD", None, t) for i, t in zip(ids, texts)), now)
             return ids
 
-    @_retried
+    @store_verb
     def get(self, *, user_id: str, fact_ids: Sequence[int]) -> list[StoredFact]:
         """The user's facts with these ids, in the order asked.
 
         Raises:
             FactNotFoundError: an id is unknown, deleted, or another user's.
         """
-        user_id = check_user_id(user_id)
         ids = check_fact_ids(fact_ids)
         with self._db.reading("get") as db:
             found = {row[0]: fact_from_row(row)
@@ -188,16 +183,15 @@ class FactStore:
         _raise_missing(user_id, [i for i in ids if i not in found])
         return [found[i] for i in ids]
 
-    @_retried
+    @store_verb
     def get_all(self, *, user_id: str) -> list[StoredFact]:
         """All facts of a user, oldest first (by fact id, which only grows)."""
-        user_id = check_user_id(user_id)
         with self._db.reading("get_all") as db:
             return [fact_from_row(row) for row in db.execute(
                 f"SELECT {_FACT_COLUMNS} FROM facts WHERE user_id = ? ORDER BY fact_id",
                 (user_id,))]
 
-    @_retried
+    @store_verb
     def update(self, *, user_id: str, fact_id: int, text: str, token_ids: Sequence[int],
                embedding: Any, metadata: Mapping[str, Any] | None = None) -> StoredFact:
         """Replace a fact's text, token ids and embedding; metadata=None keeps the old one.
@@ -205,7 +199,6 @@ class FactStore:
         Raises:
             FactNotFoundError: the id is unknown or another user's; nothing changes.
         """
-        user_id = check_user_id(user_id)
         (fact_id,) = check_fact_ids([fact_id])
         text = check_text(text, "text", InvalidFactError, strip=False)
         tokens = token_blob(token_ids, "token_ids")
@@ -227,11 +220,16 @@ class FactStore:
             history.record(db, user_id, [(fact_id, "UPDATE", before[0], text)], row[8])
         return fact_from_row(row)
 
-    @_retried
-    def delete(self, *, user_id: str, fact_ids: Sequence[int]) -> None:
-        """Delete the user's facts, all or none (FactNotFoundError: an unknown or foreign id)."""
-        user_id = check_user_id(user_id)
+    @store_verb
+    def delete(self, *, user_id: str, fact_ids: Sequence[int], event: str = "DELETE") -> None:
+        """Delete the user's facts, all or none (FactNotFoundError: an unknown or foreign id).
+
+        event: what history records, DELETE (a user's erase) or EXPIRE (a sweep of expired
+        facts).
+        """
         ids = list(dict.fromkeys(check_fact_ids(fact_ids)))
+        if event not in ("DELETE", "EXPIRE"):
+            raise InvalidRequestError(f"event={event!r}: a deletion is DELETE or EXPIRE")
         if not ids:
             return
         now = time.time()
@@ -240,12 +238,39 @@ class FactStore:
             existing = dict(_select_facts(db, "fact_id, text", user_id, ids))
             _raise_missing(user_id, [i for i in ids if i not in existing])
             db.executemany("DELETE FROM facts WHERE fact_id = ?", [(i,) for i in ids])
-            history.record(db, user_id, [(i, "DELETE", existing[i], None) for i in ids], now)
+            history.record(db, user_id, [(i, event, existing[i], None) for i in ids], now)
 
-    @_retried
+    @store_verb
+    def supersede(self, *, user_id: str, fact_ids: Sequence[int], by: int | None,
+                  at: float | None = None) -> list[FactId]:
+        """Mark current facts of the user superseded by fact `by`; returns those marked.
+
+        They stay, for history and as-of reads; facts already superseded are left as they are.
+
+        Args:
+            by: the newer fact; None: they just stopped being true.
+            at: when (seconds since the epoch; None: `by`'s valid_from, else now).
+
+        Raises:
+            FactNotFoundError: `by` or an id is unknown or another user's; nothing changes.
+            InvalidRequestError: a fact would supersede itself.
+        """
+        ids = list(dict.fromkeys(check_fact_ids(fact_ids)))
+        newer = None if by is None else FactId(check_fact_ids([by], "by")[0])
+        with self._db.transaction("supersede") as db:
+            schema.bump_user_version(db, user_id)
+            return validity.supersede(db, user_id, ids, newer, at)
+
+    @retried
+    def expired(self, now: float | None = None, limit: int = 1000) -> list[tuple[str, FactId]]:
+        """(user, fact id) of facts whose expires_at has passed, oldest expiry first."""
+        check_int(limit, "limit", 1, InvalidRequestError)
+        with self._db.reading("expired") as db:
+            return validity.expired(db, time.time() if now is None else now, limit)
+
+    @store_verb
     def reset(self, *, user_id: str) -> list[FactId]:
         """Delete all facts, turns and history of a user; returns the deleted fact ids."""
-        user_id = check_user_id(user_id)
         with self._db.transaction("reset") as db:
             schema.bump_user_version(db, user_id)
             fact_ids = [FactId(r[0]) for r in db.execute(
@@ -255,52 +280,43 @@ class FactStore:
             history.erase_user(db, user_id)
         return fact_ids
 
-    @_retried
+    @store_verb
     def history(self, *, user_id: str, fact_id: int) -> list[history.HistoryEvent]:
         """A fact's ADD / UPDATE / DELETE events, oldest first ([] if the user never had it)."""
-        user_id = check_user_id(user_id)
         (fact_id,) = check_fact_ids([fact_id])
         with self._db.reading("history") as db:
             return history.read(db, user_id, fact_id)
 
     # ---- turns -------------------------------------------------------------------------
-    @_retried
+    @store_verb
     def add_turns(self, *, user_id: str, session_id: str | None,
                   turns: Sequence[tuple[str, str]]) -> list[int]:
         """Append (role, content) messages to a session in one transaction; returns turn ids."""
-        user_id = check_user_id(user_id)
         if session_id is not None:
             session_id = check_text(session_id, "session_id", InvalidTurnError, strip=False)
         rows = turn_rows(turns)
         now = time.time()
         with self._db.transaction("add_turns") as db:
-            return _insert_turns(db, user_id, session_id, rows, now)
+            return turn_log.insert(db, user_id, session_id, rows, now)
 
-    @_retried
+    @store_verb
     def recent_turns(self, *, user_id: str, session_id: str | None,
                      limit: int = 20) -> list[Turn]:
         """The last `limit` turns of a session, oldest first."""
-        user_id = check_user_id(user_id)
         check_int(limit, "limit", 0, InvalidTurnError)
-        session, args = ("IS NULL", ()) if session_id is None else ("= ?", (session_id,))
         with self._db.reading("recent_turns") as db:
-            rows = db.execute(f"SELECT {_TURN_COLUMNS} FROM turns WHERE user_id = ? AND "
-                              f"session_id {session} ORDER BY turn_id DESC LIMIT ?",
-                              (user_id, *args, limit)).fetchall()
-        return [Turn(*row) for row in reversed(rows)]
+            return turn_log.recent(db, user_id, session_id, limit)
 
-    @_retried
+    @store_verb
     def sessions(self, *, user_id: str) -> list[turn_log.Session]:
         """Every session of a user with turns (None: turns without one), latest first."""
-        user_id = check_user_id(user_id)
         with self._db.reading("sessions") as db:
             return turn_log.sessions(db, user_id)
 
-    @_retried
+    @store_verb
     def recent_facts(self, *, user_id: str, limit: int = 20,
                      session_id: str | None = None) -> list[StoredFact]:
         """The user's last `limit` facts (of one session, if given), oldest first."""
-        user_id = check_user_id(user_id)
         check_int(limit, "limit", 0, InvalidFactError)
         where, args = ("AND session_id = ?", (session_id,)) if session_id is not None else ("", ())
         with self._db.reading("recent_facts") as db:
@@ -308,7 +324,7 @@ class FactStore:
                               "ORDER BY fact_id DESC LIMIT ?", (user_id, *args, limit)).fetchall()
         return [fact_from_row(row) for row in reversed(rows)]
 
-    @_retried
+    @retried
     def owner(self, fact_id: int) -> str | None:
         """The user a fact id belongs (or, deleted, belonged) to, or None (no such fact)."""
         (fact_id,) = check_fact_ids([fact_id], "fact_id")
@@ -319,21 +335,21 @@ class FactStore:
         return None if row is None else str(row[0])
 
     # ---- whole store -------------------------------------------------------------------
-    @_retried
+    @retried
     def users(self) -> list[str]:
         """Every user with facts or turns, sorted."""
         with self._db.reading("users") as db:  # sorted here: the same order in every database
             return sorted(r[0] for r in db.execute(
                 "SELECT user_id FROM facts UNION SELECT user_id FROM turns"))
 
-    @_retried
+    @store_verb
     def count(self, *, user_id: str | None = None) -> int:
         """Number of facts of one user, or of all users when user_id is None."""
         with self._db.reading("count") as db:
             if user_id is None:
                 return int(db.execute("SELECT COUNT(*) FROM facts").fetchone()[0])
             return int(db.execute("SELECT COUNT(*) FROM facts WHERE user_id = ?",
-                                  (check_user_id(user_id),)).fetchone()[0])
+                                  (user_id,)).fetchone()[0])
 
     def iter_all(self, batch_size: int = 256) -> Iterator[list[StoredFact]]:
         """Every fact of every user in id order, in batches (to rebuild KV and the index).
@@ -357,13 +373,13 @@ class FactStore:
                 last_id = batch[-1].fact_id
                 yield batch
 
-    @_retried
+    @retried
     def fingerprint(self) -> str | None:
         """The stored model fingerprint (model + tokenizer identity), or None if never set."""
         with self._db.reading("fingerprint") as db:
             return schema.get_meta(db, _FINGERPRINT_KEY)
 
-    @_retried
+    @retried
     def set_fingerprint(self, value: str) -> None:
         """Record the fingerprint of the model and tokenizer the stored facts were made with."""
         value = check_text(value, "fingerprint", ConfigError, strip=False)
@@ -371,13 +387,13 @@ class FactStore:
             schema.set_meta(db, _FINGERPRINT_KEY, value)
 
     @property
-    @_retried
+    @retried
     def schema_version(self) -> int:
         """Schema version of the open database."""
         with self._db.reading("schema_version") as db:
             return int(schema.get_meta(db, schema.VERSION_KEY) or 0)
 
-    @_retried
+    @store_verb
     def user_version(self, user_id: str) -> int:
         """A number that grows with every committed change of the user's facts; 0 if never written.
 
@@ -385,7 +401,6 @@ class FactStore:
         transaction. One key lookup: cheap enough to ask before serving a user whose facts this
         process has cached.
         """
-        user_id = check_user_id(user_id)
         with self._db.reading("user_version") as db:
             return schema.user_version(db, user_id)
 
@@ -398,14 +413,6 @@ class FactStore:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _insert_turns(db: Database, user_id: str, session_id: str | None,
-                  rows: list[tuple[str, str]], now: float) -> list[int]:
-    return db.insert("INSERT INTO turns (user_id, session_id, role, content, created_at) "
-                     "VALUES (?, ?, ?, ?, ?)",
-                     [(user_id, session_id, role, content, now) for role, content in rows],
-                     "turn_id")
 
 
 def _hash(text: str) -> str:
@@ -427,3 +434,17 @@ def _raise_missing(user_id: str, missing: list[int]) -> None:
                                 "another user's; list the user's facts with get_all()")
 
 
+def open_store(store: FactStore | str | os.PathLike[str]) -> FactStore:
+    """`store`, or the FactStore at that path (missing folders created 0700) or URL."""
+    if isinstance(store, FactStore):
+        return store
+    if not isinstance(store, str | os.PathLike):
+        raise InvalidRequestError(f"store must be a FactStore, a database path or URL, got "
+                                  f"{type(store).__name__}")
+    path = os.fspath(store)
+    if is_url(path):
+        return FactStore(path)
+    path = os.path.expanduser(path)
+    if path != ":memory:":
+        private_folder(Path(path).parent)
+    return FactStore(path)

@@ -6,9 +6,9 @@ dropped (with a disk tier its file remains). The host tier is inclusive: a fact 
 into the slab keeps its host copy (a fact's KV never changes), so evicting it again costs no
 copy; only a fact that has never been in host RAM (or was dropped from it) is copied out. Disk
 entries are named by a content key of what their KV was computed from, so an entry of another
-model, preamble, context, fact or key scale is never loaded (connector/tiers.py checks the
-metadata again, and a keyed MAC). The worker side does the copies; this module only decides,
-deterministically, so every rank agrees.
+model, preamble, context, fact or key scale is never loaded (connector/worker_tiers.py checks
+the metadata again, and a keyed MAC). The worker side does the copies; this module only
+decides, deterministically, so every rank agrees.
 """
 
 from __future__ import annotations

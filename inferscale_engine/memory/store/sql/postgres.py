@@ -32,7 +32,7 @@ from urllib.parse import unquote
 
 from inferscale_engine.checks import check_int
 from inferscale_engine.errors import ConfigError, StoreError
-from inferscale_engine.memory.sql.database import ColumnTypes, Cursor, Database
+from inferscale_engine.memory.store.sql.database import ColumnTypes, Cursor, Database
 
 if TYPE_CHECKING:
     import psycopg

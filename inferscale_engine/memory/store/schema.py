@@ -12,8 +12,8 @@ import unicodedata
 from collections.abc import Callable
 
 from inferscale_engine.errors import StoreError
-from inferscale_engine.memory import history
-from inferscale_engine.memory.sql.database import Database
+from inferscale_engine.memory.store import history
+from inferscale_engine.memory.store.sql.database import Database
 
 VERSION_KEY = "schema_version"
 
@@ -47,10 +47,27 @@ def _user_versions_v4(db: Database) -> None:
                f"version {db.types.integer} NOT NULL)")
 
 
+def _validity_v5(db: Database) -> None:
+    """Time on every fact, and asynchronous adds.
+
+    valid_from: when the fact became true (None: its created_at); valid_to and superseded_by:
+    when it stopped, and the fact that replaced it; expires_at: when it expires; pending: its
+    embedding and KV are still to be made (an asynchronous add).
+    """
+    t = db.types
+    for column in (f"valid_from {t.real}", f"valid_to {t.real}",
+                   f"superseded_by {t.integer}", f"expires_at {t.real}",
+                   f"pending {t.integer} NOT NULL DEFAULT 0"):
+        db.execute(f"ALTER TABLE facts ADD COLUMN {column}")
+    db.execute("CREATE INDEX facts_expires_at ON facts (expires_at)")
+    db.execute("CREATE INDEX facts_pending ON facts (pending)")
+
+
 # _MIGRATIONS[v] upgrades schema version v to v + 1 inside the opening transaction; version 0
 # is an empty database. Append a step to change the schema, never edit one.
 _MIGRATIONS: list[Callable[[Database], None]] = [_create_v1, _nfc_user_ids_v2,
-                                                 history.create_v3, _user_versions_v4]
+                                                 history.create_v3, _user_versions_v4,
+                                                 _validity_v5]
 
 
 def migrate(db: Database) -> None:

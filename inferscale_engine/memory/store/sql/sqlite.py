@@ -22,7 +22,7 @@ from typing import Any, cast
 
 from inferscale_engine.checks import check_int
 from inferscale_engine.errors import ConfigError, StoreError
-from inferscale_engine.memory.sql.database import ColumnTypes, Cursor, Database
+from inferscale_engine.memory.store.sql.database import ColumnTypes, Cursor, Database
 
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 """SQLite's synchronous levels."""

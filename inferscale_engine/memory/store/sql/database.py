@@ -11,14 +11,18 @@ once.
 
 from __future__ import annotations
 
+import functools
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from inferscale_engine.errors import StoreError
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class ConnectionLostError(StoreError):
@@ -26,6 +30,22 @@ class ConnectionLostError(StoreError):
 
     A restart or failover of the database, or a network cut; nothing of the call was written.
     """
+
+
+def retried(call: Callable[P, R]) -> Callable[P, R]:
+    """The call, run once more if its connection was lost before it did anything.
+
+    A restart or failover of PostgreSQL drops every open connection; the call that finds its
+    connection dead wrote nothing (ConnectionLostError), so it runs again, once, on a checked
+    connection. A second loss, or one while committing, reaches the caller as a StoreError.
+    """
+    @functools.wraps(call)
+    def once_more(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return call(*args, **kwargs)
+        except ConnectionLostError:
+            return call(*args, **kwargs)
+    return once_more
 
 
 class Cursor(Protocol):

@@ -1,0 +1,10 @@
+"""The search room: from a text to the user's facts most like it.
+
+  embedder.py    Embedder: texts to L2-normalized float32 vectors (sentence-transformers)
+  index.py       RetrievalIndex: one embedding matrix per user on a torch device, cosine top-k
+  filters.py     metadata filters of search and listing (mem0's and LangGraph's shape)
+  retrieval.py   the read rules on top: a search narrowed by filter and scope, the facts one
+                 request is served with (top-k, then recent), duplicates of new facts
+
+Names are imported from their modules (embedder and index import torch; filters does not).
+"""
