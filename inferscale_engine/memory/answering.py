@@ -33,6 +33,10 @@ from inferscale_engine.prompting.layout import Layout
 from inferscale_engine.prompting.tool_calls import ToolCall
 from inferscale_engine.runtime.engine import Engine, Generation, Messages
 
+PENDING_PROMPT_TOKENS = 512
+"""Tokens of a user's pending facts a request serves at most (the newest first): a bulk
+asynchronous add's facts beyond it are served once embedded, ranked like any other."""
+
 
 class Answering:
     """The answering half of Memory: reads its served facts, answers through the engine."""
@@ -201,7 +205,8 @@ class Answering:
         The user's k facts most similar to `query` that are neither in `recent` nor in
         `exclude` (k new facts, not fewer), best first, then `recent` in its order (a fact
         listed twice keeps its first place), then the user's pending facts (an asynchronous
-        add's, not yet searchable). A blank or None query: `recent` and pending only.
+        add's, not yet searchable; the newest within PENDING_PROMPT_TOKENS). A blank or None
+        query: `recent` and pending only.
 
         Args:
             recent: facts the conversation just produced (its last turns' facts).
@@ -209,7 +214,10 @@ class Answering:
         """
         user_id = self._scopes.user(user_id).user_id
         with self._lock:
-            pending = [i for i in self._served.pending_of(user_id) if i not in exclude]
+            pending = [i for i in self._served.pending_of(user_id, PENDING_PROMPT_TOKENS)
+                       if i not in exclude]
+            self.counters["pending_left_out"] += len(self._served.pending_of(user_id)) - len(
+                pending)
         recent = [*recent, *pending]
         return serve_handle(user_id, query, k, recent, exclude, lambda text, n: self._search(
             user_id=user_id, query=text, k=n).handle)

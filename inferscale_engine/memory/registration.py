@@ -144,9 +144,18 @@ class RegisteredFacts:
             self._engine.add_tokenized_facts(facts, None, encode=False)
             self._pending.update((f.fact_id, f) for f in facts)
 
-    def pending_of(self, user_id: str) -> list[FactId]:
-        """The user's pending facts, oldest first."""
-        return sorted(i for i, f in self._pending.items() if f.user_id == user_id)
+    def pending_of(self, user_id: str, max_tokens: int | None = None) -> list[FactId]:
+        """The user's pending facts, oldest first; with max_tokens, the newest that fit it."""
+        ids = sorted(i for i, f in self._pending.items() if f.user_id == user_id)
+        if max_tokens is None:
+            return ids
+        kept: list[FactId] = []
+        for fact_id in reversed(ids):
+            max_tokens -= len(self._pending[fact_id].token_ids)
+            if max_tokens < 0:
+                break
+            kept.append(fact_id)
+        return kept[::-1]
 
     def num_pending(self, fact_ids: Iterable[int]) -> int:
         """How many of these facts are pending (served as text only)."""
