@@ -43,9 +43,9 @@ bypass the memory seam) needs an admin key."""
 PUBLIC_PATHS = frozenset({"/health", "/ping"})
 """Liveness probes, answered without a key: load balancers and routers (vllm-router's health
 checker) poll them with no credentials, and they tell nothing but 'up'."""
-TENANT_PREFIXES = ("/v1/memories", "/v3/memories", "/ui/api")
-"""The memory APIs (ours, the routes mem0's client calls: server/mem0_api.py, and the
-inspector's: server/ui/api.py)."""
+TENANT_PREFIXES = ("/v1/memories", "/v3/memories", "/v1/event", "/ui/api")
+"""The memory APIs (ours, the routes mem0's client calls: server/mem0_api.py, its events of
+asynchronous adds, and the inspector's: server/ui/api.py)."""
 
 
 def tenant_route(path: str) -> bool:

@@ -318,4 +318,6 @@ def test_a_request_vllm_refuses_stores_none_of_its_memory_add(http, model, clien
     for path, body in (("/v1/chat/completions", chat), ("/v1/completions", completion)):
         response = http.post(path, json=body, headers=headers)  # accepted: stored
         assert response.status_code == 200, response.text
+        for added in response.json()["memory"]["added"]:  # the second: a DUPLICATE, removed
+            _settled(http, added["id"])                   # by the asynchronous add's check
         assert [m.text for m in client_a.get_all(user_id=user_a)] == add["add"]
