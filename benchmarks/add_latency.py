@@ -10,6 +10,8 @@ user's turn without an add (the baseline turn). Per sample:
   base_ms      the baseline turn without an add, client side
   kv_ready_ms  request sent -> every added fact's event SUCCEEDED (embedded, KV encoded,
                indexed; polled every --poll-ms); for sync the turn itself
+  seam_ms      the seam's own phases summed (Server-Timing: identify, add, retrieve, plan, ...),
+               and seam_base_ms the same for the baseline turn
 Reports p50 / p99 per (mode, n). Nothing here asserts anything about speed.
 
   python benchmarks/add_latency.py --model tiny                      # CPU, minutes
@@ -96,10 +98,12 @@ def measure(http: Any, model: str, mode: str, sizes: list[int], args: argparse.N
         wait_ready(http, [a["id"] for a in memory["added"]], args.poll_ms / 1e3)
     for n in sizes:
         samples: dict[str, list[float]] = {"add_ms": [], "turn_ms": [], "base_ms": [],
-                                           "kv_ready_ms": []}
+                                           "kv_ready_ms": [], "seam_ms": [],
+                                           "seam_base_ms": []}
+        phases_of: list[dict[str, float]] = []
         for s in range(args.samples):
             user = f"{mode}-{n}-{s}"
-            base, _, _ = turn(http, model, user, None)
+            base, _, base_phases = turn(http, model, user, None)
             started = time.perf_counter()
             elapsed, memory, phases = turn(http, model, user, facts_of(user, n))
             ids = [a["id"] for a in memory["added"]]
@@ -109,10 +113,13 @@ def measure(http: Any, model: str, mode: str, sizes: list[int], args: argparse.N
             samples["add_ms"].append(phases.get("add", 0.0))
             samples["turn_ms"].append(elapsed)
             samples["base_ms"].append(base)
+            samples["seam_ms"].append(sum(phases.values()))  # identify ... back, add included
+            samples["seam_base_ms"].append(sum(base_phases.values()))
+            phases_of.append(phases)
             print(f"{mode} n={n:3d} #{s}: add {samples['add_ms'][-1]:8.2f} ms, turn "
                   f"{elapsed:8.1f} ms (base {base:7.1f}), kv ready "
                   f"{samples['kv_ready_ms'][-1]:8.1f} ms", flush=True)
-        out[str(n)] = {"raw": samples,
+        out[str(n)] = {"raw": samples, "server_timing": phases_of,
                        "summary": {k: {"p50": _pct(v, 50), "p99": _pct(v, 99),
                                        "mean": sum(v) / len(v)} for k, v in samples.items()}}
     return out
