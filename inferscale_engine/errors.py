@@ -64,3 +64,7 @@ class EmbedderError(InferScaleError, RuntimeError):
 
 class RetrievalError(InferScaleError, ValueError):
     """Texts, embeddings, fact ids or k given to the embedder or a retrieval index are invalid."""
+
+
+class AddQueueFullError(InferScaleError, RuntimeError):
+    """An asynchronous add was refused: the background queue holds its most facts (HTTP 429)."""

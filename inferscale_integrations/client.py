@@ -16,7 +16,7 @@ from typing import Any
 
 from inferscale_engine.errors import InferScaleError
 from inferscale_engine.facts import FactId
-from inferscale_engine.memory.types import AddResult, MemoryItem
+from inferscale_engine.memory.types import AddResult, AddStatus, MemoryItem
 
 API_KEY_ENV = "INFERSCALE_API_KEY"
 """Environment variable read when no api_key is given (and by restored KVMemory copies)."""
@@ -73,10 +73,23 @@ class MemoryClient:
     # ---- writes ------------------------------------------------------------------------
     def add(self, *, user_id: str, texts: Sequence[str] | None = None,
             messages: Sequence[Mapping[str, str]] | None = None, session_id: str | None = None,
-            metadata: Mapping[str, Any] | None = None) -> list[AddResult]:
-        """Remember facts (texts) or a conversation's turns (messages); one result per fact."""
+            metadata: Mapping[str, Any] | None = None, wait: bool = True) -> list[AddResult]:
+        """Remember facts (texts) or a conversation's turns (messages); one result per fact.
+
+        wait=False: the server answers once the facts are stored (status 'PENDING'); their
+        embedding and KV follow (add_status). MemoryServerError 429: its queue is full.
+        """
         return [result for _, result in self._add(user_id, texts, messages, session_id,
-                                                  metadata)]
+                                                  metadata, wait)]
+
+    def add_status(self, *, user_id: str, fact_id: int) -> AddStatus:
+        """How an asynchronous add of a fact went (Memory.add_status, over HTTP)."""
+        self._owned(user_id, fact_id)
+        event = self._call("GET", f"/memories/events/{int(fact_id)}")
+        result = event["results"][0]
+        return AddStatus(FactId(int(event["id"])), event["status"], result["event"],
+                         FactId(int(result["duplicate_of"])) if "duplicate_of" in result
+                         else None, event.get("error"))
 
     def add_messages(self, *, user_id: str, session_id: str | None,
                      messages: Sequence[Mapping[str, str]]) -> list[list[FactId]]:
@@ -137,8 +150,10 @@ class MemoryClient:
     # ---- internals ---------------------------------------------------------------------
     def _add(self, user_id: str, texts: Sequence[str] | None,
              messages: Sequence[Mapping[str, str]] | None, session_id: str | None,
-             metadata: Mapping[str, Any] | None) -> list[tuple[int, AddResult]]:
-        body: dict[str, Any] = {"user_id": user_id, "session_id": session_id}
+             metadata: Mapping[str, Any] | None, wait: bool = True
+             ) -> list[tuple[int, AddResult]]:
+        body: dict[str, Any] = {"user_id": user_id, "session_id": session_id,
+                                **({} if wait else {"async_mode": True})}
         if texts is not None:
             body["texts"] = list(texts)
         if messages is not None:
@@ -147,7 +162,7 @@ class MemoryClient:
             body["metadata"] = dict(metadata)
         return [(int(r.get("message_index", 0)),
                  AddResult(FactId(int(r["id"])), r["memory"], r["event"], r.get("similarity"),
-                           r.get("message_index")))
+                           r.get("message_index"), r.get("status")))
                 for r in self._call("POST", "/memories", json=body)["results"]]
 
     def _owned(self, user_id: str, fact_id: int) -> None:

@@ -14,10 +14,11 @@
   ingest.py        the write path: new facts -> duplicates -> contexts -> store -> register
   infer.py         add(..., infer=True): facts extracted by the served model, reconciled
   registration.py  the facts registered with the engine and indexed (servable), start-up
+  background.py    add(wait=False): facts stored at once, embedded and encoded in a queue
   gate.py          large adds yield to interactive calls between their chunks
   aio.py           the async verbs (aadd, asearch, ...), typed as their synchronous twins
   config.py        MemoryConfig
-  types.py         AddResult, SearchResult, MemoryStats
+  types.py         AddResult, AddStatus, SearchResult, MemoryStats
   store/           durable facts, turns and history; SQL dialects, schema, reserved keys
   search/          embedder, per-user index, metadata filters, retrieval rules
 """

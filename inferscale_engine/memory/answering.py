@@ -2,7 +2,10 @@
 
 A plain part Memory holds and forwards to (main.py `forward`), as the connector's facade
 forwards to its scheduler and worker halves. Every answer ends in fallback.py; the verbs are
-interactive calls that large adds yield to (gate.py).
+interactive calls that large adds yield to (gate.py). A user's facts still pending (an
+asynchronous add, background.py: not yet embedded, no KV) join every handle after the top-k,
+and a request with one is answered with its facts as text (counters
+'pending_served_as_text'): an acknowledged fact is never missing from an answer.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ from inferscale_engine.memory.types import SearchResult
 from inferscale_engine.prompting.layout import Layout
 from inferscale_engine.prompting.tool_calls import ToolCall
 from inferscale_engine.runtime.engine import Engine, Generation, Messages
+
+PENDING_PROMPT_TOKENS = 512
+"""Tokens of a user's pending facts a request serves at most (the newest first): a bulk
+asynchronous add's facts beyond it are served once embedded, ranked like any other."""
 
 
 class Answering:
@@ -67,7 +74,9 @@ class Answering:
         user_id = self._scopes.user(user_id).user_id
         query = checks.check_text(query, "query", InvalidRequestError)
         if handle is None:
-            handle = self._search(user_id=user_id, query=query, k=k, as_of=as_of).handle
+            handle = (self._search(user_id=user_id, query=query, k=k, as_of=as_of).handle
+                      if as_of is not None else
+                      self.handle_for(user_id=user_id, query=query, k=k))
         return self.answer(messages=query if messages is None else messages, handle=handle,
                            user_id=user_id, sampling=sampling, mode=mode, layout=layout)
 
@@ -95,8 +104,8 @@ class Answering:
                 user's facts.
         """
         self._check_handle(handle, user_id)
-        return serve(self._engine, handle, messages, sampling, mode, self.counters,
-                     layout=layout, tools=tools)
+        return serve(self._engine, handle, messages, sampling, self._mode(handle, mode),
+                     self.counters, layout=layout, tools=tools)
 
     def stream(self, *, user_id: str, query: str, k: int = 5, messages: Messages | None = None,
                sampling: Any = None, mode: str = "kv", handle: MemoryHandle | None = None,
@@ -109,7 +118,7 @@ class Answering:
         user_id = self._scopes.user(user_id).user_id
         query = checks.check_text(query, "query", InvalidRequestError)
         if handle is None:
-            handle = self._search(user_id=user_id, query=query, k=k).handle
+            handle = self.handle_for(user_id=user_id, query=query, k=k)
         return self.answer_stream(messages=query if messages is None else messages,
                                   handle=handle, user_id=user_id, sampling=sampling, mode=mode,
                                   layout=layout)
@@ -123,13 +132,22 @@ class Answering:
         stack = ExitStack()
         stack.enter_context(self._gate.interactive())  # held until the stream ends
         try:
-            stream = serve_stream(self._engine, handle, messages, sampling, mode,
-                                  self.counters, layout=layout, tools=tools)
+            stream = serve_stream(self._engine, handle, messages, sampling,
+                                  self._mode(handle, mode), self.counters, layout=layout,
+                                  tools=tools)
             first = next(stream)  # the prompt and the plan are checked here
         except BaseException:
             stack.close()
             raise
         return _closing(itertools.chain([first], stream), stream, stack)
+
+    def _mode(self, handle: MemoryHandle | None, mode: str) -> str:
+        """`mode`, or 'text' when the handle has pending facts (no KV yet), counted."""
+        with self._lock:
+            pending = self._served.num_pending(handle.fact_ids) if handle is not None else 0
+            if pending:
+                self.counters["pending_served_as_text"] += pending
+        return "text" if pending else mode
 
     def _check_handle(self, handle: MemoryHandle | None, user_id: str | None) -> None:
         if handle is not None and not isinstance(handle, MemoryHandle):
@@ -176,7 +194,7 @@ class Answering:
         self._scopes.check_open()
         prepared = prepare(self._engine, handle, self.counters, messages=messages,
                            prompt_token_ids=prompt_token_ids, layout=layout, tools=tools,
-                           client_salt=client_salt)
+                           client_salt=client_salt, as_text=self._mode(handle, "kv") == "text")
         if timings is not None:
             timings["retrieve"] = (retrieved - started) * 1e3
             timings["plan"] = (time.perf_counter() - retrieved) * 1e3
@@ -189,13 +207,21 @@ class Answering:
 
         The user's k facts most similar to `query` that are neither in `recent` nor in
         `exclude` (k new facts, not fewer), best first, then `recent` in its order (a fact
-        listed twice keeps its first place). A blank or None query: `recent` only.
+        listed twice keeps its first place), then the user's pending facts (an asynchronous
+        add's, not yet searchable; the newest within PENDING_PROMPT_TOKENS). A blank or None
+        query: `recent` and pending only.
 
         Args:
             recent: facts the conversation just produced (its last turns' facts).
             exclude: facts not to serve (e.g. turns the caller sends as text).
         """
         user_id = self._scopes.user(user_id).user_id
+        with self._lock:
+            pending = [i for i in self._served.pending_of(user_id, PENDING_PROMPT_TOKENS)
+                       if i not in exclude]
+            self.counters["pending_left_out"] += len(self._served.pending_of(user_id)) - len(
+                pending)
+        recent = [*recent, *pending]
         return serve_handle(user_id, query, k, recent, exclude, lambda text, n: self._search(
             user_id=user_id, query=text, k=n).handle)
 

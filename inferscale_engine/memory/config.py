@@ -25,6 +25,8 @@ related one (docs/benchmarks.md#facts-that-change), so facts are superseded expl
 (Memory.supersede, infer=True) unless an app whose facts are slots sets a threshold."""
 DEFAULT_MAX_SERVED_USERS = 10_000
 """Users of a shared store whose facts one process holds at once (MemoryConfig)."""
+DEFAULT_MAX_QUEUED_FACTS = 10_000
+"""Facts of asynchronous adds that may wait for their embedding and KV at once (MemoryConfig)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,9 @@ class MemoryConfig:
     supersede_threshold: float | None = DEFAULT_SUPERSEDE_THRESHOLD
     """Cosine similarity from which an added fact supersedes the user's older facts; None:
     facts are superseded only explicitly (Memory.supersede, infer=True)."""
+    max_queued_facts: int = DEFAULT_MAX_QUEUED_FACTS
+    """Facts of add(wait=False) that may wait for their embedding and KV at once; an add
+    beyond that is refused (AddQueueFullError, HTTP 429)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine, EngineConfig):
@@ -78,6 +83,10 @@ class MemoryConfig:
             raise ConfigError(f"encode_on_add={self.encode_on_add!r} must be True or False")
         check_half_scan_min_rows(self.half_scan_min_rows)
         check_max_served_users(self.max_served_users)
+        if isinstance(self.max_queued_facts, bool) or not isinstance(
+                self.max_queued_facts, int) or self.max_queued_facts < 1:
+            raise ConfigError(f"max_queued_facts={self.max_queued_facts!r} must be an int of at "
+                              "least 1 (facts of asynchronous adds waiting at once)")
 
 
 def check_max_served_users(value: object) -> int:

@@ -149,22 +149,19 @@ class PreparedPrompt:
 def prepare(engine: Engine, handle: MemoryHandle, counters: Counter[str], *,
             messages: Messages | None = None, prompt_token_ids: Sequence[int] | None = None,
             layout: Layout | None = None, tools: Sequence[Mapping[str, Any]] | None = None,
-            client_salt: str = "") -> PreparedPrompt:
+            client_salt: str = "", as_text: bool = False) -> PreparedPrompt:
     """The prompt and signed plan for a chat (`messages`) or a raw completion prompt.
 
     When the facts cannot be made resident the same facts go as text (no plan, counted),
-    salted with the user's text_salt. `client_salt`, the client's own cache_salt, is combined
-    into the salt either way.
+    salted with the user's text_salt; as_text=True sends them as text at once (a fact of the
+    handle has no KV yet). `client_salt`, the client's own cache_salt, is combined into the
+    salt either way.
     """
     secret = plan_secret()
     try:
-        if prompt_token_ids is not None:
-            prompt, plan = engine.prepare_completion(handle, prompt_token_ids, layout=layout)
-        else:
-            assert messages is not None
-            prompt, plan = engine.prepare_request(handle, messages, layout=layout, tools=tools)
-        plan = plan.with_client_salt(secret, client_salt)
-        return PreparedPrompt(prompt.token_ids(), plan, handle, plan.cache_salt)
+        if not as_text:
+            return _planned(engine, handle, messages, prompt_token_ids, layout, tools,
+                            secret, client_salt)
     except SlabFullError:
         counters["fallback_text_evicted"] += 1
     salt = text_salt(secret, handle.user_id, client_salt)
@@ -177,3 +174,17 @@ def prepare(engine: Engine, handle: MemoryHandle, counters: Counter[str], *,
     assert messages is not None
     prompt = engine.render_prompt(handle, messages, layout=layout, tools=tools)
     return PreparedPrompt(prompt.token_ids(), None, handle, salt)
+
+
+def _planned(engine: Engine, handle: MemoryHandle, messages: Messages | None,
+             prompt_token_ids: Sequence[int] | None, layout: Layout | None,
+             tools: Sequence[Mapping[str, Any]] | None, secret: bytes, client_salt: str
+             ) -> PreparedPrompt:
+    """prepare()'s KV path: the prompt and its signed plan (SlabFullError: not resident)."""
+    if prompt_token_ids is not None:
+        prompt, plan = engine.prepare_completion(handle, prompt_token_ids, layout=layout)
+    else:
+        assert messages is not None
+        prompt, plan = engine.prepare_request(handle, messages, layout=layout, tools=tools)
+    plan = plan.with_client_salt(secret, client_salt)
+    return PreparedPrompt(prompt.token_ids(), plan, handle, plan.cache_salt)

@@ -193,18 +193,19 @@ def contexts(facts: list[NewFact], request: AddInput, user_id: str,
         fact.context = context
 
 
-def store(facts: list[NewFact], request: AddInput, user_id: str, fact_store: FactStore
-          ) -> list[StoredFact]:
+def store(facts: list[NewFact], request: AddInput, user_id: str, fact_store: FactStore,
+          pending: bool = False) -> list[StoredFact]:
     """Step 4: write the kept facts and the turns in one transaction; set their fact_id.
 
-    Returns the kept facts' records as stored (for registration).
+    Returns the kept facts' records as stored (for registration). pending: an asynchronous
+    add's facts, whose vectors stand in until the background queue embeds them.
     """
     kept = [f for f in facts if f.kept]
     ids = fact_store.add_facts(
         user_id=user_id, texts=[f.text for f in kept], token_ids=[f.token_ids for f in kept],
         embeddings=[f.vector for f in kept], session_id=request.session_id,
         metadata=[{**(request.metadata or {}), **context_metadata(f.context)} for f in kept],
-        turns=request.turns or (), valid_from=request.valid_from)
+        turns=request.turns or (), valid_from=request.valid_from, pending=pending)
     for fact, fact_id in zip(kept, ids, strict=True):
         fact.fact_id = fact_id
     return fact_store.get(user_id=user_id, fact_ids=ids) if ids else []

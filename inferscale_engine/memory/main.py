@@ -27,9 +27,11 @@ from inferscale_engine.errors import EngineClosedError, InvalidFactError, Invali
 from inferscale_engine.memory import ingest, supersession
 from inferscale_engine.memory.aio import forward, in_thread, streamed
 from inferscale_engine.memory.answering import Answering
+from inferscale_engine.memory.background import BackgroundAdds
 from inferscale_engine.memory.config import (
     DEFAULT_DB_PATH,
     DEFAULT_EMBEDDING_MODEL,
+    DEFAULT_MAX_QUEUED_FACTS,
     DEFAULT_MAX_SERVED_USERS,
     DEFAULT_SUPERSEDE_THRESHOLD,
     MemoryConfig,
@@ -52,7 +54,6 @@ from inferscale_engine.runtime.engine import Engine
 logger = logging.getLogger(__name__)
 
 
-
 class Memory:
     """Long-term memory of many users, served as injected KV. Thread-safe.
 
@@ -67,7 +68,8 @@ class Memory:
                  context_turns: int = 16, progress_bar: bool | None = None,
                  half_scan_min_rows: int | None = None,
                  max_served_users: int = DEFAULT_MAX_SERVED_USERS,
-                 supersede_threshold: float | None = DEFAULT_SUPERSEDE_THRESHOLD) -> None:
+                 supersede_threshold: float | None = DEFAULT_SUPERSEDE_THRESHOLD,
+                 max_queued_facts: int = DEFAULT_MAX_QUEUED_FACTS, add_workers: int = 1) -> None:
         """Open the store and make every stored fact searchable and servable.
 
         Args:
@@ -90,6 +92,8 @@ class Memory:
             supersede_threshold: an added fact supersedes the user's older facts whose
                 embeddings have at least this cosine similarity with its own (supersession.py);
                 None: facts are only superseded explicitly (supersede(), infer=True).
+            max_queued_facts, add_workers: the queue of add(wait=False) (background.py): the
+                facts that may wait at once, and the threads that embed and encode them.
 
         Raises:
             ConfigError: a bad option, or another open Memory owns the engine's fact ids.
@@ -135,6 +139,13 @@ class Memory:
                                     self._listing.records, self.add)
             self._served.register_stored(self._store, self._embedder.name, self._embed,
                                          startup == "encode", progress_bar)
+            self._background = BackgroundAdds(
+                store=self._store, served=self._served, index=self._index, scopes=self._scopes,
+                gate=self._gate, counters=self.counters, embed=self._embed_in_chunks,
+                dim=lambda: self._embedder.dim, config=engine.config,
+                context_turns=context_turns, dedupe_threshold=self._dedupe_threshold,
+                encode=encode_on_add, max_queued_facts=max_queued_facts, workers=add_workers)
+            self._background.resume()  # facts a previous process left pending
         except BaseException:
             engine.release_fact_ids(self)
             if self._owns_store:
@@ -155,7 +166,8 @@ class Memory:
                          encode_on_add=config.encode_on_add, device=config.device,
                          half_scan_min_rows=config.half_scan_min_rows,
                          max_served_users=config.max_served_users,
-                         supersede_threshold=config.supersede_threshold)
+                         supersede_threshold=config.supersede_threshold,
+                         max_queued_facts=config.max_queued_facts)
         except BaseException:
             engine.close()
             raise
@@ -172,7 +184,8 @@ class Memory:
             messages: Sequence[Mapping[str, str]] | None = None, session_id: str | None = None,
             metadata: Mapping[str, Any] | None = None, dedupe: bool = True,
             agent_id: str | None = None, run_id: str | None = None,
-            infer: bool = False, timestamp: Any = None) -> list[AddResult]:
+            infer: bool = False, timestamp: Any = None, wait: bool = True
+            ) -> list[AddResult]:
         """Remember facts, or a conversation's turns; one result per fact, in order.
 
         dedupe=False stores every fact, also one that repeats a stored fact (stores keyed by
@@ -189,11 +202,17 @@ class Memory:
         tokens; AddResult.turn names the message); facts added as texts: see
         EngineConfig.context_source. The steps are ingest.py's.
 
+        wait=False returns once facts and turns are stored (results 'PENDING'); embedding,
+        duplicate check and KV follow in a queue (background.py, add_status, wait_adds).
+
         Raises:
             InvalidUserIdError, InvalidFactError, InvalidTurnError, InvalidRequestError: bad
                 input; nothing is stored.
+            AddQueueFullError: wait=False with max_queued_facts facts waiting; nothing stored.
         """
         user = self._user(user_id)
+        if infer and not wait:
+            raise InvalidRequestError("add(infer=True) needs wait=True (the default)")
         if infer:  # texts are read as the user's messages
             checks.check_session(session_id)
             return infer_add(self, user_id=user.user_id, metadata=metadata, agent_id=agent_id,
@@ -202,6 +221,8 @@ class Memory:
                                                          InvalidFactError))
         request = ingest.AddInput.checked(texts, messages, session_id, metadata, agent_id, run_id,
                                           timestamp)
+        if not wait:
+            return self._background.submit(user, request, self._engine.tokenize_fact, dedupe)
         facts = ingest.new_facts(request, self._engine.tokenize_fact, self._embed_in_chunks)
         with user as uid:
             ingest.duplicates(facts, self._index, uid,
@@ -268,6 +289,8 @@ class Memory:
                                self._served.num_users)
 
     # ---- the parts' verbs: editing.py, listing.py, answering.py --------------------------
+    add_status = forward("_background", BackgroundAdds.status)
+    wait_adds = forward("_background", BackgroundAdds.wait)
     add_turns = forward("_editing", Editing.add_turns)
     update = forward("_editing", Editing.update)
     supersede = forward("_editing", Editing.supersede)
@@ -317,6 +340,7 @@ class Memory:
 
         A shared engine only forgets this Memory's facts, which frees their slab pages.
         """
+        self._background.close()  # before the lock: a worker may be waiting for it
         with self._lock:
             if self._closed:
                 return

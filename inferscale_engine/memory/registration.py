@@ -16,8 +16,10 @@ process holds does not grow with every user id it is asked about. The version is
 Memory's lock is taken (version(); scope.py), the facts only when it moved (sync()).
 
 An add's facts are durable and staged (stage()) before they are registered in chunks
-(register_in_chunks): until then they are stored but not served. That step is where a
-background worker takes over when adds return before their KV is encoded.
+(register_in_chunks): until then they are stored but not served. An asynchronous add
+(background.py) registers its facts as pending instead (register_pending): the engine knows
+them, so a request can have them as text, but they are not searchable and have no KV until the
+background queue has embedded and encoded them (finish).
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ class RegisteredFacts:
         self._staged: set[int] = set()
         """Ids of facts an add has stored but not yet registered (Memory registers them in
         chunks); a delete or update meanwhile takes them out, so they are never served."""
+        self._pending: dict[FactId, Fact] = {}
+        """Facts of asynchronous adds registered with the engine without KV or an index entry:
+        served as text only, until finish()."""
 
     def __len__(self) -> int:
         return len(self._facts)
@@ -155,6 +160,43 @@ class RegisteredFacts:
         self._by_user.setdefault(user_id, set()).update(f.fact_id for f in fresh)
         self._counters["historic_facts"] += len(fresh)
 
+    def register_pending(self, user_id: str, stored: Sequence[StoredFact]) -> None:
+        """Register facts of an asynchronous add with the engine only (no KV, not indexed)."""
+        facts = [f.to_fact() for f in stored if f.fact_id not in self._pending
+                 and f.fact_id not in self._facts]
+        if facts:
+            self._engine.add_tokenized_facts(facts, None, encode=False)
+            self._pending.update((f.fact_id, f) for f in facts)
+
+    def pending_of(self, user_id: str, max_tokens: int | None = None) -> list[FactId]:
+        """The user's pending facts, oldest first; with max_tokens, the newest that fit it."""
+        ids = sorted(i for i, f in self._pending.items() if f.user_id == user_id)
+        if max_tokens is None:
+            return ids
+        kept: list[FactId] = []
+        for fact_id in reversed(ids):
+            max_tokens -= len(self._pending[fact_id].token_ids)
+            if max_tokens < 0:
+                break
+            kept.append(fact_id)
+        return kept[::-1]
+
+    def num_pending(self, fact_ids: Iterable[int]) -> int:
+        """How many of these facts are pending (served as text only)."""
+        return sum(1 for i in fact_ids if i in self._pending)
+
+    def finish(self, user_id: str, stored: Sequence[StoredFact], encode: bool) -> None:
+        """Pending facts embedded: registered again with their context, KV and index entry.
+
+        Facts deleted meanwhile (no longer pending here) are skipped.
+        """
+        chunk = [f for f in stored if f.fact_id in self._pending]
+        if chunk:
+            self._engine.delete(user_id, [f.fact_id for f in chunk])
+            for f in chunk:
+                del self._pending[f.fact_id]
+            self.register(user_id, chunk, encode)
+
     def stage(self, fact_ids: Iterable[int]) -> None:
         """Note facts just stored, to be registered by register_staged."""
         self._staged.update(fact_ids)
@@ -184,6 +226,11 @@ class RegisteredFacts:
     def forget(self, user_id: str, fact_ids: Sequence[int]) -> None:
         """Drop deleted facts from the engine (freeing their KV) and from the index."""
         self._staged.difference_update(fact_ids)
+        pending = [FactId(i) for i in fact_ids if i in self._pending]
+        if pending:
+            self._engine.delete(user_id, pending)
+            for fact_id in pending:
+                del self._pending[fact_id]
         known = [FactId(i) for i in fact_ids if i in self._facts]
         if known:
             self._engine.delete(user_id, known)
@@ -199,7 +246,7 @@ class RegisteredFacts:
     def release_all(self) -> None:
         """Forget every fact, freeing its KV in a shared engine (Memory.close; disk kept)."""
         by_user: dict[str, list[FactId]] = defaultdict(list)
-        for fact in self._facts.values():
+        for fact in [*self._facts.values(), *self._pending.values()]:
             by_user[fact.user_id].append(fact.fact_id)
         try:
             for user_id, ids in by_user.items():
@@ -207,6 +254,7 @@ class RegisteredFacts:
         finally:
             self._facts.clear()
             self._since.clear()
+            self._pending.clear()
             self._by_user.clear()
             self._versions.clear()
 
@@ -247,9 +295,13 @@ class RegisteredFacts:
         current = {f.fact_id: f for f in store.get_all(user_id=user_id) if f.valid_to is None}
         stale = [i for i in self._by_user.get(user_id, ()) if i not in current
                  or _changed(self._facts[i], current[i])]
+        stale += [i for i in self.pending_of(user_id)  # finished (or deleted) elsewhere
+                  if i not in current or not current[i].pending]
         self.forget(user_id, stale)
-        fresh = [f for i, f in current.items() if i not in self._facts and i not in self._staged]
-        self.register(user_id, fresh, encode=False)
+        fresh = [f for i, f in current.items() if i not in self._facts and i not in self._staged
+                 and i not in self._pending]
+        self.register_pending(user_id, [f for f in fresh if f.pending])
+        self.register(user_id, [f for f in fresh if not f.pending], encode=False)
         self._versions[user_id] = version
         self._versions.move_to_end(user_id)
         self._counters["synced_users"] += 1
@@ -264,6 +316,7 @@ class RegisteredFacts:
         again.
         """
         del self._versions[user_id]
+        self.forget(user_id, self.pending_of(user_id))  # the queue finishes them in the store
         ids = list(self._by_user.pop(user_id, ()))
         if ids:
             self._engine.delete(user_id, ids, keep_disk=True)
@@ -292,8 +345,9 @@ class RegisteredFacts:
                 if stale:
                     batch = refresh(store, batch, stale, tokenize, embed)
                     self._counters["startup_refreshed"] += len(batch)
-                for stored in batch:
-                    pending[stored.user_id].append(stored)
+                for stored in batch:  # pending facts: registered by the queue (background.py)
+                    if not stored.pending:
+                        pending[stored.user_id].append(stored)
                 for user_id in [u for u, facts in pending.items() if len(facts) >= _BATCH]:
                     facts = pending.pop(user_id)
                     self.register(user_id, facts, encode)

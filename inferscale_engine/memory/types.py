@@ -1,4 +1,4 @@
-"""Memory's result types: MemoryItem, AddResult, SearchResult, MemoryStats (no torch).
+"""Memory's result types: MemoryItem, AddResult, AddStatus, SearchResult, MemoryStats (no torch).
 
 MemoryItem is the one shape a user meets a fact in, from a local Memory and from MemoryClient
 (a server) alike, as mem0 returns one result shape everywhere. A field a later feature adds to
@@ -68,6 +68,26 @@ class AddResult:
     supersedes: tuple[FactId, ...] = ()
     """The facts this one superseded (supersede(), infer=True's UPDATE, supersede_threshold):
     kept in the store for history and as-of reads, no longer served."""
+    status: str | None = None
+    """'PENDING' for a fact of add(wait=False): stored, its embedding, duplicate check and KV
+    still to come (Memory.add_status(fact_id) tells how it went); None for a finished add."""
+
+
+@dataclass(frozen=True, slots=True)
+class AddStatus:
+    """How an asynchronous add of one fact went (Memory.add_status; mem0's event)."""
+
+    fact_id: FactId
+    """The fact's id (also its event id)."""
+    status: str
+    """'PENDING' (queued), 'RUNNING', 'SUCCEEDED' (searchable, KV encoded) or 'FAILED'
+    (still stored and served as text; retried at the next start)."""
+    event: str = "ADD"
+    """'ADD', or 'DUPLICATE': the background check found it repeats `duplicate_of`, and its
+    row was deleted (history: ADD, then DELETE)."""
+    duplicate_of: FactId | None = None
+    error: str | None = None
+    """What failed (FAILED only)."""
 
 
 @dataclass(frozen=True, slots=True)

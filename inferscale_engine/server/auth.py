@@ -25,6 +25,7 @@ from typing import Any
 
 from inferscale_engine.checks import check_user_id
 from inferscale_engine.errors import (
+    AddQueueFullError,
     ConfigError,
     EngineClosedError,
     FactNotFoundError,
@@ -42,9 +43,9 @@ bypass the memory seam) needs an admin key."""
 PUBLIC_PATHS = frozenset({"/health", "/ping"})
 """Liveness probes, answered without a key: load balancers and routers (vllm-router's health
 checker) poll them with no credentials, and they tell nothing but 'up'."""
-TENANT_PREFIXES = ("/v1/memories", "/v3/memories", "/ui/api")
-"""The memory APIs (ours, the routes mem0's client calls: server/mem0_api.py, and the
-inspector's: server/ui/api.py)."""
+TENANT_PREFIXES = ("/v1/memories", "/v3/memories", "/v1/event", "/ui/api")
+"""The memory APIs (ours, the routes mem0's client calls: server/mem0_api.py, its events of
+asynchronous adds, and the inspector's: server/ui/api.py)."""
 
 
 def tenant_route(path: str) -> bool:
@@ -70,7 +71,7 @@ def http_error(exc: InferScaleError, what: str = "") -> HttpError:
 
     A store that cannot be reached (a database restart, a lost connection) or a closed engine is
     503: retryable, on this replica or (behind a router) another; bad input is 400, a foreign
-    handle 403, an unknown fact 404.
+    handle 403, an unknown fact 404, a full queue of asynchronous adds 429 (retry later).
     """
     message = f"{what}{exc}"
     if isinstance(exc, FactNotFoundError):
@@ -79,6 +80,8 @@ def http_error(exc: InferScaleError, what: str = "") -> HttpError:
         return HttpError(403, message, "permission_error")
     if isinstance(exc, (StoreError, EngineClosedError)):
         return HttpError(503, message, "service_unavailable")
+    if isinstance(exc, AddQueueFullError):
+        return HttpError(429, message, "rate_limit_error")
     return HttpError(400, message)
 
 

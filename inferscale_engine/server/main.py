@@ -36,6 +36,7 @@ from inferscale_engine.config import EngineConfig, plan_secret
 from inferscale_engine.errors import ConfigError
 from inferscale_engine.memory.config import (
     DEFAULT_EMBEDDING_MODEL,
+    DEFAULT_MAX_QUEUED_FACTS,
     DEFAULT_MAX_SERVED_USERS,
     check_dedupe_threshold,
     check_max_served_users,
@@ -105,6 +106,11 @@ def our_parser() -> argparse.ArgumentParser:
     parser.add_argument("--half-scan-min-rows", type=int, default=None,
                         help="facts of one user from which searches scan float16 copies (1.5x "
                              "the index memory; default: the device's, 0 = never)")
+    parser.add_argument("--sync-adds", action="store_true",
+                        help="a chat's memory.add and write-back wait for the facts' "
+                             "embedding and KV (default: stored at once, the rest queued)")
+    parser.add_argument("--max-queued-facts", type=int, default=DEFAULT_MAX_QUEUED_FACTS,
+                        help="facts of asynchronous adds that may wait at once (more: 429)")
     return parser
 
 
@@ -218,7 +224,7 @@ async def run(args: argparse.Namespace, config: EngineConfig, keys: ApiKeys | No
         app = build_app(args, supported, client.model_config)
         await init_app_state(client, app.state, args, supported)
         metrics = install(app, memory, keys, ours.k, ours.max_add_facts, ours.replica_id,
-                          ours.hosts)
+                          ours.hosts, not ours.sync_adds)
         try:
             shutdown = await serve_http(
                 app, sock=sock, host=args.host, port=args.port,
@@ -252,16 +258,18 @@ def open_memory(config: EngineConfig, ours: argparse.Namespace, client: Any,
                                            embedding_model=ours.embedding_model,
                                            dedupe_threshold=ours.dedupe_threshold,
                                            half_scan_min_rows=ours.half_scan_min_rows,
-                                           max_served_users=ours.max_served_users),
+                                           max_served_users=ours.max_served_users,
+                                           max_queued_facts=ours.max_queued_facts),
                               runner=lambda _config, _connector: AsyncRunner(client, loop))
 
 
 def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
             max_add_facts: int = DEFAULT_MAX_ADD_FACTS, replica_id: str | None = None,
-            hosts: AllowedHosts | None = None) -> Any:
+            hosts: AllowedHosts | None = None, async_adds: bool = True) -> Any:
     """The seam, routes, auth middleware and metrics on vLLM's app; returns the metrics.
 
     `hosts`: the Host names answered (default: AllowedHosts.for_server without the flag).
+    `async_adds`: chat-borne adds return once stored (SeamState).
     """
     from inferscale_engine.server import mem0_api, routes, ui
     from inferscale_engine.server.metrics import MemoryMetrics
@@ -272,7 +280,7 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
     )
     from inferscale_engine.server.ui import api, page
 
-    state = SeamState(memory, default_k, max_add_facts, replica_id)
+    state = SeamState(memory, default_k, max_add_facts, replica_id, async_adds)
     app.state.inferscale = state
     hosts = hosts or AllowedHosts.for_server(None, keys is not None)
     app.state.allowed_hosts = hosts

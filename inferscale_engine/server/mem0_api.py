@@ -3,7 +3,10 @@
     MemoryClient(api_key="<an --api-keys key>", host="http://127.0.0.1:8000")
 
   GET    /v1/ping/                   the key's check at the client's start
-  POST   /v3/memories/add/           {messages, user_id, agent_id, run_id, metadata}
+  POST   /v3/memories/add/           {messages, user_id, agent_id, run_id, metadata,
+                                     async_mode}: async_mode=true answers once stored, each
+                                     result with an event_id and status PENDING
+  GET    /v1/event/{event_id}/       an asynchronous add's status (per fact: id = fact id)
   POST   /v3/memories/               get_all: {filters: {user_id, agent_id, run_id, ...}}
   POST   /v3/memories/search/        {query, filters, top_k, threshold}
   GET / PUT / DELETE /v1/memories/{id}/          one memory
@@ -35,6 +38,7 @@ from inferscale_engine.server.routes import (
     _owned,
     _principal,
     _user,
+    event_record,
     split_filters,
 )
 
@@ -54,6 +58,9 @@ class AddBody(_Body):
     run_id: str | None = None
     metadata: dict[str, Any] | None = None
     infer: bool | None = None
+    async_mode: bool | None = None
+    """mem0's platform defaults to true; here false (None) keeps the add synchronous, so a
+    search right after it finds the facts (a pending fact is not searchable yet)."""
 
 
 class ListBody(_Body):
@@ -123,9 +130,21 @@ async def add(request: Request, body: AddBody) -> dict[str, Any]:
     request.app.state.inferscale.check_add_size(len(messages))
     results = await _call(_memory(request).add, user_id=user_id, messages=messages,
                           metadata=body.metadata, agent_id=body.agent_id, run_id=body.run_id,
-                          infer=bool(body.infer))
-    return {"results": [{"id": str(r.fact_id), "memory": r.text, "event": r.event}
+                          infer=bool(body.infer), wait=not body.async_mode)
+    return {"results": [{"id": str(r.fact_id), "memory": r.text, "event": r.event,
+                         **({"event_id": str(r.fact_id), "status": r.status,
+                             "message": "Memory processing has been queued for background "
+                                        "execution"} if r.status else {})}
                         for r in results]}
+
+
+@router.get("/v1/event/{event_id}/")
+async def event(request: Request, event_id: str) -> dict[str, Any]:
+    """An asynchronous add's status (PENDING, RUNNING, SUCCEEDED, FAILED)."""
+    fact_id = _memory_id(event_id)
+    user_id = await _owned(request, fact_id)
+    return event_record(await _call(_memory(request).add_status, user_id=user_id,
+                                    fact_id=fact_id))
 
 
 @router.post("/v3/memories/")

@@ -54,6 +54,14 @@ _MEMORY_COUNTERS = {
                       "state is read again on their next use)",
     "infer_calls": "add(infer=True) calls: the served model extracted facts",
     "infer_invalid": "infer=True calls whose model output was not valid (nothing changed)",
+    "queued_adds": "Facts of asynchronous adds stored and queued (embedding and KV to come)",
+    "async_added": "Facts of asynchronous adds embedded, encoded and indexed",
+    "async_add_refusals": "Asynchronous adds refused with 429: the queue was full",
+    "async_add_failures": "Facts whose background work failed (stored, served as text, "
+                          "retried at the next start)",
+    "resumed_adds": "Pending facts queued again at start-up",
+    "pending_served_as_text": "Facts served as text because their KV was not ready yet "
+                              "(an asynchronous add still in the queue)",
 }
 
 

@@ -1,15 +1,18 @@
 """The memory REST API, in mem0's request and response shapes where they fit.
 
-  POST   /v1/memories            {messages | texts, user_id, metadata, session_id} -> results
-                                 (a long turn becomes several facts: message_index says whose;
-                                 at most --max-add-facts facts per call, else 413)
+  POST   /v1/memories            {messages | texts, user_id, metadata, session_id, async_mode}
+                                 -> results (a long turn becomes several facts: message_index
+                                 says whose; at most --max-add-facts facts per call, else 413)
+  GET    /v1/memories/events/{id}  an asynchronous add's status, per fact (event id = fact id)
   GET    /v1/memories?user_id=   the user's memories
   GET    /v1/memories/{id}       one memory       PUT {text, metadata}   DELETE
   POST   /v1/memories/search     {query, user_id (or filters.user_id), filters, top_k,
                                  threshold}: filters as mem0's (agent_id, run_id, metadata)
   DELETE /v1/memories?user_id=   every memory of a user (admin)
   POST   /v1/memories/reset      {user_id}: memories and turns of a user (admin)
-Writes are durable and their KV encoded before the call returns ("pending": false). A key
+Writes are durable and their KV encoded before the call returns ("pending": false); with
+async_mode (mem0's name) they return once stored ("pending": true, each result's "event_id"
+and "status": "PENDING"), the embedding and KV queued (429 when the queue is full). A key
 reaches only its own users (403; 404 for a memory id it may not see); the user may also come
 from the X-User-Id header (server/identity.py: how channels are read and normalized).
 """
@@ -48,6 +51,8 @@ class AddBody(_Body):
     texts: list[str] | None = None
     metadata: dict[str, Any] | None = None
     session_id: str | None = None
+    async_mode: bool = False
+    """Return once stored; embedding and KV in the background (Memory.add(wait=False))."""
 
 
 class UpdateBody(_Body):
@@ -140,18 +145,38 @@ async def add(request: Request, body: AddBody) -> dict[str, Any]:
     user_id = _user(request, ("user_id", body.user_id))
     state = request.app.state.inferscale
     state.check_add_size(len(body.texts or ()) + len(body.messages or ()))
+    wait = not body.async_mode
     if body.messages is not None and body.texts is None:  # long turns are cut, not refused
         indexed = await _call(state.add_messages, user_id=user_id,
                               messages=body.messages, metadata=body.metadata,
-                              session_id=body.session_id)
+                              session_id=body.session_id, wait=wait)
     else:
         indexed = [(None, r) for r in await _call(
             _memory(request).add, user_id=user_id, texts=body.texts, messages=body.messages,
-            metadata=body.metadata, session_id=body.session_id)]
+            metadata=body.metadata, session_id=body.session_id, wait=wait)]
     return {"results": [{"id": int(r.fact_id), "memory": r.text, "event": r.event,
                          **({"similarity": r.similarity} if r.similarity else {}),
-                         **({"message_index": i} if i is not None else {})}
-                        for i, r in indexed], "pending": False}
+                         **({"message_index": i} if i is not None else {}),
+                         **({"event_id": str(r.fact_id), "status": r.status} if r.status
+                            else {})}
+                        for i, r in indexed], "pending": not wait}
+
+
+@router.get("/events/{event_id}")
+async def event(request: Request, event_id: int) -> dict[str, Any]:
+    """The status of one fact's asynchronous add (its event id is its fact id)."""
+    user_id = await _owned(request, event_id)
+    return event_record(await _call(_memory(request).add_status, user_id=user_id,
+                                    fact_id=event_id))
+
+
+def event_record(status: Any) -> dict[str, Any]:
+    """An AddStatus as JSON (mem0's event fields where they fit)."""
+    return {"id": str(status.fact_id), "event_type": "ADD", "status": status.status,
+            "results": [{"id": str(status.fact_id), "event": status.event,
+                         **({"duplicate_of": str(status.duplicate_of)}
+                            if status.duplicate_of is not None else {})}],
+            **({"error": status.error} if status.error else {})}
 
 
 @router.get("")

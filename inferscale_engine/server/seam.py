@@ -72,9 +72,11 @@ class SeamState:
     """
 
     def __init__(self, memory: Any, default_k: int = 5,
-                 max_add_facts: int = DEFAULT_MAX_ADD_FACTS, replica_id: str | None = None
-                 ) -> None:
+                 max_add_facts: int = DEFAULT_MAX_ADD_FACTS, replica_id: str | None = None,
+                 async_adds: bool = True) -> None:
         self.memory = memory
+        self.async_adds = async_adds
+        """Chat-borne adds (memory.add, write-back) return once stored: Memory.add(wait=False)."""
         self.replica_id = replica_id
         self.default_k = default_k
         self.max_add_facts = max_add_facts
@@ -112,7 +114,8 @@ class SeamState:
 
     def add_messages(self, *, user_id: str, session_id: str | None,
                      messages: Sequence[Mapping[str, Any]],
-                     metadata: Mapping[str, Any] | None = None) -> list[tuple[int, Any]]:
+                     metadata: Mapping[str, Any] | None = None, wait: bool = True
+                     ) -> list[tuple[int, Any]]:
         """Memory.add of turns; per fact, (index of its message, AddResult). Blocking.
 
         A turn too long for one fact is cut in pieces (as the local KVMemory does), so a long
@@ -125,7 +128,7 @@ class SeamState:
         self.check_add_size(len(pieces))  # long turns cut into more facts than the limit
         results = self.memory.add(
             user_id=user_id, session_id=session_id, metadata=metadata,
-            messages=[{"role": role, "content": part} for _, role, part in pieces])
+            messages=[{"role": role, "content": part} for _, role, part in pieces], wait=wait)
         return [(pieces[r.turn][0], r) for r in results]  # AddResult.turn: the piece's index
 
     async def add_facts(self, scope: RequestScope) -> None:
@@ -133,10 +136,9 @@ class SeamState:
 
         Called once vLLM has validated and rendered the request (render_*), so that a request
         vLLM refuses there stores nothing; a refusal after this point rolls the add back.
-
-        Raises:
-            HttpError: 413 over max_add_facts; 400 for a fact the memory refuses (nothing is
-                stored).
+        With async_adds the embedding and KV follow in the background (this answer has the
+        facts as text). Raises HttpError: 413 over max_add_facts; 400 for a fact the memory
+        refuses; 429 when the add queue is full (nothing is stored).
         """
         options = scope.options
         if not options.add:
@@ -146,7 +148,7 @@ class SeamState:
         try:
             scope.added = await asyncio.to_thread(
                 self.memory.add, user_id=options.user_id, texts=list(options.add),
-                session_id=options.session_id)
+                session_id=options.session_id, wait=not self.async_adds)
         except InferScaleError as exc:
             raise http_error(exc, "memory.add: ") from None
         scope.timings["add"] = (time.perf_counter() - started) * 1e3
@@ -171,7 +173,7 @@ class SeamState:
         assert options.user_id is not None  # active
         task = asyncio.get_running_loop().create_task(asyncio.to_thread(
             self.add_messages, user_id=options.user_id, session_id=options.session_id,
-            messages=messages))
+            messages=messages, wait=not self.async_adds))
         self.pending.add(task)
         task.add_done_callback(self.pending.discard)
 
@@ -199,7 +201,8 @@ def report(scope: RequestScope, raw_request: Any, final: Mapping[str, Any] | Non
             "injected_tokens": injected if status in ("inject", "planned") else 0,
             "plan_status": status, "stripped_fields": scope.stripped}
     if options.add:
-        info["added"] = [{"id": int(r.fact_id), "event": r.event} for r in scope.added]
+        info["added"] = [{"id": int(r.fact_id), "event": r.event,
+                          **({"status": r.status} if r.status else {})} for r in scope.added]
     if replica_id is not None:
         info["replica"] = replica_id
     state = getattr(raw_request, "state", None)

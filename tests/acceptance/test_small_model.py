@@ -132,3 +132,25 @@ def test_infer_updates_a_changed_fact_and_history_shows_it(served):
     events = served.history(user_id=user, fact_id=first[0].fact_id)
     assert [e.event for e in events] == ["ADD", "UPDATE"]
     assert "boston" in events[1].old_text.lower() and "lisbon" in events[1].new_text.lower()
+
+
+def test_an_asynchronous_add_is_answered_before_and_after_its_kv_is_ready(served):
+    from vllm import SamplingParams
+
+    user = "async-erin"
+    served.reset(user_id=user)
+    served.add(user_id=user, texts=["I live in Lisbon.", "My dog is called Pepper."])
+    (added,) = served.add(user_id=user, texts=["My violin teacher is called Ottilie."],
+                          wait=False)
+    assert added.status == "PENDING"
+    sampling = SamplingParams(max_tokens=32, temperature=0.0)
+    question = "What is my violin teacher called?"
+    before = served.generate(user_id=user, query=question, k=2, sampling=sampling)
+    pending = served.add_status(user_id=user, fact_id=added.fact_id).status != "SUCCEEDED"
+    print(f"[before, {before.mode}] {before.text.strip()!r}")
+    assert said(before.text, "ottilie"), before.text  # served: as text if still pending
+    assert served.wait_adds(300)
+    after = served.generate(user_id=user, query=question, k=2, sampling=sampling)
+    print(f"[after, {after.mode}] {after.text.strip()!r} (pending before: {pending})")
+    assert said(after.text, "ottilie") and after.plan_status == "inject"
+    assert served.add_status(user_id=user, fact_id=added.fact_id).status == "SUCCEEDED"

@@ -38,8 +38,11 @@ def cluster(tmp_path_factory, postgres_server):
     folder = tmp_path_factory.mktemp("replicas")
     url = postgres_server.url_for(postgres_server.create_database())
     keys = keys_file(folder / "keys.json")
+    # --sync-adds: the chat-borne adds here return once their KV is encoded (the first chat
+    # injects them); asynchronous adds have their own tests (test_async_adds.py)
     replicas = [ServerProcess(url, folder / f"replica{i}.log", api_keys=keys,
-                              admin_key=KEYS["admin"], extra_args=["--replica-id", f"r{i}"])
+                              admin_key=KEYS["admin"],
+                              extra_args=["--replica-id", f"r{i}", "--sync-adds"])
                 for i in range(2)]
     for replica in replicas:  # both start at once (the store migrates once)
         replica.launch()

@@ -13,7 +13,6 @@ import hashlib
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from inferscale_engine.checks import (
@@ -32,6 +31,7 @@ from inferscale_engine.errors import (
 from inferscale_engine.facts import FactId
 from inferscale_engine.memory.store import history, schema, validity
 from inferscale_engine.memory.store import sessions as turn_log
+from inferscale_engine.memory.store.pending import finish_rows, pending_rows
 from inferscale_engine.memory.store.records import (
     StoredFact,
     Turn,
@@ -41,9 +41,8 @@ from inferscale_engine.memory.store.records import (
     token_blob,
     turn_rows,
 )
-from inferscale_engine.memory.store.sql import Database, is_url, open_database
+from inferscale_engine.memory.store.sql import Database, open_database
 from inferscale_engine.memory.store.sql.database import retried
-from inferscale_engine.memory.store.sql.sqlite import private_folder
 from inferscale_engine.memory.store.verbs import store_verb
 
 _IDS_PER_QUERY = 500  # stays under SQLITE_MAX_VARIABLE_NUMBER of every SQLite build (999)
@@ -58,7 +57,8 @@ class FactStore:
 
     Fact ids are unique forever (AUTOINCREMENT, identity columns): a deleted id is never
     reused, so a stale handle or KV entry can never name a newer fact. Several processes may
-    share one PostgreSQL database (`shared`); user_version() tells them a user changed.
+    share one PostgreSQL database (`shared`); user_version() tells them a user changed. Open
+    one with open_store (store/__init__.py).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: str | None = None,
@@ -269,6 +269,20 @@ class FactStore:
             return validity.expired(db, time.time() if now is None else now, limit)
 
     @store_verb
+    def finish_pending(self, *, user_id: str,
+                       done: Mapping[int, tuple[Any, Mapping[str, Any]]]) -> list[FactId]:
+        """Pending facts made, per id (embedding, metadata); returns those written (pending.py)."""
+        with self._db.transaction("finish_pending") as db:
+            schema.bump_user_version(db, user_id)
+            return finish_rows(db, user_id, done, time.time())
+
+    @retried
+    def pending_facts(self, limit: int = 100_000) -> list[StoredFact]:
+        """Facts of every user an asynchronous add left pending, oldest first."""
+        with self._db.reading("pending_facts") as db:
+            return [fact_from_row(r) for r in pending_rows(db, _FACT_COLUMNS, limit)]
+
+    @store_verb
     def reset(self, *, user_id: str) -> list[FactId]:
         """Delete all facts, turns and history of a user; returns the deleted fact ids."""
         with self._db.transaction("reset") as db:
@@ -432,19 +446,3 @@ def _raise_missing(user_id: str, missing: list[int]) -> None:
         raise FactNotFoundError(f"user {user_id!r} has no fact with id(s) "
                                 f"{list(dict.fromkeys(missing))}: deleted, never added, or "
                                 "another user's; list the user's facts with get_all()")
-
-
-def open_store(store: FactStore | str | os.PathLike[str]) -> FactStore:
-    """`store`, or the FactStore at that path (missing folders created 0700) or URL."""
-    if isinstance(store, FactStore):
-        return store
-    if not isinstance(store, str | os.PathLike):
-        raise InvalidRequestError(f"store must be a FactStore, a database path or URL, got "
-                                  f"{type(store).__name__}")
-    path = os.fspath(store)
-    if is_url(path):
-        return FactStore(path)
-    path = os.path.expanduser(path)
-    if path != ":memory:":
-        private_folder(Path(path).parent)
-    return FactStore(path)
