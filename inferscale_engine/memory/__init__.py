@@ -13,6 +13,7 @@
   ingest.py        the write path: new facts -> duplicates -> contexts -> store -> register
   infer.py         add(..., infer=True): facts extracted by the served model, reconciled
   registration.py  the facts registered with the engine and indexed (servable), start-up
+  expiry.py        expiration_date: expired facts never served, hidden or swept (EXPIRE)
   gate.py          large adds yield to interactive calls between their chunks
   aio.py           the async verbs (aadd, asearch, ...), typed as their synchronous twins
   config.py        MemoryConfig

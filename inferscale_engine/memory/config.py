@@ -19,6 +19,10 @@ DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_DB_PATH = "~/.inferscale/memory.db"
 """Default fact database (created on first use)."""
 STARTUP_MODES = ("encode", "lazy")
+ON_EXPIRY = ("hide", "delete")
+"""What becomes of an expired fact's row: hidden (mem0) or deleted by the sweeper (LangGraph)."""
+DEFAULT_EXPIRY_SWEEP_S = 60.0
+"""Seconds between the expiry sweeper's runs (memory/expiry.py)."""
 DEFAULT_MAX_SERVED_USERS = 10_000
 """Users of a shared store whose facts one process holds at once (MemoryConfig)."""
 
@@ -49,6 +53,12 @@ class MemoryConfig:
     max_served_users: int = DEFAULT_MAX_SERVED_USERS
     """Users of a shared store (replicas) whose facts this process holds at once: the least
     recently served one beyond it is released and read again on its next use."""
+    on_expiry: str = "hide"
+    """An expired fact is never served; its row is 'hide': kept, hidden from every read
+    (mem0), or 'delete': deleted by the sweeper, history EXPIRE (LangGraph's TTL)."""
+    expiry_sweep_s: float | None = DEFAULT_EXPIRY_SWEEP_S
+    """Seconds between the background sweeper's runs (it starts once a fact has an
+    expiry); None: no thread, expired facts leave serving on access, rows on sweep_expired()."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine, EngineConfig):
@@ -70,6 +80,18 @@ class MemoryConfig:
             raise ConfigError(f"encode_on_add={self.encode_on_add!r} must be True or False")
         check_half_scan_min_rows(self.half_scan_min_rows)
         check_max_served_users(self.max_served_users)
+        check_expiry(self.on_expiry, self.expiry_sweep_s)
+
+
+def check_expiry(on_expiry: object, sweep_s: object) -> None:
+    """on_expiry and expiry_sweep_s, checked (ConfigError)."""
+    if on_expiry not in ON_EXPIRY:
+        raise ConfigError(f"on_expiry={on_expiry!r} must be 'hide' (keep expired rows, hidden) "
+                          "or 'delete' (the sweeper deletes them)")
+    if sweep_s is not None and (isinstance(sweep_s, bool) or not isinstance(sweep_s, int | float)
+                                or not math.isfinite(sweep_s) or sweep_s <= 0):
+        raise ConfigError(f"expiry_sweep_s={sweep_s!r} must be seconds > 0 between sweeps, or "
+                          "None (no sweeper thread)")
 
 
 def check_max_served_users(value: object) -> int:

@@ -130,7 +130,7 @@ def parse_decisions(text: str, ids: Mapping[str, int]) -> list[Decision] | None:
 
 def infer_add(memory: Any, *, user_id: str, messages: Sequence[Mapping[str, str]],
               metadata: Mapping[str, Any] | None, agent_id: str | None, run_id: str | None,
-              max_tokens: int = 512) -> list[Any]:
+              max_tokens: int = 512, expiration_date: object = None) -> list[Any]:
     """Extract, decide and apply (module docstring); one AddResult per applied decision.
 
     The ADD / UPDATE / DELETE results carry the fact's id and its (new, or deleted) text; NONE
@@ -195,7 +195,8 @@ def infer_add(memory: Any, *, user_id: str, messages: Sequence[Mapping[str, str]
             results.append(AddResult(FactId(decision.fact_id), listed[decision.fact_id], "NONE"))
     if adds:  # one embedding and encoding batch for every new fact, results in decision order
         added = memory.add(user_id=user_id, texts=[results[i] for i in adds],
-                           metadata=metadata, agent_id=agent_id, run_id=run_id)
+                           metadata=metadata, agent_id=agent_id, run_id=run_id,
+                           expiration_date=expiration_date)
         for i, result in zip(adds, added, strict=True):
             results[i] = result
     return results

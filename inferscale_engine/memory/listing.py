@@ -1,16 +1,20 @@
 """Listing: the verbs that read the store as it is (get, get_all, records, history, turns, ...).
 
 A plain part Memory holds and forwards to (main.py), as it does Answering. These verbs read
-durable rows only: no engine, no index, no sync of served facts.
+durable rows only: no engine, no index, no sync of served facts. Expired facts are left out
+(memory/expiry.py), as a sweep may not have deleted them yet.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from inferscale_engine import checks
+from inferscale_engine.errors import FactNotFoundError
 from inferscale_engine.facts import Fact
+from inferscale_engine.memory.expiry import has_expired, unexpired
 from inferscale_engine.memory.scope import Scopes
 from inferscale_engine.memory.search import filters
 from inferscale_engine.memory.store import FactStore, StoredFact, Turn, reserved
@@ -29,29 +33,39 @@ class Listing:
         return self._store.owner(fact_id)
 
     def get(self, *, user_id: str, fact_id: int) -> StoredFact:
-        """The durable record of one fact (text, token ids, metadata, timestamps)."""
+        """The durable record of one fact (text, token ids, metadata, timestamps).
+
+        Raises:
+            FactNotFoundError: the user has no such fact, or it has expired.
+        """
         user = self._scopes.user(user_id, sync=False)
         (fact_id,) = checks.check_fact_ids([fact_id], "fact_id")
         with user as uid:
             (stored,) = self._store.get(user_id=uid, fact_ids=[fact_id])
+        if has_expired(stored, time.time()):
+            raise FactNotFoundError(f"fact {fact_id} of user {uid!r} expired at "
+                                    f"{stored.expires_at}; expired facts are not served")
         return reserved.public_record(stored)
 
     def get_all(self, *, user_id: str) -> list[Fact]:
         """All facts of a user, oldest first ([] for a user with none)."""
         with self._scopes.user(user_id, sync=False) as uid:
-            return [f.to_fact() for f in self._store.get_all(user_id=uid)]
+            return [f.to_fact() for f in unexpired(self._store.get_all(user_id=uid))]
 
     def records(self, *, user_id: str, filter: Mapping[str, Any] | None = None,
-                agent_id: str | None = None, run_id: str | None = None) -> list[StoredFact]:
+                agent_id: str | None = None, run_id: str | None = None,
+                include_expired: bool = False) -> list[StoredFact]:
         """The user's facts as stored (text, metadata, timestamps), oldest first.
 
         With `filter` (memory/search/filters.py), those whose metadata match it; with agent_id
-        / run_id, those added in them.
+        / run_id, those added in them; include_expired: also expired rows no sweep deleted yet.
         """
         user = self._scopes.user(user_id, sync=False)
         wanted, scope = filters.check_filter(filter), filters.scope(agent_id, run_id)
         with user as uid:
             stored = self._store.get_all(user_id=uid)
+        if include_expired is not True:
+            stored = unexpired(stored)
         return [r for r in map(reserved.public_record, stored)
                 if filters.selected(r, wanted, scope)]
 

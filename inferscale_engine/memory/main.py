@@ -30,12 +30,15 @@ from inferscale_engine.memory.answering import Answering
 from inferscale_engine.memory.config import (
     DEFAULT_DB_PATH,
     DEFAULT_EMBEDDING_MODEL,
+    DEFAULT_EXPIRY_SWEEP_S,
     DEFAULT_MAX_SERVED_USERS,
     MemoryConfig,
     check_dedupe_threshold,
+    check_expiry,
     check_startup,
 )
 from inferscale_engine.memory.editing import Editing
+from inferscale_engine.memory.expiry import Expiry, expiration_time
 from inferscale_engine.memory.gate import InteractiveGate, interactive_call
 from inferscale_engine.memory.infer import infer_add
 from inferscale_engine.memory.listing import Listing
@@ -65,7 +68,8 @@ class Memory:
                  encode_on_add: bool = True, device: str | torch.device | None = None,
                  context_turns: int = 16, progress_bar: bool | None = None,
                  half_scan_min_rows: int | None = None,
-                 max_served_users: int = DEFAULT_MAX_SERVED_USERS) -> None:
+                 max_served_users: int = DEFAULT_MAX_SERVED_USERS, on_expiry: str = "hide",
+                 expiry_sweep_s: float | None = DEFAULT_EXPIRY_SWEEP_S) -> None:
         """Open the store and make every stored fact searchable and servable.
 
         Args:
@@ -84,13 +88,15 @@ class Memory:
             context_turns: stored turns of a session (or, for facts added as texts, the user's
                 last facts) read as the context a new fact is encoded after.
             progress_bar: show the start-up progress bar (None: only on a terminal).
-            half_scan_min_rows, max_served_users: see MemoryConfig.
+            half_scan_min_rows, max_served_users, on_expiry, expiry_sweep_s: see
+                MemoryConfig (expired facts: memory/expiry.py).
 
         Raises:
             ConfigError: a bad option, or another open Memory owns the engine's fact ids.
         """
         self._dedupe_threshold = check_dedupe_threshold(dedupe_threshold)
         check_startup(startup)
+        check_expiry(on_expiry, expiry_sweep_s)
         checks.check_half_scan_min_rows(half_scan_min_rows)
         checks.check_int(context_turns, "context_turns", 0, InvalidRequestError)
         self._engine = engine
@@ -128,6 +134,8 @@ class Memory:
                                     self._listing.records)
             self._served.register_stored(self._store, self._embedder.name, self._embed,
                                          startup == "encode", progress_bar)
+            self._expiry = Expiry(self._store, self._scopes, self.counters, on_expiry,
+                                  expiry_sweep_s)
         except BaseException:
             engine.release_fact_ids(self)
             if self._owns_store:
@@ -147,7 +155,8 @@ class Memory:
                          dedupe_threshold=config.dedupe_threshold, startup=config.startup,
                          encode_on_add=config.encode_on_add, device=config.device,
                          half_scan_min_rows=config.half_scan_min_rows,
-                         max_served_users=config.max_served_users)
+                         max_served_users=config.max_served_users,
+                         on_expiry=config.on_expiry, expiry_sweep_s=config.expiry_sweep_s)
         except BaseException:
             engine.close()
             raise
@@ -164,7 +173,7 @@ class Memory:
             messages: Sequence[Mapping[str, str]] | None = None, session_id: str | None = None,
             metadata: Mapping[str, Any] | None = None, dedupe: bool = True,
             agent_id: str | None = None, run_id: str | None = None,
-            infer: bool = False) -> list[AddResult]:
+            infer: bool = False, expiration_date: Any = None) -> list[AddResult]:
         """Remember facts, or a conversation's turns; one result per fact, in order.
 
         dedupe=False stores every fact, also one that repeats a stored fact (stores keyed by
@@ -172,6 +181,8 @@ class Memory:
         scopes) tag the facts; search, records and delete_all can then narrow to them.
         infer=True has the served model extract facts from `messages` and add, update or
         delete stored facts accordingly (memory/infer.py); results say which it did.
+        expiration_date (mem0's: a date, datetime, ISO string or epoch seconds) is when the
+        facts stop being served (memory/expiry.py).
 
         With `messages`, every turn is recorded in the session and the content of each user or
         assistant turn becomes a fact encoded after the session's turns before it (their last W
@@ -186,8 +197,10 @@ class Memory:
         if infer:  # texts are read as the user's messages
             checks.check_session(session_id)
             return infer_add(self, user_id=user.user_id, metadata=metadata, agent_id=agent_id,
-                             run_id=run_id, messages=ingest.infer_messages(texts, messages))
-        request = ingest.AddInput.checked(texts, messages, session_id, metadata, agent_id, run_id)
+                             run_id=run_id, messages=ingest.infer_messages(texts, messages),
+                             expiration_date=expiration_time(expiration_date))
+        request = ingest.AddInput.checked(texts, messages, session_id, metadata, agent_id, run_id,
+                                          expiration_date)
         facts = ingest.new_facts(request, self._engine.tokenize_fact, self._embed_in_chunks)
         with user as uid:
             ingest.duplicates(facts, self._index, uid,
@@ -202,6 +215,8 @@ class Memory:
             self.counters["duplicates"] += len(facts) - len(stored)
         self._served.register_in_chunks(uid, stored, self._encode_on_add, self._gate,
                                         self._open)
+        if request.expires_at is not None:
+            self._expiry.start()
         return ingest.results(facts)
 
     # ---- read verbs --------------------------------------------------------------------
@@ -248,6 +263,8 @@ class Memory:
     delete = forward("_editing", Editing.delete)
     reset = forward("_editing", Editing.reset)
     delete_all = forward("_editing", Editing.delete_all)
+    sweep_expired = forward("_expiry", Expiry.sweep_expired)
+    set_expiration = forward("_expiry", Expiry.set_expiration)
     owner_of = forward("_listing", Listing.owner_of)
     get = forward("_listing", Listing.get)
     get_all = forward("_listing", Listing.get_all)
@@ -290,6 +307,7 @@ class Memory:
 
         A shared engine only forgets this Memory's facts, which frees their slab pages.
         """
+        self._expiry.close()  # first: a sweep may be waiting for the lock
         with self._lock:
             if self._closed:
                 return

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -35,6 +36,7 @@ from tqdm import tqdm
 from inferscale_engine.errors import EngineClosedError, InvalidFactError
 from inferscale_engine.facts import Fact, FactId
 from inferscale_engine.memory.config import DEFAULT_MAX_SERVED_USERS, check_max_served_users
+from inferscale_engine.memory.expiry import ExpiryClock, unexpired
 from inferscale_engine.memory.gate import InteractiveGate
 from inferscale_engine.memory.search.index import RetrievalIndex
 from inferscale_engine.memory.store.fact_store import FactStore
@@ -68,6 +70,8 @@ class RegisteredFacts:
         self._staged: set[int] = set()
         """Ids of facts an add has stored but not yet registered (Memory registers them in
         chunks); a delete or update meanwhile takes them out, so they are never served."""
+        self.expiry = ExpiryClock()
+        """When served facts expire (expire_due forgets them; memory/expiry.py)."""
 
     def __len__(self) -> int:
         return len(self._facts)
@@ -101,8 +105,9 @@ class RegisteredFacts:
 
         If encoding fails, the facts are registered without KV: it is built on first use. A fact
         the engine refuses (e.g. over a lowered max_fact_tokens) stays in the store but is not
-        served; it is logged and counted.
+        served; it is logged and counted. A fact that has expired is never registered.
         """
+        stored = unexpired(stored)
         if not stored:
             return
         facts = [f.to_fact() for f in stored]
@@ -130,6 +135,8 @@ class RegisteredFacts:
             [torch.from_numpy(f.embedding_array().copy()) for f in stored]))
         self._facts.update((f.fact_id, f) for f in facts)
         self._by_user.setdefault(user_id, set()).update(ids)
+        for one in stored:
+            self.expiry.note(user_id, one.fact_id, one.expires_at)
 
     def stage(self, fact_ids: Iterable[int]) -> None:
         """Note facts just stored, to be registered by register_staged."""
@@ -160,6 +167,7 @@ class RegisteredFacts:
     def forget(self, user_id: str, fact_ids: Sequence[int]) -> None:
         """Drop deleted facts from the engine (freeing their KV) and from the index."""
         self._staged.difference_update(fact_ids)
+        self.expiry.drop(fact_ids)
         known = [FactId(i) for i in fact_ids if i in self._facts]
         if known:
             self._engine.delete(user_id, known)
@@ -170,6 +178,14 @@ class RegisteredFacts:
             held.difference_update(known)
             if not held:  # a user with no facts left holds no state
                 self._by_user.pop(user_id, None)
+
+    def expire_due(self, now: float | None = None) -> list[FactId]:
+        """Forget the served facts whose expiry is at or before `now`; returns them."""
+        due = self.expiry.due(time.time() if now is None else now)
+        for user_id, ids in due.items():
+            self.forget(user_id, ids)
+            self._counters["expired_facts"] += len(ids)
+        return [i for ids in due.values() for i in ids]
 
     def release_all(self) -> None:
         """Forget every fact, freeing its KV in a shared engine (Memory.close; disk kept)."""
@@ -183,6 +199,7 @@ class RegisteredFacts:
             self._facts.clear()
             self._by_user.clear()
             self._versions.clear()
+            self.expiry = ExpiryClock()
 
     def wrote(self, store: FactStore, user_id: str) -> None:
         """After this process wrote a synced user: keep it synced if no one else wrote too.
@@ -222,6 +239,8 @@ class RegisteredFacts:
         stale = [i for i in self._by_user.get(user_id, ()) if i not in current
                  or _changed(self._facts[i], current[i])]
         self.forget(user_id, stale)
+        for fact_id in self._by_user.get(user_id, ()):  # another process may have set these
+            self.expiry.note(user_id, fact_id, current[fact_id].expires_at)
         fresh = [f for i, f in current.items() if i not in self._facts and i not in self._staged]
         self.register(user_id, fresh, encode=False)
         self._versions[user_id] = version
@@ -240,6 +259,7 @@ class RegisteredFacts:
         del self._versions[user_id]
         ids = list(self._by_user.pop(user_id, ()))
         if ids:
+            self.expiry.drop(ids)
             self._engine.delete(user_id, ids, keep_disk=True)
             self._index.remove(user_id=user_id, fact_ids=ids)
             for fact_id in ids:

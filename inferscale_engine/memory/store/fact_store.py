@@ -16,12 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from inferscale_engine.checks import (
-    check_fact_ids,
-    check_int,
-    check_list,
-    check_text,
-)
+from inferscale_engine.checks import check_fact_ids, check_int, check_list, check_text
 from inferscale_engine.errors import (
     ConfigError,
     FactNotFoundError,
@@ -93,10 +88,7 @@ class FactStore:
 
     @property
     def shared(self) -> bool:
-        """True if other processes may write to this database too (PostgreSQL).
-
-        Then a user's facts may change under this process; see user_version().
-        """
+        """True if other processes may write this database too (PostgreSQL; user_version())."""
         return self._db.shared
 
     # ---- facts -------------------------------------------------------------------------
@@ -104,8 +96,7 @@ class FactStore:
     def add_facts(self, *, user_id: str, texts: Sequence[str],
                   token_ids: Sequence[Sequence[int]], embeddings: Sequence[Any],
                   metadata: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
-                  session_id: str | None = None,
-                  turns: Sequence[tuple[str, str]] = (),
+                  session_id: str | None = None, turns: Sequence[tuple[str, str]] = (),
                   valid_from: float | Sequence[float | None] | None = None,
                   expires_at: float | Sequence[float | None] | None = None,
                   pending: bool = False) -> list[FactId]:
@@ -267,6 +258,14 @@ class FactStore:
         check_int(limit, "limit", 1, InvalidRequestError)
         with self._db.reading("expired") as db:
             return validity.expired(db, time.time() if now is None else now, limit)
+
+    @store_verb
+    def set_expiry(self, *, user_id: str, fact_ids: Sequence[int],
+                   expires_at: float | None) -> list[FactId]:
+        """Set when the user's unexpired facts expire (None: never); returns those set."""
+        with self._db.transaction("set_expiry") as db:
+            schema.bump_user_version(db, user_id)
+            return validity.set_expiry(db, user_id, check_fact_ids(fact_ids), expires_at)
 
     @store_verb
     def reset(self, *, user_id: str) -> list[FactId]:

@@ -69,3 +69,23 @@ def times(value: object, what: str, num_facts: int) -> list[float | None]:
                                    "(a finite number) or None")
         out.append(None if item is None else float(item))
     return out
+
+
+def set_expiry(db: Database, user_id: str, fact_ids: Sequence[int],
+               expires_at: object) -> list[FactId]:
+    """Set expires_at of the user's facts that have not expired yet; returns them.
+
+    An expired fact is left as it is (a refresh never brings one back).
+    """
+    (end,) = times(expires_at, "expires_at", 1)
+    ids, now = list(dict.fromkeys(fact_ids)), time.time()
+    changed: list[FactId] = []
+    for lo in range(0, len(ids), _IDS_PER_QUERY):
+        chunk = list(ids[lo:lo + _IDS_PER_QUERY])
+        changed += [FactId(row[0]) for row in db.execute(
+            f"SELECT fact_id FROM facts WHERE user_id = ? AND fact_id IN "
+            f"({','.join('?' * len(chunk))}) AND (expires_at IS NULL OR expires_at > ?)",
+            (user_id, *chunk, now))]
+    db.executemany("UPDATE facts SET expires_at = ? WHERE fact_id = ?",
+                   [(end, i) for i in changed])
+    return changed
