@@ -155,11 +155,13 @@ class Expiry:
         if store.expired(math.inf, 1):  # facts with an expiry exist: sweep them
             self.start()
 
-    def sweep_expired(self, *, delete: bool | None = None) -> list[FactId]:
+    def sweep_expired(self, *, delete: bool | None = None,
+                      user_prefix: str = "") -> list[FactId]:
         """Expire what is due now; returns the facts this sweep took out of serving or deleted.
 
         Served facts whose time passed are forgotten (their KV freed in every tier); with
-        delete (default: on_expiry == 'delete') expired rows are deleted, history EXPIRE.
+        delete (default: on_expiry == 'delete') expired rows of the users whose id starts
+        with `user_prefix` (KVMemoryStore: its namespaces) are deleted, history EXPIRE.
         """
         now = time.time()
         with self._scopes.open():
@@ -171,10 +173,12 @@ class Expiry:
                 found = self._store.expired(now, _SWEEP_BATCH)
                 by_user: dict[str, list[FactId]] = defaultdict(list)
                 for user_id, fact_id in found:
-                    by_user[user_id].append(fact_id)
-                for user_id, ids in by_user.items():
-                    out.update(dict.fromkeys(self._delete_rows(user_id, ids)))
-            if len(found) < _SWEEP_BATCH:
+                    if user_id.startswith(user_prefix):
+                        by_user[user_id].append(fact_id)
+                deleted = [i for user_id, ids in by_user.items()
+                           for i in self._delete_rows(user_id, ids)]
+                out.update(dict.fromkeys(deleted))
+            if len(found) < _SWEEP_BATCH or not deleted:  # the rest are other users'
                 return list(out)
 
     def set_expiration(self, *, user_id: str, fact_ids: Sequence[int],
