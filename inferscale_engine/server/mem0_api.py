@@ -3,7 +3,8 @@
     MemoryClient(api_key="<an --api-keys key>", host="http://127.0.0.1:8000")
 
   GET    /v1/ping/                   the key's check at the client's start
-  POST   /v3/memories/add/           {messages, user_id, agent_id, run_id, metadata}
+  POST   /v3/memories/add/           {messages, user_id, agent_id, run_id, metadata,
+                                      expiration_date}
   POST   /v3/memories/               get_all: {filters: {user_id, agent_id, run_id, ...}}
   POST   /v3/memories/search/        {query, filters, top_k, threshold}
   GET / PUT / DELETE /v1/memories/{id}/          one memory
@@ -25,7 +26,6 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from inferscale_engine.errors import FactNotFoundError
 from inferscale_engine.server.auth import HttpError
 from inferscale_engine.server.routes import (
     _admin,
@@ -36,6 +36,7 @@ from inferscale_engine.server.routes import (
     _principal,
     _user,
     split_filters,
+    stored_hits,
 )
 
 router = APIRouter(tags=["mem0"])
@@ -54,6 +55,8 @@ class AddBody(_Body):
     run_id: str | None = None
     metadata: dict[str, Any] | None = None
     infer: bool | None = None
+    expiration_date: str | float | None = None
+    """An ISO 8601 date or time, or seconds since the epoch: when the memory expires."""
 
 
 class ListBody(_Body):
@@ -83,7 +86,8 @@ def record(stored: Any, score: float | None = None) -> dict[str, Any]:
     out = {"id": str(stored.fact_id), "memory": stored.text, "user_id": stored.user_id,
            "agent_id": stored.agent_id, "run_id": stored.run_id, "metadata": stored.metadata,
            "categories": [], "created_at": _iso(stored.created_at),
-           "updated_at": _iso(stored.updated_at)}
+           "updated_at": _iso(stored.updated_at), "expiration_date": (
+               None if stored.expires_at is None else _iso(stored.expires_at))}
     if score is not None:
         out["score"] = score
     return out
@@ -123,7 +127,7 @@ async def add(request: Request, body: AddBody) -> dict[str, Any]:
     request.app.state.inferscale.check_add_size(len(messages))
     results = await _call(_memory(request).add, user_id=user_id, messages=messages,
                           metadata=body.metadata, agent_id=body.agent_id, run_id=body.run_id,
-                          infer=bool(body.infer))
+                          infer=bool(body.infer), expiration_date=body.expiration_date)
     return {"results": [{"id": str(r.fact_id), "memory": r.text, "event": r.event}
                         for r in results]}
 
@@ -153,20 +157,8 @@ async def search(request: Request, body: SearchBody) -> dict[str, Any]:
                         query=body.query, k=body.top_k, filter=rest or None,
                         agent_id=ids.get("agent_id"), run_id=ids.get("run_id"))
     hits = [(f, s) for f, s in found.hits if body.threshold is None or s >= body.threshold]
-    stored = await _call(_stored_hits, memory=memory, user_id=user_id, hits=hits)
+    stored = await _call(stored_hits, memory=memory, user_id=user_id, hits=hits)
     return {"results": [record(r, s) for r, s in stored]}
-
-
-def _stored_hits(memory: Any, user_id: str, hits: list[tuple[Any, float]]
-                 ) -> list[tuple[Any, float]]:
-    """The hits' records (metadata, scopes, times), leaving out any deleted since the search."""
-    out = []
-    for fact, score in hits:
-        try:
-            out.append((memory.get(user_id=user_id, fact_id=fact.fact_id), score))
-        except FactNotFoundError:
-            continue
-    return out
 
 
 @router.get("/v1/memories/{memory_id}/")
