@@ -232,7 +232,8 @@ def test_ttl_expires_refreshes_and_sweeps_items(memory, ns):
     store.put(ns, "short", {"text": "The door code is 1234."}, ttl=1 / 60)  # one second
     store.put(ns, "forever", {"text": "Pepper is a beagle."}, ttl=None)
     store.put(ns, "default", {"text": "The meeting moved to Tuesday."})
-    facts = {r.metadata["langgraph_key"]: r for r in memory.records(user_id=scope)}
+    facts = {r.metadata["langgraph_key"]: r
+             for r in memory.records(user_id=scope, include_expired=True)}
     assert facts["forever"].expires_at is None
     assert facts["default"].expires_at == pytest.approx(time.time() + 600, abs=30)
     time.sleep(1.1)
