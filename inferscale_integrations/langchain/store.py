@@ -332,13 +332,18 @@ class KVMemoryStore(BaseStore):
         return bool((self.ttl_config or {}).get("omit_expired", False))
 
     def _refresh(self, items: Iterable[Sequence[StoredFact]]) -> None:
-        """Restart the TTL of items just read (expired ones stay expired)."""
+        """Restart the TTL of items just read (expired ones stay expired).
+
+        One write per namespace and TTL, not per item.
+        """
+        batches: dict[tuple[str, float], list[int]] = {}
         for facts in items:
             ttl = facts[0].metadata.get(TTL_FIELD)
             if ttl is not None:
-                self.memory.set_expiration(user_id=facts[0].user_id,
-                                           fact_ids=[f.fact_id for f in facts],
-                                           expiration_date=expiry_of(ttl))
+                batches.setdefault((facts[0].user_id, ttl), []).extend(f.fact_id for f in facts)
+        for (scope, ttl), ids in batches.items():
+            self.memory.set_expiration(user_id=scope, fact_ids=ids,
+                                       expiration_date=expiry_of(ttl))
 
 
 def _items(records: Iterable[StoredFact]) -> list[list[StoredFact]]:
