@@ -252,7 +252,7 @@
     const rows = [];
     for (const m of data.memories) {
       const textCell = h("td", { class: "text" }, m.memory);
-      const sub = h("tr", { class: "sub", hidden: true }, h("td", { colspan: 8 }));
+      const sub = h("tr", { class: "sub", hidden: true }, h("td", { colspan: 9 }));
       const historyButton = h("button", { class: "link", onclick: async () => {
         if (!sub.hidden) { sub.hidden = true; return; }
         try {
