@@ -170,15 +170,14 @@ class Expiry:
             return list(out)
         while True:
             with self._scopes.open():  # found and deleted as one step: a refresh cannot slip in
-                found = self._store.expired(now, _SWEEP_BATCH)
+                found = self._store.expired(now, _SWEEP_BATCH, user_prefix)
                 by_user: dict[str, list[FactId]] = defaultdict(list)
                 for user_id, fact_id in found:
-                    if user_id.startswith(user_prefix):
-                        by_user[user_id].append(fact_id)
+                    by_user[user_id].append(fact_id)
                 deleted = [i for user_id, ids in by_user.items()
                            for i in self._delete_rows(user_id, ids)]
                 out.update(dict.fromkeys(deleted))
-            if len(found) < _SWEEP_BATCH or not deleted:  # the rest are other users'
+            if len(found) < _SWEEP_BATCH or not deleted:  # not deleted: gone meanwhile
                 return list(out)
 
     def set_expiration(self, *, user_id: str, fact_ids: Sequence[int],

@@ -253,11 +253,12 @@ class FactStore:
             return validity.supersede(db, user_id, ids, FactId(by), at)
 
     @retried
-    def expired(self, now: float | None = None, limit: int = 1000) -> list[tuple[str, FactId]]:
-        """(user, fact id) of facts whose expires_at has passed, oldest expiry first."""
+    def expired(self, now: float | None = None, limit: int = 1000,
+                user_prefix: str = "") -> list[tuple[str, FactId]]:
+        """(user, fact id) of expired facts (of users named user_prefix...), oldest first."""
         check_int(limit, "limit", 1, InvalidRequestError)
         with self._db.reading("expired") as db:
-            return validity.expired(db, time.time() if now is None else now, limit)
+            return validity.expired(db, time.time() if now is None else now, limit, user_prefix)
 
     @store_verb
     def set_expiry(self, *, user_id: str, fact_ids: Sequence[int],

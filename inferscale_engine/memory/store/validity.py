@@ -49,11 +49,18 @@ def supersede(db: Database, user_id: str, ids: Sequence[int], by: FactId,
     return marked
 
 
-def expired(db: Database, now: float, limit: int) -> list[tuple[str, FactId]]:
-    """(user, fact id) of facts whose expires_at is at or before `now`, oldest expiry first."""
+def expired(db: Database, now: float, limit: int,
+            user_prefix: str = "") -> list[tuple[str, FactId]]:
+    """(user, fact id) of facts whose expires_at is at or before `now`, oldest expiry first.
+
+    user_prefix: only users whose id starts with it (substr, not LIKE: SQLite's LIKE ignores
+    ASCII case).
+    """
+    prefix, args = ("AND substr(user_id, 1, ?) = ? ", (len(user_prefix), user_prefix)
+                    ) if user_prefix else ("", ())
     return [(row[0], FactId(row[1])) for row in db.execute(
         "SELECT user_id, fact_id FROM facts WHERE expires_at IS NOT NULL AND expires_at <= ? "
-        "ORDER BY expires_at, fact_id LIMIT ?", (now, limit))]
+        f"{prefix}ORDER BY expires_at, fact_id LIMIT ?", (now, *args, limit))]
 
 
 def times(value: object, what: str, num_facts: int) -> list[float | None]:

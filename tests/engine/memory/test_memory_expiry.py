@@ -184,3 +184,24 @@ def test_expiry_options_are_checked(tiered_engine, tmp_path):
             _memory(tiered_engine, str(tmp_path / "x.db"), **options)
         with pytest.raises(ConfigError, match=match):
             MemoryConfig(engine=tiered_engine.config, **options)
+
+
+def test_a_sweep_of_some_users_deletes_only_their_expired_rows(tiered_engine, database):
+    with _memory(tiered_engine, database, expiry_sweep_s=None) as memory:
+        ids = {}
+        for user in ("lg:one", "LG:two", "other"):
+            (ids[user],) = [r.fact_id for r in memory.add(user_id=user, texts=[FACTS[0]],
+                                                          expiration_date=time.time() + 600)]
+            memory.set_expiration(user_id=user, fact_ids=[ids[user]],
+                                  expiration_date=time.time() + 0.5)
+        time.sleep(0.6)
+        # each verb already took what was due out of serving; the sweep deletes lg:'s rows
+        assert ids["lg:one"] in memory.sweep_expired(delete=True, user_prefix="lg:")
+        assert tiered_engine.tiers_of(list(ids.values())) == {}
+        assert memory.records(user_id="lg:one", include_expired=True) == []
+        for user in ("LG:two", "other"):  # another prefix (case counts): hidden, kept
+            assert [r.fact_id for r in memory.records(user_id=user, include_expired=True)] == [
+                ids[user]]
+            assert memory.records(user_id=user) == []
+        for user in ("LG:two", "other"):
+            memory.delete_all(user_id=user)
