@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import date
 from typing import Any
 
 from inferscale_engine.errors import InferScaleError
@@ -73,14 +74,20 @@ class MemoryClient:
     # ---- writes ------------------------------------------------------------------------
     def add(self, *, user_id: str, texts: Sequence[str] | None = None,
             messages: Sequence[Mapping[str, str]] | None = None, session_id: str | None = None,
-            metadata: Mapping[str, Any] | None = None, wait: bool = True) -> list[AddResult]:
+            metadata: Mapping[str, Any] | None = None, agent_id: str | None = None,
+            run_id: str | None = None, expiration_date: Any = None, wait: bool = True
+            ) -> list[AddResult]:
         """Remember facts (texts) or a conversation's turns (messages); one result per fact.
 
-        wait=False: the server answers once the facts are stored (status 'PENDING'); their
-        embedding and KV follow (add_status). MemoryServerError 429: its queue is full.
+        agent_id / run_id tag them (mem0's scopes); expiration_date (a date, datetime, ISO
+        string or epoch seconds) is when the server stops serving them. wait=False: the server
+        answers once the facts are stored (status 'PENDING'); their embedding and KV follow
+        (add_status). MemoryServerError 429: its queue is full.
         """
+        scope = {"agent_id": agent_id, "run_id": run_id,
+                 "expiration_date": _json_time(expiration_date)}
         return [result for _, result in self._add(user_id, texts, messages, session_id,
-                                                  metadata, wait)]
+                                                  metadata, scope, wait)]
 
     def add_status(self, *, user_id: str, fact_id: int) -> AddStatus:
         """How an asynchronous add of a fact went (Memory.add_status, over HTTP)."""
@@ -98,7 +105,7 @@ class MemoryClient:
         Several for a turn the server cut; none for a system, tool or blank one.
         """
         per_message: list[list[FactId]] = [[] for _ in messages]
-        for index, result in self._add(user_id, None, messages, session_id, None):
+        for index, result in self._add(user_id, None, messages, session_id, None, {}):
             per_message[index].append(result.fact_id)
         return per_message
 
@@ -120,15 +127,19 @@ class MemoryClient:
         return int(self._call("POST", "/memories/reset", json={"user_id": user_id})["deleted"])
 
     # ---- reads -------------------------------------------------------------------------
-    def search(self, *, user_id: str, query: str, k: int = 5) -> list[MemoryItem]:
-        """The user's k memories most similar to `query`, best first (score set)."""
-        body = {"query": query, "user_id": user_id, "top_k": k}
+    def search(self, *, user_id: str, query: str, k: int = 5, agent_id: str | None = None,
+               run_id: str | None = None) -> list[MemoryItem]:
+        """The user's k memories most similar to `query` (of an agent, a run), best first."""
+        body = {"query": query, "user_id": user_id, "top_k": k, "agent_id": agent_id,
+                "run_id": run_id}
         return [_fact(r) for r in self._call("POST", "/memories/search", json=body)["results"]]
 
-    def get_all(self, *, user_id: str) -> list[MemoryItem]:
-        """Every memory of a user, oldest first."""
-        return [_fact(r) for r in self._call("GET", "/memories",
-                                             params={"user_id": user_id})["results"]]
+    def get_all(self, *, user_id: str, agent_id: str | None = None,
+                run_id: str | None = None) -> list[MemoryItem]:
+        """Every memory of a user (added in agent_id / run_id, if given), oldest first."""
+        params = {k: v for k, v in (("user_id", user_id), ("agent_id", agent_id),
+                                    ("run_id", run_id)) if v is not None}
+        return [_fact(r) for r in self._call("GET", "/memories", params=params)["results"]]
 
     def get(self, *, user_id: str, fact_id: int) -> MemoryItem:
         """One memory with its metadata."""
@@ -150,9 +161,10 @@ class MemoryClient:
     # ---- internals ---------------------------------------------------------------------
     def _add(self, user_id: str, texts: Sequence[str] | None,
              messages: Sequence[Mapping[str, str]] | None, session_id: str | None,
-             metadata: Mapping[str, Any] | None, wait: bool = True
-             ) -> list[tuple[int, AddResult]]:
+             metadata: Mapping[str, Any] | None, scope: Mapping[str, Any] | None = None,
+             wait: bool = True) -> list[tuple[int, AddResult]]:
         body: dict[str, Any] = {"user_id": user_id, "session_id": session_id,
+                                **{k: v for k, v in (scope or {}).items() if v is not None},
                                 **({} if wait else {"async_mode": True})}
         if texts is not None:
             body["texts"] = list(texts)
@@ -251,7 +263,13 @@ def _fact(record: Mapping[str, Any]) -> MemoryItem:
     return MemoryItem(FactId(int(record["id"])), str(record["user_id"]), str(record["memory"]),
                       record.get("score"), dict(record.get("metadata") or {}),
                       record.get("session_id"), record.get("created_at"),
-                      record.get("updated_at"))
+                      record.get("updated_at"), agent_id=record.get("agent_id"),
+                      run_id=record.get("run_id"), expires_at=record.get("expires_at"))
+
+
+def _json_time(value: Any) -> Any:
+    """An expiration_date as JSON: dates and datetimes as ISO 8601 (naive: UTC, as served)."""
+    return value.isoformat() if isinstance(value, date) else value
 
 
 def _error_message(response: Any) -> str:

@@ -23,6 +23,10 @@ DEFAULT_SUPERSEDE_THRESHOLD: float | None = None
 """Off: on LoCoMo's dev conversations, similarity alone cannot tell a changed fact from a
 related one (docs/benchmarks.md#facts-that-change), so facts are superseded explicitly
 (Memory.supersede, infer=True) unless an app whose facts are slots sets a threshold."""
+ON_EXPIRY = ("hide", "delete")
+"""What becomes of an expired fact's row: hidden (mem0) or deleted by the sweeper (LangGraph)."""
+DEFAULT_EXPIRY_SWEEP_S = 60.0
+"""Seconds between the expiry sweeper's runs (memory/expiry.py)."""
 DEFAULT_MAX_SERVED_USERS = 10_000
 """Users of a shared store whose facts one process holds at once (MemoryConfig)."""
 DEFAULT_MAX_QUEUED_FACTS = 10_000
@@ -61,6 +65,12 @@ class MemoryConfig:
     max_queued_facts: int = DEFAULT_MAX_QUEUED_FACTS
     """Facts of add(wait=False) that may wait for their embedding and KV at once; an add
     beyond that is refused (AddQueueFullError, HTTP 429)."""
+    on_expiry: str = "hide"
+    """An expired fact is never served; its row is 'hide': kept, hidden from every read
+    (mem0), or 'delete': deleted by the sweeper, history EXPIRE (LangGraph's TTL)."""
+    expiry_sweep_s: float | None = DEFAULT_EXPIRY_SWEEP_S
+    """Seconds between the background sweeper's runs (it starts once a fact has an
+    expiry); None: no thread, expired facts leave serving on access, rows on sweep_expired()."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine, EngineConfig):
@@ -87,6 +97,18 @@ class MemoryConfig:
                 self.max_queued_facts, int) or self.max_queued_facts < 1:
             raise ConfigError(f"max_queued_facts={self.max_queued_facts!r} must be an int of at "
                               "least 1 (facts of asynchronous adds waiting at once)")
+        check_expiry(self.on_expiry, self.expiry_sweep_s)
+
+
+def check_expiry(on_expiry: object, sweep_s: object) -> None:
+    """on_expiry and expiry_sweep_s, checked (ConfigError)."""
+    if on_expiry not in ON_EXPIRY:
+        raise ConfigError(f"on_expiry={on_expiry!r} must be 'hide' (keep expired rows, hidden) "
+                          "or 'delete' (the sweeper deletes them)")
+    if sweep_s is not None and (isinstance(sweep_s, bool) or not isinstance(sweep_s, int | float)
+                                or not math.isfinite(sweep_s) or sweep_s <= 0):
+        raise ConfigError(f"expiry_sweep_s={sweep_s!r} must be seconds > 0 between sweeps, or "
+                          "None (no sweeper thread)")
 
 
 def check_max_served_users(value: object) -> int:

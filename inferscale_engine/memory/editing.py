@@ -144,7 +144,7 @@ class Editing:
             return self.reset(user_id=user.user_id)
         with self._scopes.lock:  # selected and deleted as one step
             ids = [r.fact_id for r in self._records(user_id=user.user_id, agent_id=agent_id,
-                                                   run_id=run_id)]
+                                                   run_id=run_id, include_expired=True)]
             if ids:
                 self.delete(user_id=user.user_id, fact_ids=ids)
             return len(ids)

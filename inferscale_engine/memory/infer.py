@@ -132,7 +132,8 @@ def parse_decisions(text: str, ids: Mapping[str, int]) -> list[Decision] | None:
 
 def infer_add(memory: Any, *, user_id: str, messages: Sequence[Mapping[str, str]],
               metadata: Mapping[str, Any] | None, agent_id: str | None, run_id: str | None,
-              max_tokens: int = 512, timestamp: float | None = None) -> list[Any]:
+              max_tokens: int = 512, timestamp: float | None = None,
+              expiration_date: object = None) -> list[Any]:
     """Extract, decide and apply (module docstring); one AddResult per applied decision.
 
     The ADD / UPDATE / DELETE results carry the fact's id and its (new, or deleted) text; NONE
@@ -198,7 +199,7 @@ def infer_add(memory: Any, *, user_id: str, messages: Sequence[Mapping[str, str]
     if adds:  # one embedding and encoding batch for every new fact, results in decision order
         added = memory.add(user_id=user_id, texts=[results[i] for i in adds],
                            metadata=metadata, agent_id=agent_id, run_id=run_id,
-                           timestamp=timestamp)
+                           timestamp=timestamp, expiration_date=expiration_date)
         for i, result in zip(adds, added, strict=True):
             results[i] = result
     return results

@@ -23,6 +23,7 @@ from inferscale_engine import checks
 from inferscale_engine.config import EngineConfig
 from inferscale_engine.errors import InvalidFactError, InvalidRequestError
 from inferscale_engine.facts import FactId
+from inferscale_engine.memory.expiry import expiration_time
 from inferscale_engine.memory.search.filters import scope
 from inferscale_engine.memory.search.index import RetrievalIndex
 from inferscale_engine.memory.search.retrieval import Match, find_duplicates
@@ -80,14 +81,17 @@ class AddInput:
     """(role, content) of every message; None when facts were added as texts."""
     valid_from: float | None = None
     """add()'s timestamp: when the facts became true (None: now)."""
+    expires_at: float | None = None
+    """When the facts expire (add's expiration_date), seconds since the epoch; None: never."""
 
     @classmethod
     def checked(cls, texts: Sequence[str] | None, messages: Sequence[Mapping[str, str]] | None,
                 session_id: str | None, metadata: Mapping[str, Any] | None,
-                agent_id: str | None, run_id: str | None, timestamp: object = None
-                ) -> AddInput:
+                agent_id: str | None, run_id: str | None, timestamp: object = None,
+                expiration_date: object = None) -> AddInput:
         """The arguments checked in add()'s order (InvalidFactError, InvalidTurnError, ...)."""
         valid_from = checks.check_time(timestamp, "timestamp", InvalidFactError)
+        expires_at = expiration_time(expiration_date)
         session_id = checks.check_session(session_id)
         meta = scoped(checks.check_metadata(metadata), *scope(agent_id, run_id))
         if (texts is None) == (messages is None):
@@ -96,11 +100,12 @@ class AddInput:
         if messages is None:
             facts = [checks.check_text(t, f"texts[{i}]") for i, t in
                      enumerate(checks.check_list(texts, "texts", InvalidFactError))]
-            return cls(session_id, meta, facts, [None] * len(facts), None, valid_from)
+            return cls(session_id, meta, facts, [None] * len(facts), None, valid_from,
+                       expires_at)
         turns = checks.check_messages(messages)
         made = turn_facts(turns)
         return cls(session_id, meta, [t for t, _ in made], [i for _, i in made], turns,
-                   valid_from)
+                   valid_from, expires_at)
 
 
 def turn_facts(turns: list[tuple[str, str]]) -> list[tuple[str, int]]:
@@ -205,7 +210,8 @@ def store(facts: list[NewFact], request: AddInput, user_id: str, fact_store: Fac
         user_id=user_id, texts=[f.text for f in kept], token_ids=[f.token_ids for f in kept],
         embeddings=[f.vector for f in kept], session_id=request.session_id,
         metadata=[{**(request.metadata or {}), **context_metadata(f.context)} for f in kept],
-        turns=request.turns or (), valid_from=request.valid_from, pending=pending)
+        turns=request.turns or (), valid_from=request.valid_from, pending=pending,
+        expires_at=request.expires_at)
     for fact, fact_id in zip(kept, ids, strict=True):
         fact.fact_id = fact_id
     return fact_store.get(user_id=user_id, fact_ids=ids) if ids else []

@@ -1,7 +1,8 @@
 """Listing: the verbs that read the store as it is (get, get_all, records, history, turns, ...).
 
 A plain part Memory holds and forwards to (main.py), as it does Answering. These verbs read
-durable rows only: no engine, no index, no sync of served facts.
+durable rows only: no engine, no index, no sync of served facts. Expired facts are left out
+(memory/expiry.py), as a sweep may not have deleted them yet.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from inferscale_engine import checks
-from inferscale_engine.errors import InvalidRequestError
+from inferscale_engine.errors import FactNotFoundError, InvalidRequestError
 from inferscale_engine.facts import Fact
+from inferscale_engine.memory.expiry import has_expired, unexpired
 from inferscale_engine.memory.scope import Scopes
 from inferscale_engine.memory.search import filters
 from inferscale_engine.memory.store import FactStore, StoredFact, Turn, reserved
@@ -31,11 +33,18 @@ class Listing:
         return self._store.owner(fact_id)
 
     def get(self, *, user_id: str, fact_id: int) -> StoredFact:
-        """The durable record of one fact (text, token ids, metadata, timestamps)."""
+        """The durable record of one fact (text, token ids, metadata, timestamps).
+
+        Raises:
+            FactNotFoundError: the user has no such fact, or it has expired.
+        """
         user = self._scopes.user(user_id, sync=False)
         (fact_id,) = checks.check_fact_ids([fact_id], "fact_id")
         with user as uid:
             (stored,) = self._store.get(user_id=uid, fact_ids=[fact_id])
+        if has_expired(stored, time.time()):
+            raise FactNotFoundError(f"fact {fact_id} of user {uid!r} expired at "
+                                    f"{stored.expires_at}; expired facts are not served")
         return reserved.public_record(stored)
 
     def get_all(self, *, user_id: str, as_of: Any = None,
@@ -43,24 +52,28 @@ class Listing:
         """The user's current facts, oldest first ([] for a user with none).
 
         as_of (a datetime, date, ISO string or epoch seconds): the facts true then instead;
-        include_superseded=True: every stored fact.
+        include_superseded=True: every stored fact. Expired facts are never listed.
         """
         return [r.to_fact() for r in self.records(user_id=user_id, as_of=as_of,
                                                   include_superseded=include_superseded)]
 
     def records(self, *, user_id: str, filter: Mapping[str, Any] | None = None,
                 agent_id: str | None = None, run_id: str | None = None, as_of: Any = None,
-                include_superseded: bool = False) -> list[StoredFact]:
+                include_superseded: bool = False, include_expired: bool = False
+                ) -> list[StoredFact]:
         """The user's current facts as stored (text, metadata, times), oldest first.
 
         With `filter` (memory/search/filters.py), those whose metadata match it; with agent_id
-        / run_id, those added in them; as_of / include_superseded: see get_all.
+        / run_id, those added in them; as_of / include_superseded: see get_all;
+        include_expired: also expired rows no sweep deleted yet.
         """
         user = self._scopes.user(user_id, sync=False)
         wanted, scope = filters.check_filter(filter), filters.scope(agent_id, run_id)
         keep = valid_at(as_of, include_superseded)
         with user as uid:
             stored = self._store.get_all(user_id=uid)
+        if include_expired is not True:
+            stored = unexpired(stored)
         return [r for r in map(reserved.public_record, stored)
                 if keep(r) and filters.selected(r, wanted, scope)]
 
@@ -103,7 +116,6 @@ def valid_at(as_of: Any, include_superseded: bool) -> Callable[[StoredFact], boo
     if include_superseded:
         return lambda record: True
     if at is None:
-        now = time.time()
-        return lambda record: record.valid_to is None and (
-            record.expires_at is None or now < record.expires_at)
-    return lambda record: record.current(at)
+        return lambda record: record.valid_to is None  # expiry: unexpired()
+    return lambda record: record.since <= at and (record.valid_to is None
+                                                   or at < record.valid_to)

@@ -31,14 +31,17 @@ from inferscale_engine.memory.background import BackgroundAdds
 from inferscale_engine.memory.config import (
     DEFAULT_DB_PATH,
     DEFAULT_EMBEDDING_MODEL,
+    DEFAULT_EXPIRY_SWEEP_S,
     DEFAULT_MAX_QUEUED_FACTS,
     DEFAULT_MAX_SERVED_USERS,
     DEFAULT_SUPERSEDE_THRESHOLD,
     MemoryConfig,
     check_dedupe_threshold,
+    check_expiry,
     check_startup,
 )
 from inferscale_engine.memory.editing import Editing
+from inferscale_engine.memory.expiry import Expiry, expiration_time
 from inferscale_engine.memory.gate import InteractiveGate, interactive_call
 from inferscale_engine.memory.infer import infer_add
 from inferscale_engine.memory.listing import Listing
@@ -69,7 +72,9 @@ class Memory:
                  half_scan_min_rows: int | None = None,
                  max_served_users: int = DEFAULT_MAX_SERVED_USERS,
                  supersede_threshold: float | None = DEFAULT_SUPERSEDE_THRESHOLD,
-                 max_queued_facts: int = DEFAULT_MAX_QUEUED_FACTS, add_workers: int = 1) -> None:
+                 max_queued_facts: int = DEFAULT_MAX_QUEUED_FACTS, add_workers: int = 1,
+                 on_expiry: str = "hide",
+                 expiry_sweep_s: float | None = DEFAULT_EXPIRY_SWEEP_S) -> None:
         """Open the store and make every stored fact searchable and servable.
 
         Args:
@@ -88,7 +93,8 @@ class Memory:
             context_turns: stored turns of a session (or, for facts added as texts, the user's
                 last facts) read as the context a new fact is encoded after.
             progress_bar: show the start-up progress bar (None: only on a terminal).
-            half_scan_min_rows, max_served_users: see MemoryConfig.
+            half_scan_min_rows, max_served_users, on_expiry, expiry_sweep_s: see
+                MemoryConfig (expired facts: memory/expiry.py).
             supersede_threshold: an added fact supersedes the user's older facts whose
                 embeddings have at least this cosine similarity with its own (supersession.py);
                 None: facts are only superseded explicitly (supersede(), infer=True).
@@ -102,6 +108,7 @@ class Memory:
         self._supersede_threshold = check_dedupe_threshold(supersede_threshold,
                                                            "supersede_threshold")
         check_startup(startup)
+        check_expiry(on_expiry, expiry_sweep_s)
         checks.check_half_scan_min_rows(half_scan_min_rows)
         checks.check_int(context_turns, "context_turns", 0, InvalidRequestError)
         self._engine = engine
@@ -146,6 +153,8 @@ class Memory:
                 context_turns=context_turns, dedupe_threshold=self._dedupe_threshold,
                 encode=encode_on_add, max_queued_facts=max_queued_facts, workers=add_workers)
             self._background.resume()  # facts a previous process left pending
+            self._expiry = Expiry(self._store, self._scopes, self.counters, on_expiry,
+                                  expiry_sweep_s)
         except BaseException:
             engine.release_fact_ids(self)
             if self._owns_store:
@@ -167,7 +176,8 @@ class Memory:
                          half_scan_min_rows=config.half_scan_min_rows,
                          max_served_users=config.max_served_users,
                          supersede_threshold=config.supersede_threshold,
-                         max_queued_facts=config.max_queued_facts)
+                         max_queued_facts=config.max_queued_facts,
+                         on_expiry=config.on_expiry, expiry_sweep_s=config.expiry_sweep_s)
         except BaseException:
             engine.close()
             raise
@@ -184,8 +194,8 @@ class Memory:
             messages: Sequence[Mapping[str, str]] | None = None, session_id: str | None = None,
             metadata: Mapping[str, Any] | None = None, dedupe: bool = True,
             agent_id: str | None = None, run_id: str | None = None,
-            infer: bool = False, timestamp: Any = None, wait: bool = True
-            ) -> list[AddResult]:
+            infer: bool = False, timestamp: Any = None, expiration_date: Any = None,
+            wait: bool = True) -> list[AddResult]:
         """Remember facts, or a conversation's turns; one result per fact, in order.
 
         dedupe=False stores every fact, also one that repeats a stored fact (stores keyed by
@@ -196,6 +206,8 @@ class Memory:
         timestamp (mem0's name; a datetime, date, ISO string or epoch seconds; default now):
         when the facts became true. A new fact supersedes older ones it replaces
         (supersede_threshold, supersession.py).
+        expiration_date (mem0's: a date, datetime, ISO string or epoch seconds) is when the
+        facts stop being served (memory/expiry.py).
 
         With `messages`, every turn is recorded in the session and the content of each user or
         assistant turn becomes a fact encoded after the session's turns before it (their last W
@@ -218,9 +230,10 @@ class Memory:
             return infer_add(self, user_id=user.user_id, metadata=metadata, agent_id=agent_id,
                              run_id=run_id, messages=ingest.infer_messages(texts, messages),
                              timestamp=checks.check_time(timestamp, "timestamp",
-                                                         InvalidFactError))
+                                                         InvalidFactError),
+                             expiration_date=expiration_time(expiration_date))
         request = ingest.AddInput.checked(texts, messages, session_id, metadata, agent_id, run_id,
-                                          timestamp)
+                                          timestamp, expiration_date)
         if not wait:
             return self._background.submit(user, request, self._engine.tokenize_fact, dedupe)
         facts = ingest.new_facts(request, self._engine.tokenize_fact, self._embed_in_chunks)
@@ -240,6 +253,8 @@ class Memory:
             self.counters["duplicates"] += len(facts) - len(stored)
         self._served.register_in_chunks(uid, stored, self._encode_on_add, self._gate,
                                         self._open)
+        if request.expires_at is not None:
+            self._expiry.start()
         return ingest.results(facts)
 
     # ---- read verbs --------------------------------------------------------------------
@@ -297,6 +312,8 @@ class Memory:
     delete = forward("_editing", Editing.delete)
     reset = forward("_editing", Editing.reset)
     delete_all = forward("_editing", Editing.delete_all)
+    sweep_expired = forward("_expiry", Expiry.sweep_expired)
+    set_expiration = forward("_expiry", Expiry.set_expiration)
     owner_of = forward("_listing", Listing.owner_of)
     get = forward("_listing", Listing.get)
     get_all = forward("_listing", Listing.get_all)
@@ -341,6 +358,7 @@ class Memory:
         A shared engine only forgets this Memory's facts, which frees their slab pages.
         """
         self._background.close()  # before the lock: a worker may be waiting for it
+        self._expiry.close()  # likewise a sweep
         with self._lock:
             if self._closed:
                 return

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -37,6 +38,7 @@ from tqdm import tqdm
 from inferscale_engine.errors import EngineClosedError, InvalidFactError
 from inferscale_engine.facts import Fact, FactId
 from inferscale_engine.memory.config import DEFAULT_MAX_SERVED_USERS, check_max_served_users
+from inferscale_engine.memory.expiry import ExpiryClock, unexpired
 from inferscale_engine.memory.gate import InteractiveGate
 from inferscale_engine.memory.search.index import RetrievalIndex
 from inferscale_engine.memory.store.fact_store import FactStore
@@ -75,6 +77,8 @@ class RegisteredFacts:
         self._pending: dict[FactId, Fact] = {}
         """Facts of asynchronous adds registered with the engine without KV or an index entry:
         served as text only, until finish()."""
+        self.expiry = ExpiryClock()
+        """When served facts expire (expire_due forgets them; memory/expiry.py)."""
 
     def __len__(self) -> int:
         return len(self._facts)
@@ -112,9 +116,9 @@ class RegisteredFacts:
 
         If encoding fails, the facts are registered without KV: it is built on first use. A fact
         the engine refuses (e.g. over a lowered max_fact_tokens) stays in the store but is not
-        served; it is logged and counted.
+        served; it is logged and counted. A fact that has expired is never registered.
         """
-        stored = [f for f in stored if f.valid_to is None]  # superseded facts are not served
+        stored = unexpired([f for f in stored if f.valid_to is None])  # current facts only
         if not stored:
             return
         facts = [f.to_fact() for f in stored]
@@ -143,6 +147,8 @@ class RegisteredFacts:
         self._facts.update((f.fact_id, f) for f in facts)
         self._since.update((f.fact_id, f.since) for f in stored)
         self._by_user.setdefault(user_id, set()).update(ids)
+        for one in stored:
+            self.expiry.note(user_id, one.fact_id, one.expires_at)
 
     def register_historic(self, user_id: str, stored: Sequence[StoredFact]) -> None:
         """Make superseded facts servable for an as-of read.
@@ -231,6 +237,7 @@ class RegisteredFacts:
             self._engine.delete(user_id, pending)
             for fact_id in pending:
                 del self._pending[fact_id]
+        self.expiry.drop(fact_ids)
         known = [FactId(i) for i in fact_ids if i in self._facts]
         if known:
             self._engine.delete(user_id, known)
@@ -242,6 +249,14 @@ class RegisteredFacts:
             held.difference_update(known)
             if not held:  # a user with no facts left holds no state
                 self._by_user.pop(user_id, None)
+
+    def expire_due(self, now: float | None = None) -> list[FactId]:
+        """Forget the served facts whose expiry is at or before `now`; returns them."""
+        due = self.expiry.due(time.time() if now is None else now)
+        for user_id, ids in due.items():
+            self.forget(user_id, ids)
+            self._counters["expired_facts"] += len(ids)
+        return [i for ids in due.values() for i in ids]
 
     def release_all(self) -> None:
         """Forget every fact, freeing its KV in a shared engine (Memory.close; disk kept)."""
@@ -257,6 +272,7 @@ class RegisteredFacts:
             self._pending.clear()
             self._by_user.clear()
             self._versions.clear()
+            self.expiry = ExpiryClock()
 
     def wrote(self, store: FactStore, user_id: str) -> None:
         """After this process wrote a synced user: keep it synced if no one else wrote too.
@@ -298,6 +314,8 @@ class RegisteredFacts:
         stale += [i for i in self.pending_of(user_id)  # finished (or deleted) elsewhere
                   if i not in current or not current[i].pending]
         self.forget(user_id, stale)
+        for fact_id in self._by_user.get(user_id, ()):  # another process may have set these
+            self.expiry.note(user_id, fact_id, current[fact_id].expires_at)
         fresh = [f for i, f in current.items() if i not in self._facts and i not in self._staged
                  and i not in self._pending]
         self.register_pending(user_id, [f for f in fresh if f.pending])
@@ -319,6 +337,7 @@ class RegisteredFacts:
         self.forget(user_id, self.pending_of(user_id))  # the queue finishes them in the store
         ids = list(self._by_user.pop(user_id, ()))
         if ids:
+            self.expiry.drop(ids)
             self._engine.delete(user_id, ids, keep_disk=True)
             self._index.remove(user_id=user_id, fact_ids=ids)
             for fact_id in ids:

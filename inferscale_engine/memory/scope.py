@@ -3,7 +3,7 @@
     user = scopes.user(user_id)     # the id checked now: bad input fails before any work
     ...                             # work outside the lock (tokenize, embed)
     with user as uid:               # the lock held, the Memory open, the user's served
-        ...                         # facts synced with a shared store
+        ...                         # facts synced with a shared store, expired ones forgotten
 
 A shared store's per-user version (one round trip to PostgreSQL) is read before the lock is
 taken, so requests of different users never queue behind each other's reads; registration.py
@@ -64,6 +64,7 @@ class UserScope:
             scopes.check_open()
             if self._sync:
                 scopes.served.sync(scopes.store, self.user_id, version)
+            scopes.served.expire_due()  # an expired fact is never served (memory/expiry.py)
         except BaseException:
             scopes.lock.release()
             raise

@@ -4,8 +4,9 @@
 
   GET    /v1/ping/                   the key's check at the client's start
   POST   /v3/memories/add/           {messages, user_id, agent_id, run_id, metadata,
-                                     async_mode}: async_mode=true answers once stored, each
-                                     result with an event_id and status PENDING
+                                     async_mode, expiration_date}: async_mode=true answers
+                                     once stored, each result with an event_id and status
+                                     PENDING
   GET    /v1/event/{event_id}/       an asynchronous add's status (per fact: id = fact id)
   POST   /v3/memories/               get_all: {filters: {user_id, agent_id, run_id, ...}}
   POST   /v3/memories/search/        {query, filters, top_k, threshold}
@@ -28,7 +29,6 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from inferscale_engine.errors import FactNotFoundError
 from inferscale_engine.server.auth import HttpError
 from inferscale_engine.server.routes import (
     _admin,
@@ -40,6 +40,7 @@ from inferscale_engine.server.routes import (
     _user,
     event_record,
     split_filters,
+    stored_hits,
 )
 
 router = APIRouter(tags=["mem0"])
@@ -61,6 +62,8 @@ class AddBody(_Body):
     async_mode: bool | None = None
     """mem0's platform defaults to true; here false (None) keeps the add synchronous, so a
     search right after it finds the facts (a pending fact is not searchable yet)."""
+    expiration_date: str | float | None = None
+    """An ISO 8601 date or time, or seconds since the epoch: when the memory expires."""
 
 
 class ListBody(_Body):
@@ -90,7 +93,8 @@ def record(stored: Any, score: float | None = None) -> dict[str, Any]:
     out = {"id": str(stored.fact_id), "memory": stored.text, "user_id": stored.user_id,
            "agent_id": stored.agent_id, "run_id": stored.run_id, "metadata": stored.metadata,
            "categories": [], "created_at": _iso(stored.created_at),
-           "updated_at": _iso(stored.updated_at)}
+           "updated_at": _iso(stored.updated_at), "expiration_date": (
+               None if stored.expires_at is None else _iso(stored.expires_at))}
     if score is not None:
         out["score"] = score
     return out
@@ -130,7 +134,8 @@ async def add(request: Request, body: AddBody) -> dict[str, Any]:
     request.app.state.inferscale.check_add_size(len(messages))
     results = await _call(_memory(request).add, user_id=user_id, messages=messages,
                           metadata=body.metadata, agent_id=body.agent_id, run_id=body.run_id,
-                          infer=bool(body.infer), wait=not body.async_mode)
+                          infer=bool(body.infer), wait=not body.async_mode,
+                          expiration_date=body.expiration_date)
     return {"results": [{"id": str(r.fact_id), "memory": r.text, "event": r.event,
                          **({"event_id": str(r.fact_id), "status": r.status,
                              "message": "Memory processing has been queued for background "
@@ -172,20 +177,8 @@ async def search(request: Request, body: SearchBody) -> dict[str, Any]:
                         query=body.query, k=body.top_k, filter=rest or None,
                         agent_id=ids.get("agent_id"), run_id=ids.get("run_id"))
     hits = [(f, s) for f, s in found.hits if body.threshold is None or s >= body.threshold]
-    stored = await _call(_stored_hits, memory=memory, user_id=user_id, hits=hits)
+    stored = await _call(stored_hits, memory=memory, user_id=user_id, hits=hits)
     return {"results": [record(r, s) for r, s in stored]}
-
-
-def _stored_hits(memory: Any, user_id: str, hits: list[tuple[Any, float]]
-                 ) -> list[tuple[Any, float]]:
-    """The hits' records (metadata, scopes, times), leaving out any deleted since the search."""
-    out = []
-    for fact, score in hits:
-        try:
-            out.append((memory.get(user_id=user_id, fact_id=fact.fact_id), score))
-        except FactNotFoundError:
-            continue
-    return out
 
 
 @router.get("/v1/memories/{memory_id}/")

@@ -1,18 +1,23 @@
 """The memory REST API, in mem0's request and response shapes where they fit.
 
-  POST   /v1/memories            {messages | texts, user_id, metadata, session_id, async_mode}
-                                 -> results (a long turn becomes several facts: message_index
-                                 says whose; at most --max-add-facts facts per call, else 413)
+  POST   /v1/memories            {messages | texts, user_id, agent_id, run_id, metadata,
+                                 session_id, expiration_date, async_mode} -> results
+                                 (a long turn becomes several facts: message_index says whose;
+                                 at most --max-add-facts facts per call, else 413)
   GET    /v1/memories/events/{id}  an asynchronous add's status, per fact (event id = fact id)
-  GET    /v1/memories?user_id=   the user's memories
+  GET    /v1/memories?user_id=&agent_id=&run_id=   the user's memories (of an agent, a run)
   GET    /v1/memories/{id}       one memory       PUT {text, metadata}   DELETE
-  POST   /v1/memories/search     {query, user_id (or filters.user_id), filters, top_k,
-                                 threshold}: filters as mem0's (agent_id, run_id, metadata)
-  DELETE /v1/memories?user_id=   every memory of a user (admin)
+  POST   /v1/memories/search     {query, user_id (or filters.user_id), agent_id, run_id,
+                                 filters, top_k, threshold}: filters as mem0's (agent_id,
+                                 run_id, metadata)
+  DELETE /v1/memories?user_id=&agent_id=&run_id=   the memories of an agent or run; without
+                                 them every memory of the user (admin)
   POST   /v1/memories/reset      {user_id}: memories and turns of a user (admin)
-Writes are durable and their KV encoded before the call returns ("pending": false); with
-async_mode (mem0's name) they return once stored ("pending": true, each result's "event_id"
-and "status": "PENDING"), the embedding and KV queued (429 when the queue is full). A key
+Memories carry agent_id, run_id and expires_at (seconds since the epoch; an expired memory is
+never returned). Writes are durable and their KV encoded before the call returns
+("pending": false); with async_mode (mem0's name) they return once stored ("pending": true,
+each result's "event_id" and "status": "PENDING"), the embedding and KV queued (429 when the
+queue is full). A key
 reaches only its own users (403; 404 for a memory id it may not see); the user may also come
 from the X-User-Id header (server/identity.py: how channels are read and normalized).
 """
@@ -29,7 +34,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from inferscale_engine.errors import InferScaleError
+from inferscale_engine.errors import FactNotFoundError, InferScaleError
 from inferscale_engine.memory.search.filters import check_filter, check_size
 from inferscale_engine.server.auth import HttpError, Principal, http_error
 from inferscale_engine.server.identity import header_user, resolve_user
@@ -47,12 +52,16 @@ class AddBody(_Body):
     """POST /v1/memories."""
 
     user_id: str | None = None
+    agent_id: str | None = None
+    run_id: str | None = None
     messages: list[dict[str, Any]] | None = None
     texts: list[str] | None = None
     metadata: dict[str, Any] | None = None
     session_id: str | None = None
     async_mode: bool = False
     """Return once stored; embedding and KV in the background (Memory.add(wait=False))."""
+    expiration_date: str | float | None = None
+    """mem0's: an ISO 8601 date or time, or seconds since the epoch (memory/expiry.py)."""
 
 
 class UpdateBody(_Body):
@@ -67,6 +76,8 @@ class SearchBody(_Body):
 
     query: str
     user_id: str | None = None
+    agent_id: str | None = None
+    run_id: str | None = None
     filters: dict[str, Any] | None = None
     top_k: int = Field(default=5, ge=0, le=1000)
     threshold: float | None = None
@@ -135,7 +146,29 @@ def _record(fact: Any, stored: Any = None) -> dict[str, Any]:
     out = {"id": int(fact.fact_id), "memory": fact.text, "user_id": fact.user_id}
     if stored is not None:
         out.update(metadata=stored.metadata, session_id=stored.session_id,
-                   created_at=stored.created_at, updated_at=stored.updated_at)
+                   created_at=stored.created_at, updated_at=stored.updated_at,
+                   agent_id=stored.agent_id, run_id=stored.run_id,
+                   expires_at=stored.expires_at)
+    return out
+
+
+def _scope(name: str, given: str | None, ids: dict[str, Any]) -> str | None:
+    """An agent or run id named in the body and/or in its filters (400 if they differ)."""
+    if given is not None and ids.get(name, given) != given:
+        raise HttpError(400, f"{name}={given!r:.60} and filters.{name}={ids[name]!r:.60} "
+                        "differ; name it once")
+    return given if given is not None else ids.get(name)
+
+
+def stored_hits(memory: Any, user_id: str, hits: list[tuple[Any, float]]
+                ) -> list[tuple[Any, float]]:
+    """The hits' records (metadata, scopes, times), leaving out any deleted since the search."""
+    out = []
+    for fact, score in hits:
+        try:
+            out.append((memory.get(user_id=user_id, fact_id=fact.fact_id), score))
+        except FactNotFoundError:
+            continue
     return out
 
 
@@ -149,11 +182,14 @@ async def add(request: Request, body: AddBody) -> dict[str, Any]:
     if body.messages is not None and body.texts is None:  # long turns are cut, not refused
         indexed = await _call(state.add_messages, user_id=user_id,
                               messages=body.messages, metadata=body.metadata,
-                              session_id=body.session_id, wait=wait)
+                              session_id=body.session_id, agent_id=body.agent_id,
+                              run_id=body.run_id, expiration_date=body.expiration_date,
+                              wait=wait)
     else:
         indexed = [(None, r) for r in await _call(
             _memory(request).add, user_id=user_id, texts=body.texts, messages=body.messages,
-            metadata=body.metadata, session_id=body.session_id, wait=wait)]
+            metadata=body.metadata, session_id=body.session_id, agent_id=body.agent_id,
+            run_id=body.run_id, expiration_date=body.expiration_date, wait=wait)]
     return {"results": [{"id": int(r.fact_id), "memory": r.text, "event": r.event,
                          **({"similarity": r.similarity} if r.similarity else {}),
                          **({"message_index": i} if i is not None else {}),
@@ -180,12 +216,14 @@ def event_record(status: Any) -> dict[str, Any]:
 
 
 @router.get("")
-async def get_all(request: Request, user_id: str | None = Query(default=None)
-                  ) -> dict[str, Any]:
-    """Every memory of a user, oldest first."""
+async def get_all(request: Request, user_id: str | None = Query(default=None),
+                  agent_id: str | None = Query(default=None),
+                  run_id: str | None = Query(default=None)) -> dict[str, Any]:
+    """Every memory of a user (added in agent_id / run_id, if given), oldest first."""
     user_id = _user(request, ("user_id", user_id))
-    facts = await _call(_memory(request).get_all, user_id=user_id)
-    return {"results": [_record(f) for f in facts]}
+    found = await _call(_memory(request).records, user_id=user_id, agent_id=agent_id,
+                        run_id=run_id)
+    return {"results": [_record(r, r) for r in found]}
 
 
 @router.get("/{memory_id}")
@@ -218,20 +256,26 @@ async def search(request: Request, body: SearchBody) -> dict[str, Any]:
     """A user's memories most similar to a query, best first."""
     ids, rest = split_filters(body.filters)
     user_id = _user(request, ("user_id", body.user_id), ("filters.user_id", ids.get("user_id")))
-    found = await _call(_memory(request).search, _filter_pool(request, rest), user_id=user_id,
+    memory = _memory(request)
+    found = await _call(memory.search, _filter_pool(request, rest), user_id=user_id,
                         query=body.query, k=body.top_k, filter=rest or None,
-                        agent_id=ids.get("agent_id"), run_id=ids.get("run_id"))
-    return {"results": [{**_record(f), "score": score} for f, score in found.hits
-                        if body.threshold is None or score >= body.threshold]}
+                        agent_id=_scope("agent_id", body.agent_id, ids),
+                        run_id=_scope("run_id", body.run_id, ids))
+    hits = [(f, s) for f, s in found.hits if body.threshold is None or s >= body.threshold]
+    stored = await _call(stored_hits, memory=memory, user_id=user_id, hits=hits)
+    return {"results": [{**_record(r, r), "score": score} for r, score in stored]}
 
 
 @router.delete("")
-async def delete_user(request: Request, user_id: str | None = Query(default=None)
-                      ) -> dict[str, Any]:
-    """Every memory and turn of a user (admin keys only)."""
+async def delete_user(request: Request, user_id: str | None = Query(default=None),
+                      agent_id: str | None = Query(default=None),
+                      run_id: str | None = Query(default=None)) -> dict[str, Any]:
+    """The user's memories of an agent or run; without them every memory and turn (admin)."""
     user_id = _user(request, ("user_id", user_id))
-    _admin(request, "deleting a whole user")
-    deleted = await _call(_memory(request).reset, user_id=user_id)
+    if agent_id is None and run_id is None:
+        _admin(request, "deleting a whole user")
+    deleted = await _call(_memory(request).delete_all, user_id=user_id, agent_id=agent_id,
+                          run_id=run_id)
     return {"message": "Memories deleted", "deleted": deleted}
 
 

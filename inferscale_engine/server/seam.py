@@ -114,12 +114,12 @@ class SeamState:
 
     def add_messages(self, *, user_id: str, session_id: str | None,
                      messages: Sequence[Mapping[str, Any]],
-                     metadata: Mapping[str, Any] | None = None, wait: bool = True
-                     ) -> list[tuple[int, Any]]:
+                     metadata: Mapping[str, Any] | None = None, wait: bool = True,
+                     **options: Any) -> list[tuple[int, Any]]:
         """Memory.add of turns; per fact, (index of its message, AddResult). Blocking.
 
         A turn too long for one fact is cut in pieces (as the local KVMemory does), so a long
-        turn is never refused.
+        turn is never refused. options: Memory.add's agent_id, run_id, expiration_date.
         """
         turns = check_messages(messages)  # the layer's own checks and messages, before cutting
         pieces = [(index, role, part) for index, (role, content) in enumerate(turns)
@@ -127,8 +127,8 @@ class SeamState:
                                if role in FACT_ROLES and has_visible(content) else [content])]
         self.check_add_size(len(pieces))  # long turns cut into more facts than the limit
         results = self.memory.add(
-            user_id=user_id, session_id=session_id, metadata=metadata,
-            messages=[{"role": role, "content": part} for _, role, part in pieces], wait=wait)
+            user_id=user_id, session_id=session_id, metadata=metadata, wait=wait, **options,
+            messages=[{"role": role, "content": part} for _, role, part in pieces])
         return [(pieces[r.turn][0], r) for r in results]  # AddResult.turn: the piece's index
 
     async def add_facts(self, scope: RequestScope) -> None:

@@ -5,6 +5,7 @@ store (KVMemoryStore).
 
 chat_model.py  ChatInferScale         memory.py  LangChainKVMemory (classic chains)
 middleware.py  KVMemoryMiddleware     store.py   KVMemoryStore (LangGraph's BaseStore)
+ttl.py         KVMemoryStore's TTL (LangGraph's TTLConfig, the sweeper thread)
 remote.py      chat_openai: a ChatOpenAI pointed at `inferscale serve`.
 Needs the `langchain` extra: pip install 'inferscale-kv[langchain]' (chat_openai: 'client').
 """

@@ -15,13 +15,18 @@ Found items are `KVSearchItem`s: besides the value they carry the item's KV hand
 ChatInferScale injects as KV; apps that paste `item.value["text"]` instead work with any chat
 model (as text). `KVMemoryMiddleware(namespace=...)` attaches the namespace's top-k facts to
 every model call of create_agent without any prompt code.
+
+TTL (`ttl=` LangGraph's TTLConfig, `put(..., ttl=minutes)`, refresh on read, the sweeper
+started by start_ttl_sweeper()): ttl.py; an expired item's KV is never injected.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -38,6 +43,7 @@ from langgraph.store.base import (
     Result,
     SearchItem,
     SearchOp,
+    TTLConfig,
     get_text_at_path,
     validate_op_namespace,
 )
@@ -47,6 +53,13 @@ from inferscale_engine.errors import HandleError, InvalidRequestError
 from inferscale_engine.facts import MemoryHandle
 from inferscale_engine.memory.search.filters import COMBINATORS, check_filter
 from inferscale_integrations.handles import RECENT_HANDLES
+from inferscale_integrations.langchain.ttl import (
+    TTL_FIELD,
+    Sweeper,
+    check_ttl_config,
+    expiry_of,
+    minutes,
+)
 from inferscale_integrations.registry import DEFAULT_NAME, check_name, get_memory
 
 if TYPE_CHECKING:
@@ -123,10 +136,10 @@ class KVMemoryStore(BaseStore):
     raises and nothing of the batch is written.
     """
 
-    supports_ttl = False
+    supports_ttl = True
 
     def __init__(self, memory: Memory | str = DEFAULT_NAME, *, text_field: str = "text",
-                 fields: Sequence[str] | None = None) -> None:
+                 fields: Sequence[str] | None = None, ttl: TTLConfig | None = None) -> None:
         """Wrap a Memory (nothing is looked up until the first operation).
 
         Args:
@@ -137,12 +150,16 @@ class KVMemoryStore(BaseStore):
                 each text they hold is embedded on its own. A put's `index=[...]` overrides
                 them for its item; `index=False` leaves it unranked: a query search returns it
                 after the ranked items, with score None (as LangGraph's InMemoryStore does).
+            ttl: LangGraph's TTLConfig (default_ttl and sweep_interval_minutes in minutes,
+                refresh_on_read, omit_expired); None: items expire only when put with a ttl.
         """
         self._memory = memory if not isinstance(memory, str) else None
         self._name = check_name(memory) if isinstance(memory, str) else None
         self.text_field = checks.check_text(text_field, "text_field", InvalidRequestError)
         self.fields = None if fields is None else _check_fields(fields, "fields")
+        self.ttl_config = check_ttl_config(ttl)  # type: ignore[assignment]
         self._lock = threading.Lock()
+        self._sweeper = Sweeper(self.sweep_ttl)
 
     @property
     def memory(self) -> Memory:
@@ -168,6 +185,21 @@ class KVMemoryStore(BaseStore):
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
         return await asyncio.to_thread(self.batch, list(ops))
 
+    # ---- TTL (ttl.py) ------------------------------------------------------------------
+    def sweep_ttl(self) -> int:
+        """Delete the store's expired items now (history EXPIRE); returns the facts deleted."""
+        return len(self.memory.sweep_expired(delete=True, user_prefix=SCOPE_PREFIX))
+
+    def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None
+                          ) -> concurrent.futures.Future[None]:
+        """Sweep every sweep_interval_minutes (default: the TTL config's, else 5) in a thread."""
+        return self._sweeper.start(sweep_interval_minutes or (self.ttl_config or {}).get(
+            "sweep_interval_minutes"))
+
+    def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:
+        """Stop the sweeper; False if it did not stop within `timeout` seconds."""
+        return self._sweeper.stop(timeout)
+
     # ---- checks (every op of a batch, before any runs) ---------------------------------
     def _check(self, op: Op) -> Any:
         if not isinstance(op, GetOp | PutOp | SearchOp | ListNamespacesOp):
@@ -175,7 +207,8 @@ class KVMemoryStore(BaseStore):
                                       "LangGraph's are GetOp, PutOp, SearchOp, ListNamespacesOp")
         validate_op_namespace(op)  # LangGraph's own rules and error (InvalidNamespaceError)
         if isinstance(op, GetOp):
-            return (scope_of(op.namespace) if op.namespace else None, _check_key(op.key))
+            return (scope_of(op.namespace) if op.namespace else None, _check_key(op.key),
+                    op.refresh_ttl)
         if isinstance(op, PutOp):
             return self._check_put(op)
         if isinstance(op, SearchOp):
@@ -192,13 +225,15 @@ class KVMemoryStore(BaseStore):
         key = _check_key(op.key)
         if op.value is None:  # a delete: of nothing when the namespace cannot hold items
             return (scope_of(op.namespace) if op.namespace else None), key, [], None
+        ttl = None if op.ttl is None else minutes(op.ttl)
         scope = scope_of(op.namespace)
         if not isinstance(op.value, Mapping):
             raise InvalidRequestError(f"a store value is a dict, got {type(op.value).__name__}")
         if op.index is not None and op.index is not False:
             _check_fields(op.index, "index")
         texts, indexed = self._texts(op.value, op.index)
-        metadata = {KEY_FIELD: key, VALUE_FIELD: dict(op.value), INDEXED_FIELD: indexed}
+        metadata = {KEY_FIELD: key, VALUE_FIELD: dict(op.value), INDEXED_FIELD: indexed,
+                    **({TTL_FIELD: ttl} if ttl is not None else {})}
         checks.check_metadata(metadata, f"the value of {key!r}")
         for text in texts:  # the checks Memory.add makes, so that a batch fails before writing
             self.memory.engine.tokenize_fact(text)
@@ -218,9 +253,11 @@ class KVMemoryStore(BaseStore):
         return [text], index is not False and not fields
 
     # ---- operations --------------------------------------------------------------------
-    def _get(self, plan: tuple[str | None, str]) -> Item | None:
-        scope, key = plan
-        found = self._facts(scope, key) if scope is not None else []
+    def _get(self, plan: tuple[str | None, str, bool]) -> Item | None:
+        scope, key, refresh = plan
+        found = self._facts(scope, key, self._omit()) if scope is not None else []
+        if refresh and found:
+            self._refresh([found])
         return _item(found, Item) if found else None
 
     def _put(self, plan: tuple[str | None, str, list[str], dict[str, Any] | None]) -> None:
@@ -229,15 +266,21 @@ class KVMemoryStore(BaseStore):
             return
         memory = self.memory
         with self._lock:  # one writer per store: a key never gets two sets of facts
-            found = self._facts(scope, key)
+            everything, now = self._facts(scope, key, omit_expired=False), time.time()
+            found = [f for f in everything if f.expires_at is None or f.expires_at > now]
+            stale = [f.fact_id for f in everything if f not in found]  # a new write replaces
             if metadata is not None:
+                expires = expiry_of(metadata.get(TTL_FIELD))
                 for record, text in zip(found, texts, strict=False):
                     memory.update(user_id=scope, fact_id=record.fact_id, text=text,
                                   metadata=metadata)
+                    if record.expires_at != expires:
+                        memory.set_expiration(user_id=scope, fact_ids=[record.fact_id],
+                                              expiration_date=expires)
                 if len(texts) > len(found):
                     memory.add(user_id=scope, texts=texts[len(found):], metadata=metadata,
-                               dedupe=False)
-            surplus = [record.fact_id for record in found[len(texts):]]
+                               dedupe=False, expiration_date=expires)
+            surplus = stale + [record.fact_id for record in found[len(texts):]]
             if surplus:
                 memory.delete(user_id=scope, fact_ids=surplus)
 
@@ -248,7 +291,8 @@ class KVMemoryStore(BaseStore):
                   if (ns := namespace_of(s)) is not None and ns[:len(prefix)] == prefix]
         listed: list[list[StoredFact]] = []  # the items that match the filter, in store order
         for scope in scopes:
-            listed += _items(memory.records(user_id=scope, filter=wanted or None))
+            listed += _items(memory.records(user_id=scope, filter=wanted or None,
+                                            include_expired=not self._omit()))
         scores: dict[tuple[str, str], float] = {}
         if op.query is not None and checks.has_visible(op.query):  # blank: no query
             item_of = {f.fact_id: _id(facts) for facts in listed for f in facts}
@@ -261,13 +305,15 @@ class KVMemoryStore(BaseStore):
                         scores.setdefault(item_of[fact_id], score)
             ranked = sorted(range(len(listed)), key=lambda i: -scores.get(_id(listed[i]), -2.0))
             listed = [listed[i] for i in ranked]  # then the unranked (index=False), score None
-        end = op.offset + op.limit
-        return [_item(facts, KVSearchItem, scores.get(_id(facts))) for facts in listed[
-            op.offset:end]]
+        page = listed[op.offset:op.offset + op.limit]
+        if op.refresh_ttl:
+            self._refresh(page)
+        return [_item(facts, KVSearchItem, scores.get(_id(facts))) for facts in page]
 
     def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
-        spaces = sorted({ns for scope in self.memory.users()
-                         if (ns := namespace_of(scope)) is not None})
+        memory, omit = self.memory, self._omit()
+        spaces = sorted({ns for scope in memory.users() if (ns := namespace_of(scope)) is not None
+                         and (not omit or _items(memory.records(user_id=scope)))})
         for condition in op.match_conditions or ():
             path = tuple(condition.path)
             spaces = [ns for ns in spaces if len(ns) >= len(path) and _matches(
@@ -276,9 +322,28 @@ class KVMemoryStore(BaseStore):
             spaces = sorted({ns[:op.max_depth] for ns in spaces})
         return spaces[op.offset:op.offset + op.limit]
 
-    def _facts(self, scope: str, key: str) -> list[StoredFact]:
-        """The facts of one item, oldest first."""
-        return self.memory.records(user_id=scope, filter={KEY_FIELD: key})
+    def _facts(self, scope: str, key: str, omit_expired: bool) -> list[StoredFact]:
+        """The facts of one item, oldest first (expired ones too unless omit_expired)."""
+        return self.memory.records(user_id=scope, filter={KEY_FIELD: key},
+                                   include_expired=not omit_expired)
+
+    def _omit(self) -> bool:
+        """Reads leave out expired items a sweep has not deleted yet (TTLConfig.omit_expired)."""
+        return bool((self.ttl_config or {}).get("omit_expired", False))
+
+    def _refresh(self, items: Iterable[Sequence[StoredFact]]) -> None:
+        """Restart the TTL of items just read (expired ones stay expired).
+
+        One write per namespace and TTL, not per item.
+        """
+        batches: dict[tuple[str, float], list[int]] = {}
+        for facts in items:
+            ttl = facts[0].metadata.get(TTL_FIELD)
+            if ttl is not None:
+                batches.setdefault((facts[0].user_id, ttl), []).extend(f.fact_id for f in facts)
+        for (scope, ttl), ids in batches.items():
+            self.memory.set_expiration(user_id=scope, fact_ids=ids,
+                                       expiration_date=expiry_of(ttl))
 
 
 def _items(records: Iterable[StoredFact]) -> list[list[StoredFact]]:

@@ -21,6 +21,7 @@ contributes the user's k most recent facts, so the first answer already knows th
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Literal
 
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
@@ -49,6 +50,9 @@ class KVMemoryBlock(BaseMemoryBlock[str]):
     without_query: Literal["recent", "none"] = Field(
         default="recent", description="What a read before the first user message contributes: "
         "the user's k most recent facts, or nothing.")
+    expire_after_minutes: float | None = Field(
+        default=None, gt=0, description="Facts a put writes stop being served this many "
+        "minutes later (Memory's expiration_date); None: never.")
 
     @field_validator("user_id")
     @classmethod
@@ -101,5 +105,7 @@ class KVMemoryBlock(BaseMemoryBlock[str]):
                  if m.role in (MessageRole.USER, MessageRole.ASSISTANT)
                  and isinstance(m.content, str) and m.content.strip()]
         if turns:
+            expires = (None if self.expire_after_minutes is None
+                       else time.time() + self.expire_after_minutes * 60.0)
             get_memory(self.memory_name).add(user_id=self.user_id, session_id=self.session_id,
-                                             messages=turns)
+                                             messages=turns, expiration_date=expires)

@@ -9,6 +9,7 @@ ChatInferScale injects; bad input is refused with nothing stored.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -221,3 +222,57 @@ def test_create_agent_with_the_store_remembers_through_a_tool_and_injects(memory
         create_agent(ScriptedChatInferScale(max_tokens=MAX_TOKENS), tools=[remember],
                      middleware=[middleware], context_schema=Context).invoke(
             {"messages": [HumanMessage("hi")]}, context=Context(user_id=user_id))
+
+
+def test_ttl_expires_refreshes_and_sweeps_items(memory, ns):
+    from inferscale_engine.errors import ConfigError
+
+    store = KVMemoryStore(memory, ttl={"default_ttl": 10, "refresh_on_read": True})
+    scope = scope_of(ns)
+    store.put(ns, "short", {"text": "The door code is 1234."}, ttl=1 / 60)  # one second
+    store.put(ns, "forever", {"text": "Pepper is a beagle."}, ttl=None)
+    store.put(ns, "default", {"text": "The meeting moved to Tuesday."})
+    facts = {r.metadata["langgraph_key"]: r
+             for r in memory.records(user_id=scope, include_expired=True)}
+    assert facts["forever"].expires_at is None
+    assert facts["default"].expires_at == pytest.approx(time.time() + 600, abs=30)
+    time.sleep(1.1)
+    # expired and not swept: LangGraph's stores still read it (omit_expired off) ...
+    assert store.get(ns, "short", refresh_ttl=True).value["text"] == "The door code is 1234."
+    # ... but its KV is never served, and a refresh never brings it back
+    assert facts["short"].fact_id not in memory.search(user_id=scope, query="door code",
+                                                        k=10).handle.fact_ids
+    assert memory.engine.tiers_of([facts["short"].fact_id]) == {}
+    store.ttl_config["omit_expired"] = True
+    assert store.get(ns, "short") is None
+    assert [i.key for i in store.search(ns)] == ["forever", "default"]
+    assert store.list_namespaces(prefix=ns) == [ns]
+    before = memory.get(user_id=scope, fact_id=facts["default"].fact_id).expires_at
+    time.sleep(0.05)
+    store.get(ns, "default")  # refresh_on_read
+    assert memory.get(user_id=scope, fact_id=facts["default"].fact_id).expires_at > before
+    assert store.sweep_ttl() == 1
+    assert [e.event for e in memory.history(user_id=scope, fact_id=facts["short"].fact_id)
+            ] == ["ADD", "EXPIRE"]
+    store.ttl_config["omit_expired"] = False
+    assert store.get(ns, "short") is None
+    with pytest.raises(InvalidRequestError, match="minutes > 0"):
+        store.put(ns, "bad", {"text": "never stored"}, ttl=-1)
+    assert store.get(ns, "bad") is None
+    with pytest.raises(ConfigError, match="unknown key"):
+        KVMemoryStore(memory, ttl={"default_tll": 5})
+
+
+def test_the_ttl_sweeper_deletes_expired_items(memory, ns):
+    store = KVMemoryStore(memory, ttl={"sweep_interval_minutes": 0.2 / 60})
+    store.start_ttl_sweeper()
+    try:
+        store.put(ns, "brief", {"text": "The parcel arrives today."}, ttl=1 / 60)
+        store.put(ns, "kept", {"text": "The parcel is a lamp."})
+        deadline = time.monotonic() + 30
+        while len(memory.records(user_id=scope_of(ns), include_expired=True)) > 1:
+            assert time.monotonic() < deadline, "the sweeper did not delete the item"
+            time.sleep(0.1)
+        assert [i.key for i in store.search(ns)] == ["kept"]
+    finally:
+        assert store.stop_ttl_sweeper(timeout=30)

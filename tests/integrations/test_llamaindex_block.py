@@ -7,6 +7,8 @@ a put remembers the user and assistant turns as facts; as_text contributes the f
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
@@ -94,6 +96,16 @@ async def test_a_read_before_the_first_user_message_gets_the_latest_facts(memory
     (marker,) = MARKER_RE.findall(_system_text(await chat.aget()))
     handle = RECENT_HANDLES.resolve(marker)
     assert handle.fact_ids[0] == ids[0] and len(handle.fact_ids) == 2  # Alice, for her question
+
+
+def test_a_put_with_expire_after_minutes_writes_expiring_facts(memory, user_id):
+    block = KVMemoryBlock(user_id=user_id, expire_after_minutes=30)
+    before = time.time()
+    block.put([ChatMessage(role=MessageRole.USER, content="My train leaves at nine.")])
+    (record,) = memory.records(user_id=user_id)
+    assert before + 30 * 60 <= record.expires_at <= time.time() + 30 * 60
+    with pytest.raises(ValueError):
+        KVMemoryBlock(user_id="someone", expire_after_minutes=0)
 
 
 def test_bad_settings_are_refused(memory):

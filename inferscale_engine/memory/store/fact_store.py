@@ -15,12 +15,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from inferscale_engine.checks import (
-    check_fact_ids,
-    check_int,
-    check_list,
-    check_text,
-)
+from inferscale_engine.checks import check_fact_ids, check_int, check_list, check_text
 from inferscale_engine.errors import (
     ConfigError,
     FactNotFoundError,
@@ -93,10 +88,7 @@ class FactStore:
 
     @property
     def shared(self) -> bool:
-        """True if other processes may write to this database too (PostgreSQL).
-
-        Then a user's facts may change under this process; see user_version().
-        """
+        """True if other processes may write this database too (PostgreSQL; user_version())."""
         return self._db.shared
 
     # ---- facts -------------------------------------------------------------------------
@@ -104,8 +96,7 @@ class FactStore:
     def add_facts(self, *, user_id: str, texts: Sequence[str],
                   token_ids: Sequence[Sequence[int]], embeddings: Sequence[Any],
                   metadata: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
-                  session_id: str | None = None,
-                  turns: Sequence[tuple[str, str]] = (),
+                  session_id: str | None = None, turns: Sequence[tuple[str, str]] = (),
                   valid_from: float | Sequence[float | None] | None = None,
                   expires_at: float | Sequence[float | None] | None = None,
                   pending: bool = False) -> list[FactId]:
@@ -262,11 +253,20 @@ class FactStore:
             return validity.supersede(db, user_id, ids, newer, at)
 
     @retried
-    def expired(self, now: float | None = None, limit: int = 1000) -> list[tuple[str, FactId]]:
-        """(user, fact id) of facts whose expires_at has passed, oldest expiry first."""
+    def expired(self, now: float | None = None, limit: int = 1000,
+                user_prefix: str = "") -> list[tuple[str, FactId]]:
+        """(user, fact id) of expired facts (of users named user_prefix...), oldest first."""
         check_int(limit, "limit", 1, InvalidRequestError)
         with self._db.reading("expired") as db:
-            return validity.expired(db, time.time() if now is None else now, limit)
+            return validity.expired(db, time.time() if now is None else now, limit, user_prefix)
+
+    @store_verb
+    def set_expiry(self, *, user_id: str, fact_ids: Sequence[int],
+                   expires_at: float | None) -> list[FactId]:
+        """Set when the user's unexpired facts expire (None: never); returns those set."""
+        with self._db.transaction("set_expiry") as db:
+            schema.bump_user_version(db, user_id)
+            return validity.set_expiry(db, user_id, check_fact_ids(fact_ids), expires_at)
 
     @store_verb
     def finish_pending(self, *, user_id: str,

@@ -53,11 +53,18 @@ def supersede(db: Database, user_id: str, ids: Sequence[int], by: FactId | None,
     return marked
 
 
-def expired(db: Database, now: float, limit: int) -> list[tuple[str, FactId]]:
-    """(user, fact id) of facts whose expires_at is at or before `now`, oldest expiry first."""
+def expired(db: Database, now: float, limit: int,
+            user_prefix: str = "") -> list[tuple[str, FactId]]:
+    """(user, fact id) of facts whose expires_at is at or before `now`, oldest expiry first.
+
+    user_prefix: only users whose id starts with it (substr, not LIKE: SQLite's LIKE ignores
+    ASCII case).
+    """
+    prefix, args = ("AND substr(user_id, 1, ?) = ? ", (len(user_prefix), user_prefix)
+                    ) if user_prefix else ("", ())
     return [(row[0], FactId(row[1])) for row in db.execute(
         "SELECT user_id, fact_id FROM facts WHERE expires_at IS NOT NULL AND expires_at <= ? "
-        "ORDER BY expires_at, fact_id LIMIT ?", (now, limit))]
+        f"{prefix}ORDER BY expires_at, fact_id LIMIT ?", (now, *args, limit))]
 
 
 def times(value: object, what: str, num_facts: int) -> list[float | None]:
@@ -73,3 +80,23 @@ def times(value: object, what: str, num_facts: int) -> list[float | None]:
                                    "(a finite number) or None")
         out.append(None if item is None else float(item))
     return out
+
+
+def set_expiry(db: Database, user_id: str, fact_ids: Sequence[int],
+               expires_at: object) -> list[FactId]:
+    """Set expires_at of the user's facts that have not expired yet; returns them.
+
+    An expired fact is left as it is (a refresh never brings one back).
+    """
+    (end,) = times(expires_at, "expires_at", 1)
+    ids, now = list(dict.fromkeys(fact_ids)), time.time()
+    changed: list[FactId] = []
+    for lo in range(0, len(ids), _IDS_PER_QUERY):
+        chunk = list(ids[lo:lo + _IDS_PER_QUERY])
+        changed += [FactId(row[0]) for row in db.execute(
+            f"SELECT fact_id FROM facts WHERE user_id = ? AND fact_id IN "
+            f"({','.join('?' * len(chunk))}) AND (expires_at IS NULL OR expires_at > ?)",
+            (user_id, *chunk, now))]
+    db.executemany("UPDATE facts SET expires_at = ? WHERE fact_id = ?",
+                   [(end, i) for i in changed])
+    return changed

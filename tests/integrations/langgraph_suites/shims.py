@@ -10,11 +10,14 @@ place. Every construction makes a KVMemoryStore over a fresh Memory on the packa
 - `index={"embed": ..., "fields" | "text_fields": [...]}`: the test's embeddings become the
   Memory's embedder and its fields the store's `fields`; without an index, the tests' hashed
   bag-of-words embedder;
-- `ttl=` is accepted and not applied: KVMemoryStore has no TTL yet (issue 54), and the tests
-  that check expiry are skipped with that reason (SKIPS in test_langgraph_suites.py);
-- `setup()`, `start_ttl_sweeper()`, `stop_ttl_sweeper()`, `MIGRATIONS` and PostgresStore's
-  `_cursor()`, which the fixtures call while constructing, do what construction needs (Memory
-  migrates its database when it opens it; `_cursor` opens a cursor on the test's database);
+- `ttl=` (LangGraph's TTLConfig) is the KVMemoryStore's `ttl`; `start_ttl_sweeper()` and
+  `stop_ttl_sweeper()` are KVMemoryStore's own (the async forms call them);
+- `setup()`, `MIGRATIONS` and PostgresStore's `_cursor()`, which the fixtures call while
+  constructing, do what construction needs (Memory migrates its database when it opens it;
+  `_cursor` opens a cursor on the test's database, with dict rows as theirs has). The TTL
+  tests read and backdate their rows with SQL on LangGraph's table `store` (prefix, key,
+  expires_at, updated_at); on PostgreSQL a view of that name over InferScale's `facts` table
+  gives those columns (an update of it writes the fact's times), created with the store;
 - the Memory encodes KV on first use (encode_on_add=False): the suites test the store's
   contract, not KV encoding, which has tests of its own.
 
@@ -63,7 +66,7 @@ class LangChainEmbedder(Embedder):
 
 
 def _build(store: KVMemoryStore, database: str, index: dict[str, Any] | None,
-           fields_key: str) -> None:
+           fields_key: str, ttl: dict[str, Any] | None = None) -> None:
     """Make `store` a KVMemoryStore over a new Memory on `database`."""
     from inferscale_engine.memory import Memory
     from inferscale_engine.memory.store.fact_store import FactStore
@@ -80,8 +83,31 @@ def _build(store: KVMemoryStore, database: str, index: dict[str, Any] | None,
     OPENED.append(memory)
     CLOSE.append(fact_store)
     store._fact_store = fact_store  # type: ignore[attr-defined]
-    KVMemoryStore.__init__(store, memory, fields=index.get(fields_key))
+    KVMemoryStore.__init__(store, memory, fields=index.get(fields_key), ttl=ttl)
     store._database = database  # type: ignore[attr-defined]
+    if fact_store.shared:
+        with fact_store._db.transaction("langgraph's store view") as db:
+            for statement in _STORE_VIEW:
+                db.execute(statement)
+
+
+_STORE_VIEW = (
+    """CREATE OR REPLACE VIEW store AS SELECT fact_id,
+           replace(substr(user_id, 11), '/', '.') AS prefix,
+           (metadata::jsonb) ->> 'langgraph_key' AS key,
+           to_timestamp(expires_at) AS expires_at, to_timestamp(updated_at) AS updated_at
+       FROM facts WHERE user_id LIKE 'langgraph:%'""",
+    """CREATE OR REPLACE FUNCTION store_view_update() RETURNS trigger AS $$ BEGIN
+           UPDATE facts SET expires_at = extract(epoch FROM NEW.expires_at),
+                            updated_at = extract(epoch FROM NEW.updated_at)
+           WHERE fact_id = OLD.fact_id;
+           RETURN NEW;
+       END $$ LANGUAGE plpgsql""",
+    """CREATE OR REPLACE TRIGGER store_view_update INSTEAD OF UPDATE ON store
+       FOR EACH ROW EXECUTE FUNCTION store_view_update()""",
+)
+"""LangGraph's `store` table as a view of the facts of the store's namespaces (labels joined
+by '.', as theirs; the test's labels need no percent-encoding)."""
 
 
 def _first_fact_id(fact_store: Any, first: int) -> None:
@@ -96,13 +122,14 @@ def _first_fact_id(fact_store: Any, first: int) -> None:
 
 
 def _kv_store(cls: type[KVMemoryStore], database: str, index: dict[str, Any] | None,
-              fields_key: str) -> Any:
+              fields_key: str, ttl: dict[str, Any] | None) -> Any:
     store = cls.__new__(cls)
-    _build(store, database, index, fields_key)
+    _build(store, database, index, fields_key, ttl)
     return store
 
 
 def _close(store: Any) -> None:
+    KVMemoryStore.stop_ttl_sweeper(store)
     store.memory.close()
     store._fact_store.close()
 
@@ -125,7 +152,7 @@ class SqliteStore(KVMemoryStore):
     @contextmanager
     def from_conn_string(cls, conn_string: str, *, index: dict[str, Any] | None = None,
                          ttl: dict[str, Any] | None = None, **options: Any) -> Iterator[Any]:
-        store = _kv_store(cls, conn_string, index, cls.FIELDS_KEY)
+        store = _kv_store(cls, conn_string, index, cls.FIELDS_KEY, ttl)
         try:
             yield store
         finally:
@@ -133,12 +160,6 @@ class SqliteStore(KVMemoryStore):
 
     def setup(self) -> None:
         """Memory migrated the database when it opened it."""
-
-    def start_ttl_sweeper(self, *args: Any, **kwargs: Any) -> None:
-        """No TTL yet (issue 54): nothing to sweep."""
-
-    def stop_ttl_sweeper(self, *args: Any, **kwargs: Any) -> bool:
-        return True
 
 
 class PostgresStore(SqliteStore):
@@ -149,8 +170,9 @@ class PostgresStore(SqliteStore):
     @contextmanager
     def _cursor(self) -> Iterator[Any]:
         import psycopg
+        from psycopg.rows import dict_row
 
-        with psycopg.connect(self._database, autocommit=True) as conn, \
+        with psycopg.connect(self._database, autocommit=True, row_factory=dict_row) as conn, \
                 conn.cursor() as cursor:
             yield cursor
 
@@ -164,7 +186,7 @@ class AsyncSqliteStore(SqliteStore):
                                index: dict[str, Any] | None = None,
                                ttl: dict[str, Any] | None = None,
                                **options: Any) -> AsyncIterator[Any]:
-        store = _kv_store(cls, conn_string, index, cls.FIELDS_KEY)
+        store = _kv_store(cls, conn_string, index, cls.FIELDS_KEY, ttl)
         try:
             yield store
         finally:
@@ -173,11 +195,11 @@ class AsyncSqliteStore(SqliteStore):
     async def setup(self) -> None:  # type: ignore[override]
         """Memory migrated the database when it opened it."""
 
-    async def start_ttl_sweeper(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
-        """No TTL yet (issue 54): nothing to sweep."""
+    async def start_ttl_sweeper(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return KVMemoryStore.start_ttl_sweeper(self, *args, **kwargs)
 
     async def stop_ttl_sweeper(self, *args: Any, **kwargs: Any) -> bool:  # type: ignore[override]
-        return True
+        return KVMemoryStore.stop_ttl_sweeper(self, *args, **kwargs)
 
 
 class AsyncPostgresStore(AsyncSqliteStore):
@@ -188,8 +210,9 @@ class AsyncPostgresStore(AsyncSqliteStore):
     @asynccontextmanager
     async def _cursor(self) -> AsyncIterator[Any]:
         import psycopg
+        from psycopg.rows import dict_row
 
-        async with await psycopg.AsyncConnection.connect(self._database,
-                                                         autocommit=True) as conn, \
+        async with await psycopg.AsyncConnection.connect(self._database, autocommit=True,
+                                                         row_factory=dict_row) as conn, \
                 conn.cursor() as cursor:
             yield cursor

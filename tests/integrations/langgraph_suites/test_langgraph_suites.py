@@ -32,8 +32,6 @@ _FILTER_KEY_SQL = ("SqliteStore refuses filter keys that could inject SQL, as it
 _LOOP_GUARD = ("the async stores' sync methods refuse to run on the event loop's thread, which "
                "they need; KVMemoryStore's sync methods need no loop and run there")
 
-_TTL = ("TTL: KVMemoryStore does not expire items yet (issue 54 adds TTL); the fixtures' "
-        "ttl settings are accepted and not applied")
 _SAME_STORE = ("the same KVMemoryStore as the test's first parameter set: this parameter "
                "configures PostgresStore's own connection (pipeline, pool) or vector column "
                "type, which KVMemoryStore does not have")
@@ -42,8 +40,6 @@ _COSINE = ("expects l2 or inner-product scores; KVMemoryStore scores by cosine s
 _PG = "langgraph-checkpoint-postgres/test_*store.py::"
 
 SKIPS: dict[str, str] = {
-    _PG + "test_store_ttl*": _TTL,
-    _PG + "test_omit_expired_*": _TTL,
     _PG + "*[[]pipe*": _SAME_STORE,
     _PG + "*[[]pool*": _SAME_STORE,
     _PG + "*halfvec*": _SAME_STORE,

@@ -252,7 +252,7 @@
     const rows = [];
     for (const m of data.memories) {
       const textCell = h("td", { class: "text" }, m.memory);
-      const sub = h("tr", { class: "sub", hidden: true }, h("td", { colspan: 8 }));
+      const sub = h("tr", { class: "sub", hidden: true }, h("td", { colspan: 9 }));
       const historyButton = h("button", { class: "link", onclick: async () => {
         if (!sub.hidden) { sub.hidden = true; return; }
         try {
@@ -289,6 +289,8 @@
         h("td", { class: "num" }, m.id), textCell,
         h("td", { class: "nowrap" }, fmtTime(m.created_at)),
         h("td", { class: "nowrap" }, fmtTime(m.updated_at)),
+        h("td", { class: "nowrap expires" }, m.expires_at === null ?
+          h("span", { class: "muted" }, "never") : fmtTime(m.expires_at)),
         h("td", { class: "session", title: m.session_id },
           m.session_id === null ? h("span", { class: "muted" }, "–") : m.session_id),
         h("td", { class: "num" }, m.tokens),
@@ -316,7 +318,8 @@
       data.memories.length === 0 ? h("p", { class: "muted" }, "No memories.") :
         h("table", { class: "memories" },
           h("thead", {}, h("tr", {}, h("th", { class: "num" }, "#"), h("th", {}, "Memory"),
-            h("th", {}, "Created"), h("th", {}, "Updated"), h("th", {}, "Session"),
+            h("th", {}, "Created"), h("th", {}, "Updated"), h("th", {}, "Expires"),
+            h("th", {}, "Session"),
             h("th", { class: "num" }, "Tokens"), h("th", {}, "KV"), h("th", {}, ""))),
           h("tbody", {}, rows)));
   }
