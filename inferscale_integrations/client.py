@@ -174,7 +174,7 @@ class MemoryClient:
             body["metadata"] = dict(metadata)
         return [(int(r.get("message_index", 0)),
                  AddResult(FactId(int(r["id"])), r["memory"], r["event"], r.get("similarity"),
-                           r.get("message_index"), r.get("status")))
+                           r.get("message_index"), status=r.get("status")))
                 for r in self._call("POST", "/memories", json=body)["results"]]
 
     def _owned(self, user_id: str, fact_id: int) -> None:
