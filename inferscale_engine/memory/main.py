@@ -42,7 +42,7 @@ from inferscale_engine.memory.infer import infer_add
 from inferscale_engine.memory.listing import Listing
 from inferscale_engine.memory.registration import RegisteredFacts
 from inferscale_engine.memory.scope import Scopes
-from inferscale_engine.memory.search import filters, retrieval
+from inferscale_engine.memory.search import filters, hybrid, retrieval
 from inferscale_engine.memory.search.embedder import Embedder
 from inferscale_engine.memory.search.index import RetrievalIndex
 from inferscale_engine.memory.store import FactStore, open_store, reserved
@@ -50,7 +50,6 @@ from inferscale_engine.memory.types import AddResult, MemoryStats, SearchResult
 from inferscale_engine.runtime.engine import Engine
 
 logger = logging.getLogger(__name__)
-
 
 
 class Memory:
@@ -67,7 +66,8 @@ class Memory:
                  context_turns: int = 16, progress_bar: bool | None = None,
                  half_scan_min_rows: int | None = None,
                  max_served_users: int = DEFAULT_MAX_SERVED_USERS,
-                 supersede_threshold: float | None = DEFAULT_SUPERSEDE_THRESHOLD) -> None:
+                 supersede_threshold: float | None = DEFAULT_SUPERSEDE_THRESHOLD,
+                 search_mode: str = hybrid.DEFAULT_SEARCH_MODE) -> None:
         """Open the store and make every stored fact searchable and servable.
 
         Args:
@@ -86,7 +86,7 @@ class Memory:
             context_turns: stored turns of a session (or, for facts added as texts, the user's
                 last facts) read as the context a new fact is encoded after.
             progress_bar: show the start-up progress bar (None: only on a terminal).
-            half_scan_min_rows, max_served_users: see MemoryConfig.
+            half_scan_min_rows, max_served_users, search_mode: see MemoryConfig.
             supersede_threshold: an added fact supersedes the user's older facts whose
                 embeddings have at least this cosine similarity with its own (supersession.py);
                 None: facts are only superseded explicitly (supersede(), infer=True).
@@ -98,6 +98,7 @@ class Memory:
         self._supersede_threshold = check_dedupe_threshold(supersede_threshold,
                                                            "supersede_threshold")
         check_startup(startup)
+        self._search_mode = hybrid.check_search_mode(search_mode, setting=True)
         checks.check_half_scan_min_rows(half_scan_min_rows)
         checks.check_int(context_turns, "context_turns", 0, InvalidRequestError)
         self._engine = engine
@@ -155,7 +156,8 @@ class Memory:
                          encode_on_add=config.encode_on_add, device=config.device,
                          half_scan_min_rows=config.half_scan_min_rows,
                          max_served_users=config.max_served_users,
-                         supersede_threshold=config.supersede_threshold)
+                         supersede_threshold=config.supersede_threshold,
+                         search_mode=config.search_mode)
         except BaseException:
             engine.close()
             raise
@@ -225,13 +227,15 @@ class Memory:
     @interactive_call
     def search(self, *, user_id: str, query: str, k: int = 5,
                filter: Mapping[str, Any] | None = None, agent_id: str | None = None,
-               run_id: str | None = None, as_of: Any = None) -> SearchResult:
-        """The user's k facts most similar to `query` (cosine), best first, and their handle.
+               run_id: str | None = None, as_of: Any = None,
+               search_mode: str | None = None) -> SearchResult:
+        """The user's k facts most similar to `query`, best first, and their handle.
 
-        With `filter` (memory/search/filters.py), only facts whose metadata match it; with
-        agent_id / run_id, only facts added in them. A user with no facts gets an empty result.
-        as_of (a datetime, date, ISO string or epoch seconds): among the facts true then,
-        superseded ones included.
+        search_mode: 'vector' (cosine) or 'hybrid' (fused with keyword matches, search/hybrid.py);
+        None: the Memory's. With `filter` (search/filters.py), only facts whose metadata match
+        it; with agent_id / run_id, only facts added in them. A user with no facts gets an empty
+        result. as_of (a datetime, date, ISO string or epoch seconds): among the facts true
+        then, superseded ones included (ranked by cosine).
         """
         user = self._user(user_id)
         query = checks.check_text(query, "query", InvalidRequestError)
@@ -240,6 +244,7 @@ class Memory:
         wanted, scope = filters.check_filter(filter), filters.scope(agent_id, run_id)
         narrow = wanted is not None or scope != (None, None)
         at = checks.check_time(as_of, "as_of")
+        mode = hybrid.check_search_mode(search_mode or self._search_mode)
         vector = self._embed([query])[0]
         with user as uid:
             if at is not None:
@@ -247,7 +252,8 @@ class Memory:
                     self._store, self._served, uid, vector, at, k if not narrow else 2**31)
                     if filters.selected(r, wanted, scope)][:k]
                 return SearchResult(tuple(hits), retrieval.handle_of(uid, hits))
-            ranked = retrieval.ranked(self._index, uid, vector, k, narrow)
+            ranked = retrieval.ranked(self._index, uid, vector, k, narrow,
+                                      query if mode == "hybrid" else None)
             if not narrow:
                 hits = [(self._served[fact_id], score) for fact_id, score in ranked]
                 return SearchResult(tuple(hits), retrieval.handle_of(uid, hits))
