@@ -49,6 +49,7 @@ def recall(memory: Any, conversations: list[Conversation], mode: str) -> dict[st
             for k in KS:
                 covered = {s for f in hits[:k] for s in sources[f]}
                 per_k[k].append(sum(e in covered for e in q.evidence) / len(q.evidence))
+    print(f"{mode}: {len(per_k[KS[0]])} questions", flush=True)
     return {f"R@{k}": statistics.mean(v) for k, v in per_k.items()} | {
         "questions": len(per_k[KS[0]])}
 
@@ -105,6 +106,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--sizes", default="1000,100000", help="latency sizes ('' = none)")
     parser.add_argument("--queries", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--data", default=str(DEFAULT_DATA))
     parser.add_argument("--tag", default="")
     args = parser.parse_args(argv)
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from tests.fake_runner import FakeRunner
     from tests.tiny_model import TinyModelSpec, tiny_model_path
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(args.threads)
     embedder = Embedder(DEFAULT_EMBEDDING_MODEL, device="cpu")
     conversations = fold(load_conversations(Path(args.data), facts=args.facts), "dev")
     results: dict[str, Any] = {"default_weight": hybrid.KEYWORD_WEIGHT}

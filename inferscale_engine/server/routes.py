@@ -6,7 +6,8 @@
   GET    /v1/memories?user_id=   the user's memories
   GET    /v1/memories/{id}       one memory       PUT {text, metadata}   DELETE
   POST   /v1/memories/search     {query, user_id (or filters.user_id), filters, top_k,
-                                 threshold}: filters as mem0's (agent_id, run_id, metadata)
+                                 threshold, search_mode}: filters as mem0's (agent_id,
+                                 run_id, metadata); search_mode 'vector' or 'hybrid'
   DELETE /v1/memories?user_id=   every memory of a user (admin)
   POST   /v1/memories/reset      {user_id}: memories and turns of a user (admin)
 Writes are durable and their KV encoded before the call returns ("pending": false). A key
@@ -65,6 +66,8 @@ class SearchBody(_Body):
     filters: dict[str, Any] | None = None
     top_k: int = Field(default=5, ge=0, le=1000)
     threshold: float | None = None
+    search_mode: str | None = None
+    """'vector' or 'hybrid' (Memory.search); None: the server's setting."""
 
 
 class ResetBody(_Body):
@@ -195,7 +198,8 @@ async def search(request: Request, body: SearchBody) -> dict[str, Any]:
     user_id = _user(request, ("user_id", body.user_id), ("filters.user_id", ids.get("user_id")))
     found = await _call(_memory(request).search, _filter_pool(request, rest), user_id=user_id,
                         query=body.query, k=body.top_k, filter=rest or None,
-                        agent_id=ids.get("agent_id"), run_id=ids.get("run_id"))
+                        agent_id=ids.get("agent_id"), run_id=ids.get("run_id"),
+                        search_mode=body.search_mode)
     return {"results": [{**_record(f), "score": score} for f, score in found.hits
                         if body.threshold is None or score >= body.threshold]}
 
