@@ -7,9 +7,9 @@ facts come from, averaged, at k = 5, 10, 20. No model runs: the Engine is driven
 tests/fake_runner.py and no KV is encoded (retrieval does not read it). --weights sweeps the
 hybrid keyword weight (search/hybrid.py KEYWORD_WEIGHT): the dev fold only (locomo_protocol).
 
-Latency: one user's RetrievalIndex of N facts (LoCoMo turns, cycled, their MiniLM vectors
-jittered), each mode's ranking (search/retrieval.py ranked) plus the query's embedding, on
-the CPU.
+Latency: one user's RetrievalIndex of N facts (the dev fold's facts, cycled and numbered, their
+MiniLM vectors jittered), each mode's ranking (search/retrieval.py ranked) plus the query's
+embedding, on the CPU.
 
   python benchmarks/retrieval_locomo.py                       # recall + latency
   python benchmarks/retrieval_locomo.py --weights 0.3,0.5,0.7,1.0 --sizes ""
@@ -73,8 +73,10 @@ def latency(embedder: Any, texts: list[str], queries: list[str], sizes: list[int
     from inferscale_engine.memory.search import retrieval
     from inferscale_engine.memory.search.index import RetrievalIndex
 
-    base = embedder.encode(texts).cpu()
     out: dict[str, Any] = {}
+    if not sizes:
+        return out
+    base = embedder.encode(texts).cpu()
     for size in sizes:
         index = RetrievalIndex(device="cpu")
         generator = torch.Generator().manual_seed(0)
@@ -141,8 +143,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if isinstance(row, dict):
             print(name, " ".join(f"{k} {v:.1%}" for k, v in row.items() if k.startswith("R@")),
                   f"(n={row['questions']})")
-    texts = [f.retrieval_text for c in load_conversations(Path(args.data), facts="turns")
-             for f in c.facts]
+    texts = [f.retrieval_text for c in conversations for f in c.facts]
     queries = [q.question for c in conversations for q in c.questions][:args.queries]
     sizes = [int(s) for s in args.sizes.split(",") if s]
     record = {"benchmark": "retrieval_locomo", "config": vars(args),
