@@ -8,7 +8,9 @@ removes a fact in both in the same call, under one lock. Why FTS5 (and not bm25s
 store's own full-text search): docs/memory.md#keyword-search.
 
 A query is read as the OR of its words, without stopwords: a fact matching any word is a
-candidate, ranked by BM25 (Okapi, k1=1.2, b=0.75, FTS5's bm25()).
+candidate, ranked by BM25 (Okapi, k1=1.2, b=0.75, FTS5's bm25()). FTS5 scores every fact that
+matches, so in a large memory a query's words are matched rarest first, up to MAX_POSTINGS
+(fact, word) matches: the commonest words, whose BM25 weight is the lowest, are left out.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ these those about into than then there here not no so if can could would should 
 might must just also very too any some all each both either neither one ever
 """.split())
 """Words a query does not match on (they are in most facts)."""
+MAX_POSTINGS = 10_000
+"""Most (fact, word) matches one search scores: its cost, whatever the user's facts
+(docs/benchmarks.md#keyword-search). Below it, every word of the query is matched."""
 
 
 def query_terms(query: str) -> list[str]:
@@ -95,10 +100,28 @@ class LexicalIndex:
         Equal scores rank by smaller fact id; [] when no fact has a word of the query.
         """
         db = self._users.get(user_id)
-        terms = query_terms(query)
+        terms = ['"' + t.replace('"', '""') + '"' for t in query_terms(query)]
         if db is None or not terms or k <= 0:
             return []
-        match = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+        if len(terms) * self.count(user_id) > MAX_POSTINGS:
+            terms = _rarest(db, terms)
+        if not terms:
+            return []
+        match = " OR ".join(terms)
         rows = db.execute("SELECT rowid, -bm25(facts) AS score FROM facts WHERE facts MATCH ? "
                           "ORDER BY score DESC, rowid LIMIT ?", (match, k)).fetchall()
         return [(FactId(f), float(s)) for f, s in rows]
+
+
+def _rarest(db: sqlite3.Connection, terms: list[str]) -> list[str]:
+    """The rarest of the quoted terms whose matches add up to at most MAX_POSTINGS."""
+    count = ("SELECT count(*) FROM (SELECT 1 FROM facts WHERE facts MATCH ? LIMIT "
+             f"{MAX_POSTINGS + 1})")
+    kept, total = [], 0
+    for matches, term in sorted((db.execute(count, (t,)).fetchone()[0], t) for t in terms):
+        if total + matches > MAX_POSTINGS:
+            break
+        if matches:
+            kept.append(term)
+            total += matches
+    return kept

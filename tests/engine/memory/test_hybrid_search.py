@@ -134,3 +134,17 @@ def test_the_index_keeps_keywords_and_vectors_of_the_same_facts():
     assert index.keyword_search(user_id="v", query="green", k=5) == []
     index.drop_user(user_id="u")
     assert index.keyword_search(user_id="u", query="green", k=5) == []
+
+
+def test_a_large_memory_matches_a_querys_rarest_words_first(monkeypatch):
+    from inferscale_engine.memory.search import lexical
+
+    index = lexical.LexicalIndex()
+    texts = [f"Caroline talks about day {n}." for n in range(30)] + ["Caroline paints owls."]
+    index.add("u", list(range(len(texts))), texts)
+    everything = index.search("u", "Caroline owls", 50)
+    assert len(everything) == 31 and everything[0][0] == 30
+    monkeypatch.setattr(lexical, "MAX_POSTINGS", 10)  # 'caroline' (31 facts) is over it
+    only_owls = pytest.approx(everything[0][1], rel=1e-3)  # 'caroline' weighed ~0 anyway
+    assert index.search("u", "Caroline owls", 50) == [(30, only_owls)]
+    assert index.search("u", "Caroline", 50) == []
