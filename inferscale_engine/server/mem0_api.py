@@ -9,7 +9,7 @@
                                      PENDING
   GET    /v1/event/{event_id}/       an asynchronous add's status (per fact: id = fact id)
   POST   /v3/memories/               get_all: {filters: {user_id, agent_id, run_id, ...}}
-  POST   /v3/memories/search/        {query, filters, top_k, threshold}
+  POST   /v3/memories/search/        {query, filters, top_k, threshold, search_mode}
   GET / PUT / DELETE /v1/memories/{id}/          one memory
   GET    /v1/memories/{id}/history/  its ADD / UPDATE / DELETE events
   DELETE /v1/memories/?user_id=&agent_id=&run_id=   delete_all (a whole user: admin keys)
@@ -79,6 +79,8 @@ class SearchBody(_Body):
     filters: dict[str, Any] | None = None
     top_k: int = Field(default=10, ge=0, le=1000)
     threshold: float | None = None
+    search_mode: str | None = None
+    """'vector' or 'hybrid' (Memory.search); None: the server's setting."""
 
 
 class UpdateBody(_Body):
@@ -175,7 +177,8 @@ async def search(request: Request, body: SearchBody) -> dict[str, Any]:
     memory = _memory(request)
     found = await _call(memory.search, _filter_pool(request, rest), user_id=user_id,
                         query=body.query, k=body.top_k, filter=rest or None,
-                        agent_id=ids.get("agent_id"), run_id=ids.get("run_id"))
+                        agent_id=ids.get("agent_id"), run_id=ids.get("run_id"),
+                        search_mode=body.search_mode)
     hits = [(f, s) for f, s in found.hits if body.threshold is None or s >= body.threshold]
     stored = await _call(stored_hits, memory=memory, user_id=user_id, hits=hits)
     return {"results": [record(r, s) for r, s in stored]}

@@ -8,8 +8,8 @@
   GET    /v1/memories?user_id=&agent_id=&run_id=   the user's memories (of an agent, a run)
   GET    /v1/memories/{id}       one memory       PUT {text, metadata}   DELETE
   POST   /v1/memories/search     {query, user_id (or filters.user_id), agent_id, run_id,
-                                 filters, top_k, threshold}: filters as mem0's (agent_id,
-                                 run_id, metadata)
+                                 filters, top_k, threshold, search_mode}: filters as mem0's
+                                 (agent_id, run_id, metadata); search_mode 'vector' or 'hybrid'
   DELETE /v1/memories?user_id=&agent_id=&run_id=   the memories of an agent or run; without
                                  them every memory of the user (admin)
   POST   /v1/memories/reset      {user_id}: memories and turns of a user (admin)
@@ -81,6 +81,8 @@ class SearchBody(_Body):
     filters: dict[str, Any] | None = None
     top_k: int = Field(default=5, ge=0, le=1000)
     threshold: float | None = None
+    search_mode: str | None = None
+    """'vector' or 'hybrid' (Memory.search); None: the server's setting."""
 
 
 class ResetBody(_Body):
@@ -260,7 +262,8 @@ async def search(request: Request, body: SearchBody) -> dict[str, Any]:
     found = await _call(memory.search, _filter_pool(request, rest), user_id=user_id,
                         query=body.query, k=body.top_k, filter=rest or None,
                         agent_id=_scope("agent_id", body.agent_id, ids),
-                        run_id=_scope("run_id", body.run_id, ids))
+                        run_id=_scope("run_id", body.run_id, ids),
+                        search_mode=body.search_mode)
     hits = [(f, s) for f, s in found.hits if body.threshold is None or s >= body.threshold]
     stored = await _call(stored_hits, memory=memory, user_id=user_id, hits=hits)
     return {"results": [{**_record(r, r), "score": score} for r, score in stored]}

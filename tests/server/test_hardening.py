@@ -345,3 +345,21 @@ def test_infer_counters_and_the_users_held_are_on_metrics(server, http, model, u
     has = infer("My sister lives in Rome.")
     assert wait_metric(server, "inferscale_infer_calls_total", calls + 2) == calls + 2
     assert metric(server, "inferscale_served_users") == held + (has and not had)
+
+
+def test_search_mode_reaches_memory_search_on_both_search_routes(http, user_a):
+    added = http.post("/v1/memories", headers=auth("a"), json={
+        "user_id": user_a, "texts": ["Ana keeps the zorblax invoice in a drawer."]})
+    assert added.status_code == 200, added.text
+    routes = [("/v1/memories/search", {"user_id": user_a}),
+              ("/v3/memories/search/", {"filters": {"user_id": user_a}})]
+    for path, who in routes:
+        for mode in ("vector", "hybrid", None):
+            found = http.post(path, headers=auth("a"),
+                              json={"query": "zorblax", "search_mode": mode, **who})
+            assert found.status_code == 200, (path, mode, found.text)
+            assert [r["memory"] for r in found.json()["results"]] == [
+                "Ana keeps the zorblax invoice in a drawer."]
+        bad = http.post(path, headers=auth("a"),
+                        json={"query": "zorblax", "search_mode": "bm25", **who})
+        assert bad.status_code == 400 and "search_mode" in _message(bad), bad.text

@@ -2,6 +2,9 @@
 
   embedder.py    Embedder: texts to L2-normalized float32 vectors (sentence-transformers)
   index.py       RetrievalIndex: one embedding matrix per user on a torch device, cosine top-k
+                 (and each user's keyword index with it)
+  lexical.py     LexicalIndex: per user, BM25 keyword search over fact texts (SQLite FTS5)
+  hybrid.py      search modes: 'vector', or 'hybrid' (cosine fused with BM25)
   filters.py     metadata filters of search and listing (mem0's and LangGraph's shape)
   retrieval.py   the read rules on top: a search narrowed by filter and scope, the facts one
                  request is served with (top-k, then recent), duplicates of new facts

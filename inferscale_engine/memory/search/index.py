@@ -1,6 +1,8 @@
 """Per-user cosine top-k retrieval: one embedding matrix per user on a torch device.
 
 A user's search only ever scores that user's facts. Embeddings come from search/embedder.py.
+Facts added with their texts are also in the user's keyword index (lexical.py): one add and
+one remove update both, so the two never disagree on a user's facts.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from inferscale_engine.checks import check_half_scan_min_rows, check_user_id
 from inferscale_engine.errors import ConfigError, FactNotFoundError, RetrievalError
 from inferscale_engine.facts import FactId
 from inferscale_engine.memory.search.embedder import resolve_device
+from inferscale_engine.memory.search.lexical import LexicalIndex
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -161,6 +164,13 @@ class UserIndex:
         tied = torch.nonzero(scores >= values[k - 1]).squeeze(1)  # every row tying at the cut
         return self._ranked(zip(scores[tied].tolist(), tied.tolist(), strict=True), k)
 
+    def scores(self, query_embedding: Any, fact_ids: Sequence[int]) -> list[float]:
+        """The cosine of the query [dim] with each of the (indexed) facts, in order."""
+        query, norm = _query(query_embedding, self.dim, self.device)
+        _raise_if_invalid(_is_valid_norm(float(norm)), "query_embedding")
+        rows = [self._row_of[f] for f in fact_ids]
+        return (self._embeddings[torch.tensor(rows, device=self.device)] @ query).tolist()
+
     def _search_half(self, query: torch.Tensor, norm: torch.Tensor, k: int, candidates: int
                      ) -> list[tuple[FactId, float]] | None:
         """The top k from a float16 scan, or None when it cannot prove them (scan in float32).
@@ -256,12 +266,16 @@ class RetrievalIndex:
         self._device = resolve_device(device)
         self._half_scan_min_rows = check_half_scan_min_rows(half_scan_min_rows)
         self._users: dict[str, UserIndex] = {}
+        self._keywords = LexicalIndex()  # the texts of facts added with texts
         self._lock = threading.RLock()
 
     @_verb
-    def add(self, *, user_id: str, fact_ids: Sequence[int], embeddings: Any) -> None:
-        """Index (or re-index) a user's facts; embeddings: [len(fact_ids), dim]."""
+    def add(self, *, user_id: str, fact_ids: Sequence[int], embeddings: Any,
+            texts: Sequence[str] | None = None) -> None:
+        """Index (or re-index) facts; embeddings [len(fact_ids), dim], texts for keywords."""
         ids = _check_fact_ids(fact_ids)
+        if texts is not None and len(texts) != len(ids):
+            raise RetrievalError(f"{len(texts)} texts for {len(ids)} fact_ids; pass one each")
         vectors = _to_tensor(embeddings, self._device, "embeddings")
         if not ids and not vectors.numel():
             return
@@ -276,6 +290,8 @@ class RetrievalIndex:
             index.add(ids, vectors)
             self._dim = index.dim
             self._users[user_id] = index
+            self._keywords.remove(user_id, ids) if texts is None else self._keywords.add(
+                user_id, ids, texts)
 
     @_verb
     def remove(self, *, user_id: str, fact_ids: Iterable[int]) -> None:
@@ -284,7 +300,9 @@ class RetrievalIndex:
             index = self._users.get(user_id)
             if index is None:
                 raise FactNotFoundError(f"user {user_id!r} has no indexed facts")
-            index.remove(fact_ids)
+            ids = _check_fact_ids(fact_ids)
+            index.remove(ids)
+            self._keywords.remove(user_id, ids)
             if not len(index):
                 del self._users[user_id]  # frees the user's device memory
 
@@ -297,6 +315,22 @@ class RetrievalIndex:
             if index is None:
                 return []
             return index.search(query_embedding, k)
+
+    @_verb
+    def keyword_search(self, *, user_id: str, query: str, k: int) -> list[tuple[FactId, float]]:
+        """The user's k facts best matching the query's words (BM25, lexical.py), best first."""
+        with self._lock:
+            return self._keywords.search(user_id, query, k)
+
+    @_verb
+    def scores(self, *, user_id: str, query_embedding: Any, fact_ids: Sequence[int]
+               ) -> list[float]:
+        """The query's cosine with each fact of `fact_ids`, in order (all the user's)."""
+        with self._lock:
+            index = self._users.get(user_id)
+            if fact_ids and (index is None or any(f not in index._row_of for f in fact_ids)):
+                raise FactNotFoundError(f"not all of {list(fact_ids)} are {user_id!r}'s")
+            return index.scores(query_embedding, fact_ids) if index and fact_ids else []
 
     def nearest(self, *, user_id: str, embedding: Any) -> tuple[FactId, float] | None:
         """The user's most similar fact, or None."""
@@ -321,6 +355,7 @@ class RetrievalIndex:
         """Forget a user's index (no-op for an unknown user)."""
         with self._lock:
             self._users.pop(user_id, None)
+            self._keywords.drop_user(user_id)
 
     def users(self) -> list[str]:
         """Users with at least one indexed fact, sorted."""

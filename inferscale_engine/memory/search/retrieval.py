@@ -15,6 +15,7 @@ import torch
 from inferscale_engine import checks
 from inferscale_engine.facts import Fact, FactId, MemoryHandle
 from inferscale_engine.memory.search import filters
+from inferscale_engine.memory.search.hybrid import hybrid_search
 from inferscale_engine.memory.search.index import RetrievalIndex
 
 _DUPLICATE_CANDIDATES = 8
@@ -28,9 +29,14 @@ Hit = tuple[Fact, float]
 """A served fact and its cosine similarity to the query."""
 
 
-def ranked(index: RetrievalIndex, user_id: str, vector: torch.Tensor, k: int, narrow: bool
-           ) -> list[tuple[FactId, float]]:
-    """The user's k best (fact id, score); every indexed fact when a filter will `narrow`."""
+def ranked(index: RetrievalIndex, user_id: str, vector: torch.Tensor, k: int, narrow: bool,
+           keywords: str | None = None) -> list[tuple[FactId, float]]:
+    """The user's k best (fact id, score); every indexed fact when a filter will `narrow`.
+
+    With `keywords` (the query's text), hybrid search (hybrid.py), else cosine alone.
+    """
+    if keywords is not None:
+        return hybrid_search(index, user_id, keywords, vector, k, everything=narrow)
     return index.search(user_id=user_id, query_embedding=vector,
                         k=k if not narrow else index.count(user_id=user_id))
 

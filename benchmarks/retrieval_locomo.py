@@ -1,0 +1,157 @@
+"""Retrieval on LoCoMo's dev fold: gold-evidence recall of vector vs hybrid search; latency.
+
+Recall: each dev conversation's facts (turns by default) are added to one Memory, a user per
+conversation, through the public API (Memory.add, Memory.search) with the default embedder
+(all-MiniLM-L6-v2); per question with evidence, the share of its evidence turns that the top k
+facts come from, averaged, at k = 5, 10, 20. No model runs: the Engine is driven by
+tests/fake_runner.py and no KV is encoded (retrieval does not read it). --weights sweeps the
+hybrid keyword weight (search/hybrid.py KEYWORD_WEIGHT): the dev fold only (locomo_protocol).
+
+Latency: one user's RetrievalIndex of N facts (the dev fold's facts, cycled and numbered, their
+MiniLM vectors jittered), each mode's ranking (search/retrieval.py ranked) plus the query's
+embedding, on the CPU.
+
+  python benchmarks/retrieval_locomo.py                       # recall + latency
+  python benchmarks/retrieval_locomo.py --weights 0.3,0.5,0.7,1.0 --sizes ""
+
+Writes one JSON record (benchmarks/out by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import environment, write_tagged  # noqa: E402
+from benchmarks.locomo_data import DEFAULT_DATA, Conversation, load_conversations  # noqa: E402
+from benchmarks.locomo_protocol import fold  # noqa: E402
+
+KS = (5, 10, 20)
+
+
+def recall(memory: Any, conversations: list[Conversation], mode: str) -> dict[str, float]:
+    """Mean gold-evidence recall at each k of `mode` over the questions with evidence."""
+    per_k: dict[int, list[float]] = {k: [] for k in KS}
+    for conv in conversations:
+        sources = {r.fact_id: f.source_ids for r, f in conv_facts(memory, conv)}
+        for q in conv.questions:
+            if not q.evidence:
+                continue
+            hits = memory.search(user_id=conv.sample_id, query=q.question, k=max(KS),
+                                 search_mode=mode).handle.fact_ids
+            for k in KS:
+                covered = {s for f in hits[:k] for s in sources[f]}
+                per_k[k].append(sum(e in covered for e in q.evidence) / len(q.evidence))
+    print(f"{mode}: {len(per_k[KS[0]])} questions", flush=True)
+    return {f"R@{k}": statistics.mean(v) for k, v in per_k.items()} | {
+        "questions": len(per_k[KS[0]])}
+
+
+_ADDED: dict[str, list[Any]] = {}
+
+
+def conv_facts(memory: Any, conv: Conversation) -> list[tuple[Any, Any]]:
+    """The conversation's facts added (once) as its user's, with their AddResults."""
+    if conv.sample_id not in _ADDED:
+        _ADDED[conv.sample_id] = memory.add(user_id=conv.sample_id, dedupe=False,
+                                            texts=[f.retrieval_text for f in conv.facts])
+    return list(zip(_ADDED[conv.sample_id], conv.facts, strict=True))
+
+
+def latency(embedder: Any, texts: list[str], queries: list[str], sizes: list[int],
+            repeats: int) -> dict[str, Any]:
+    """Per size and mode, ms per search (query embedding + ranking the top 20), on the CPU."""
+    import torch
+
+    from inferscale_engine.memory.search import retrieval
+    from inferscale_engine.memory.search.index import RetrievalIndex
+
+    out: dict[str, Any] = {}
+    if not sizes:
+        return out
+    base = embedder.encode(texts).cpu()
+    for size in sizes:
+        index = RetrievalIndex(device="cpu")
+        generator = torch.Generator().manual_seed(0)
+        for lo in range(0, size, 4096):
+            ids = list(range(lo, min(size, lo + 4096)))
+            rows = base[[i % len(texts) for i in ids]]
+            rows = rows + 0.01 * torch.randn(rows.shape, generator=generator)
+            index.add(user_id="bench", fact_ids=ids, embeddings=rows,
+                      texts=[f"{texts[i % len(texts)]} ({i // len(texts)})" for i in ids])
+        for mode in ("vector", "hybrid"):
+            times = []
+            for _ in range(repeats):
+                for query in queries:
+                    start = time.perf_counter()
+                    vector = embedder.encode([query])[0]
+                    retrieval.ranked(index, "bench", vector, 20, False,
+                                     query if mode == "hybrid" else None)
+                    times.append((time.perf_counter() - start) * 1e3)
+            out[f"{size}/{mode}"] = {"p50_ms": statistics.median(times),
+                                     "mean_ms": statistics.mean(times), "n": len(times)}
+            print(f"{size} facts, {mode}: p50 {out[f'{size}/{mode}']['p50_ms']:.1f} ms")
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--facts", default="turns", choices=("turns", "observation"))
+    parser.add_argument("--weights", default="", help="also sweep these hybrid keyword weights")
+    parser.add_argument("--sizes", default="1000,100000", help="latency sizes ('' = none)")
+    parser.add_argument("--queries", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--data", default=str(DEFAULT_DATA))
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from inferscale_engine.memory import Memory
+    from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL
+    from inferscale_engine.memory.search import hybrid
+    from inferscale_engine.memory.search.embedder import Embedder
+    from inferscale_engine.runtime.engine import Engine
+    from tests.conftest import engine_config
+    from tests.fake_runner import FakeRunner
+    from tests.tiny_model import TinyModelSpec, tiny_model_path
+
+    torch.set_num_threads(args.threads)
+    embedder = Embedder(DEFAULT_EMBEDDING_MODEL, device="cpu")
+    conversations = fold(load_conversations(Path(args.data), facts=args.facts), "dev")
+    results: dict[str, Any] = {"default_weight": hybrid.KEYWORD_WEIGHT}
+    model = tiny_model_path(TinyModelSpec("qwen2"))
+    with tempfile.TemporaryDirectory() as tmp, Engine(engine_config(
+            model, max_model_len=4096, max_fact_tokens=2048), runner=FakeRunner) as engine, Memory(
+            engine, f"{tmp}/m.db", embedder, dedupe_threshold=None, encode_on_add=False,
+            startup="lazy", progress_bar=False, device="cpu") as memory:
+        results["vector"] = recall(memory, conversations, "vector")
+        default = hybrid.KEYWORD_WEIGHT
+        for weight in [default] + [float(w) for w in args.weights.split(",") if w]:
+            hybrid.KEYWORD_WEIGHT = weight
+            results[f"hybrid w={weight}"] = recall(memory, conversations, "hybrid")
+        hybrid.KEYWORD_WEIGHT = default
+    for name, row in results.items():
+        if isinstance(row, dict):
+            print(name, " ".join(f"{k} {v:.1%}" for k, v in row.items() if k.startswith("R@")),
+                  f"(n={row['questions']})")
+    texts = [f.retrieval_text for c in conversations for f in c.facts]
+    queries = [q.question for c in conversations for q in c.questions][:args.queries]
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    record = {"benchmark": "retrieval_locomo", "config": vars(args),
+              "environment": environment(), "recall": results,
+              "latency": latency(embedder, texts, queries, sizes, args.repeats)}
+    write_tagged(f"retrieval-locomo-{args.facts}", args.tag, record)
+    return record
+
+
+if __name__ == "__main__":
+    main()

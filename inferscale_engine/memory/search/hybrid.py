@@ -1,0 +1,75 @@
+"""Search modes: vector (cosine) alone, or hybrid: cosine fused with keyword BM25 scores.
+
+Hybrid ranks the user's facts by  cosine + KEYWORD_WEIGHT * bm25 / max bm25  (the query's best
+keyword match scores the full weight; a fact with none of the query's words adds nothing). The
+candidates are the vector top-k and the keyword top-KEYWORD_CANDIDATES: a fact in neither
+cannot beat the vector top-k. The weight, and the weighted sum over reciprocal-rank fusion,
+were chosen on the LoCoMo dev fold (benchmarks/retrieval_locomo.py, docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from inferscale_engine.errors import ConfigError, InvalidRequestError
+from inferscale_engine.facts import FactId
+
+if TYPE_CHECKING:  # this module imports no torch: MemoryConfig reads its modes
+    from inferscale_engine.memory.search.index import RetrievalIndex
+
+SEARCH_MODES = ("vector", "hybrid")
+DEFAULT_SEARCH_MODE = "hybrid"
+"""Chosen on the LoCoMo dev fold (turn facts, MiniLM): gold-evidence recall at k=5/10/20 of
+58.1/68.1/75.6% against vector's 34.9/45.9/56.6% (docs/benchmarks.md#keyword-search)."""
+KEYWORD_WEIGHT = 0.5
+"""Weight of the normalized BM25 score next to the cosine: on the dev fold, 0.3/0.5/0.7/1.0
+gave recall at k=20 of 74.4/75.6/74.9/73.2% (and at k=10 66.2/68.1/67.4/67.5%)."""
+KEYWORD_CANDIDATES = 200
+"""Keyword matches fused per search (at least 2k)."""
+
+
+def check_search_mode(value: object, setting: bool = False) -> str:
+    """The search mode; InvalidRequestError (ConfigError for a `setting`) if it is not one."""
+    if value not in SEARCH_MODES:
+        error = ConfigError if setting else InvalidRequestError
+        raise error(f"search_mode={value!r} must be 'vector' (embeddings only) or 'hybrid' "
+                    "(embeddings and keywords)")
+    return str(value)
+
+
+def fuse(vector_hits: list[tuple[FactId, float]], keyword_hits: list[tuple[FactId, float]],
+         cosines: dict[FactId, float], k: int, weight: float = KEYWORD_WEIGHT
+         ) -> list[tuple[FactId, float]]:
+    """The k best of the candidates by cosine + weight * bm25 / max bm25, best first.
+
+    Args:
+        vector_hits: (fact id, cosine), the vector top-k (or more).
+        keyword_hits: (fact id, BM25 > 0), best first.
+        cosines: the cosine of each keyword hit not among vector_hits.
+    """
+    scores = dict(vector_hits)
+    scores.update((f, cosines[f]) for f, _ in keyword_hits if f not in scores)
+    if keyword_hits:
+        top = keyword_hits[0][1]
+        for fact_id, bm25 in keyword_hits:
+            scores[fact_id] += weight * bm25 / top
+    return sorted(scores.items(), key=lambda hit: (-hit[1], hit[0]))[:k]
+
+
+def hybrid_search(index: RetrievalIndex, user_id: str, query: str, vector: object, k: int,
+                  everything: bool = False) -> list[tuple[FactId, float]]:
+    """The user's k best facts for `query` (its embedding `vector`) by the fused score.
+
+    everything=True ranks every indexed fact (a filter will narrow them afterwards). The
+    weight is read at each call (benchmarks/retrieval_locomo.py sweeps it).
+    """
+    count = index.count(user_id=user_id)
+    n = count if everything else min(k, count)
+    vector_hits = index.search(user_id=user_id, query_embedding=vector, k=n)
+    keyword_hits = index.keyword_search(user_id=user_id, query=query,
+                                        k=max(KEYWORD_CANDIDATES, 2 * n))
+    seen = {f for f, _ in vector_hits}
+    missing = [f for f, _ in keyword_hits if f not in seen]
+    cosines = dict(zip(missing, index.scores(user_id=user_id, query_embedding=vector,
+                                             fact_ids=missing), strict=True))
+    return fuse(vector_hits, keyword_hits, cosines, n, KEYWORD_WEIGHT)

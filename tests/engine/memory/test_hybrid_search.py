@@ -1,0 +1,150 @@
+"""Hybrid search (search/hybrid.py, lexical.py): keywords fused with vectors, over FakeRunner.
+
+The keyword index follows the vector index's lifecycle: what is deleted, superseded, updated
+or another user's is found by neither signal.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferscale_engine.errors import ConfigError, InvalidRequestError, RetrievalError
+from tests.conftest import engine_config
+from tests.engine.memory.memory_support import HashEmbedder
+from tests.fake_runner import FakeRunner
+
+DISTRACTORS = [f"Where is the invoice from last spring, number {n}?" for n in range(12)]
+QUERY = "Where is the zorblax invoice from last spring?"
+TARGET = "The zorblax invoice is in the drawer."
+
+
+@pytest.fixture()
+def engine(tiny_models):
+    """An Engine over FakeRunner: Memory's bookkeeping runs, no model does."""
+    from inferscale_engine.runtime.engine import Engine
+
+    eng = Engine(engine_config(tiny_models["qwen2"]), runner=FakeRunner)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture()
+def memory(engine, tmp_path):
+    """A Memory with the default search mode and the test embedder."""
+    from inferscale_engine.memory import Memory
+
+    mem = Memory(engine, tmp_path / "m.db", HashEmbedder(), progress_bar=False)
+    yield mem
+    mem.close()
+
+
+def keyword_ids(memory, user_id: str, query: str) -> set[int]:
+    """What the keyword signal alone finds for the user (the index the search reads)."""
+    return {f for f, _ in memory._index.keyword_search(user_id=user_id, query=query, k=50)}
+
+
+def test_hybrid_finds_a_fact_by_a_rare_keyword_that_vector_search_ranks_low(memory):
+    memory.add(user_id="ann", texts=DISTRACTORS, metadata={"topic": "bills"})
+    (target,) = memory.add(user_id="ann", texts=[TARGET], metadata={"topic": "bills"})
+    vector = memory.search(user_id="ann", query=QUERY, k=3, search_mode="vector")
+    assert target.fact_id not in vector.handle.fact_ids
+    everything = memory.search(user_id="ann", query=QUERY, k=20, search_mode="vector")
+    assert everything.handle.fact_ids.index(target.fact_id) >= 3
+    hybrid = memory.search(user_id="ann", query=QUERY, k=3, search_mode="hybrid")
+    assert hybrid.handle.fact_ids[0] == target.fact_id
+    assert memory.search(user_id="ann", query=QUERY, k=3).handle == hybrid.handle  # default
+    # a filter narrows the hybrid ranking the same way it narrows the vector one
+    narrowed = memory.search(user_id="ann", query=QUERY, k=3, search_mode="hybrid",
+                             filter={"topic": "bills"})
+    assert narrowed.handle.fact_ids == hybrid.handle.fact_ids
+
+
+def test_no_user_finds_another_users_facts_by_either_signal(memory):
+    (ann,) = memory.add(user_id="ann", texts=[TARGET])
+    (bob,) = memory.add(user_id="bob", texts=["Bob hides zorblax coins under the bed."])
+    for mode in ("vector", "hybrid"):
+        found = memory.search(user_id="ann", query="zorblax coins bed", k=10, search_mode=mode)
+        assert found.handle.fact_ids == (ann.fact_id,)
+        assert {f.user_id for f in found.facts} == {"ann"}
+    assert keyword_ids(memory, "ann", "zorblax coins bed") == {ann.fact_id}
+    assert keyword_ids(memory, "bob", "zorblax") == {bob.fact_id}
+    assert memory.search(user_id="cy", query="zorblax", k=5).facts == []
+
+
+def test_deleted_superseded_and_updated_facts_leave_both_signals(memory):
+    (gone,) = memory.add(user_id="ann", texts=["Ann's locker code is quokka-7."])
+    (old,) = memory.add(user_id="ann", texts=["Ann drives a marmalade Vespa."])
+    (edited,) = memory.add(user_id="ann", texts=["Ann's cat is called Pumpernickel."])
+    (kept,) = memory.add(user_id="ann", texts=["Ann grows tomatoes."])
+    memory.delete(user_id="ann", fact_ids=[gone.fact_id])
+    new = memory.supersede(user_id="ann", fact_id=old.fact_id, text="Ann drives a tram.")
+    assert new is not None
+    memory.update(user_id="ann", fact_id=edited.fact_id, text="Ann's cat is called Miso.")
+    for query, stale in (("quokka locker code", gone.fact_id), ("marmalade Vespa", old.fact_id)):
+        for mode in ("vector", "hybrid"):
+            ids = memory.search(user_id="ann", query=query, k=10, search_mode=mode).handle
+            assert stale not in ids.fact_ids
+        assert keyword_ids(memory, "ann", query) == set()
+    assert keyword_ids(memory, "ann", "Pumpernickel") == set()
+    assert keyword_ids(memory, "ann", "Miso") == {edited.fact_id}
+    assert keyword_ids(memory, "ann", "tram") == {new.fact_id}
+    memory.delete_all(user_id="ann")
+    assert keyword_ids(memory, "ann", "tomatoes") == set()
+    assert kept.fact_id not in memory.search(user_id="ann", query="tomatoes", k=5).handle.fact_ids
+
+
+def test_a_bad_search_mode_is_refused_clearly(memory, engine, tmp_path):
+    from inferscale_engine.memory import Memory, MemoryConfig
+
+    memory.add(user_id="ann", texts=[TARGET])
+    for bad in ("bm25", "HYBRID", 1):
+        with pytest.raises(InvalidRequestError, match="search_mode=.*'vector'.*'hybrid'"):
+            memory.search(user_id="ann", query="zorblax", k=3, search_mode=bad)
+    memory.close()
+    with pytest.raises(ConfigError, match="search_mode"):
+        Memory(engine, tmp_path / "x.db", HashEmbedder(), progress_bar=False,
+               search_mode="keyword")
+    with pytest.raises(ConfigError, match="search_mode"):
+        MemoryConfig(engine=engine.config, search_mode="fts")
+    with Memory(engine, tmp_path / "v.db", HashEmbedder(), progress_bar=False,
+                search_mode="vector") as vector_memory:
+        vector_memory.add(user_id="ann", texts=DISTRACTORS + [TARGET])
+        found = vector_memory.search(user_id="ann", query=QUERY, k=3)
+        assert found.handle == vector_memory.search(user_id="ann", query=QUERY, k=3,
+                                                     search_mode="vector").handle
+
+
+def test_the_index_keeps_keywords_and_vectors_of_the_same_facts():
+    from inferscale_engine.memory.search.index import RetrievalIndex
+
+    index = RetrievalIndex(device="cpu")
+    vectors = torch.eye(3)
+    with pytest.raises(RetrievalError, match="2 texts for 3 fact_ids"):
+        index.add(user_id="u", fact_ids=[1, 2, 3], embeddings=vectors, texts=["a", "b"])
+    assert index.count(user_id="u") == 0
+    index.add(user_id="u", fact_ids=[1, 2, 3], embeddings=vectors,
+              texts=["red apples", "green pears", "red cherries"])
+    assert [f for f, _ in index.keyword_search(user_id="u", query="the red", k=5)] == [1, 3]
+    assert index.scores(user_id="u", query_embedding=vectors[2], fact_ids=[3, 1]) == [1.0, 0.0]
+    index.add(user_id="u", fact_ids=[3], embeddings=vectors[2:])  # re-indexed without text
+    assert [f for f, _ in index.keyword_search(user_id="u", query="red", k=5)] == [1]
+    index.remove(user_id="u", fact_ids=[1])
+    assert index.keyword_search(user_id="u", query="red", k=5) == []
+    assert index.keyword_search(user_id="v", query="green", k=5) == []
+    index.drop_user(user_id="u")
+    assert index.keyword_search(user_id="u", query="green", k=5) == []
+
+
+def test_a_large_memory_matches_a_querys_rarest_words_first(monkeypatch):
+    from inferscale_engine.memory.search import lexical
+
+    index = lexical.LexicalIndex()
+    texts = [f"Caroline talks about day {n}." for n in range(30)] + ["Caroline paints owls."]
+    index.add("u", list(range(len(texts))), texts)
+    everything = index.search("u", "Caroline owls", 50)
+    assert len(everything) == 31 and everything[0][0] == 30
+    monkeypatch.setattr(lexical, "MAX_POSTINGS", 10)  # 'caroline' (31 facts) is over it
+    only_owls = pytest.approx(everything[0][1], rel=1e-3)  # 'caroline' weighed ~0 anyway
+    assert index.search("u", "Caroline owls", 50) == [(30, only_owls)]
+    assert index.search("u", "Caroline", 50) == []
