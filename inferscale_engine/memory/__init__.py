@@ -5,6 +5,7 @@
 
   main.py          Memory: the facade, every verb (add, search, get_all, update, delete, ...)
   answering.py     the answering half Memory holds (generate, answer, stream, prepare)
+  searching.py     the search verb: the index, the keyword signal, filters, as-of reads
   fallback.py      one handle's facts answered: KV when possible, stale facts left out,
                    the same facts as text when injection fails
   scope.py         the one preamble of every verb: user checked, lock, open, synced

@@ -42,16 +42,17 @@ from inferscale_engine.memory.config import (
 )
 from inferscale_engine.memory.editing import Editing
 from inferscale_engine.memory.expiry import Expiry, expiration_time
-from inferscale_engine.memory.gate import InteractiveGate, interactive_call
+from inferscale_engine.memory.gate import InteractiveGate
 from inferscale_engine.memory.infer import infer_add
 from inferscale_engine.memory.listing import Listing
 from inferscale_engine.memory.registration import RegisteredFacts
 from inferscale_engine.memory.scope import Scopes
-from inferscale_engine.memory.search import filters, hybrid, retrieval
+from inferscale_engine.memory.search import hybrid
 from inferscale_engine.memory.search.embedder import Embedder
 from inferscale_engine.memory.search.index import RetrievalIndex
-from inferscale_engine.memory.store import FactStore, open_store, reserved
-from inferscale_engine.memory.types import AddResult, MemoryStats, SearchResult
+from inferscale_engine.memory.searching import Searching
+from inferscale_engine.memory.store import FactStore, open_store
+from inferscale_engine.memory.types import AddResult, MemoryStats
 from inferscale_engine.runtime.engine import Engine
 
 logger = logging.getLogger(__name__)
@@ -141,6 +142,8 @@ class Memory:
             """The preamble of every verb (scope.py)."""
             self._answering = Answering(engine, self._store, self._served, self._gate,
                                         self.counters, self._scopes, self.search)
+            self._searching = Searching(self._store, self._served, self._index, self._scopes,
+                                        self._gate, self._embed, self._search_mode)
             self._listing = Listing(self._store, self._scopes)
             self._editing = Editing(self._store, self._served, self._scopes, self.counters,
                                     engine.tokenize_fact, self._embed, encode_on_add,
@@ -260,47 +263,6 @@ class Memory:
         return ingest.results(facts)
 
     # ---- read verbs --------------------------------------------------------------------
-    @interactive_call
-    def search(self, *, user_id: str, query: str, k: int = 5,
-               filter: Mapping[str, Any] | None = None, agent_id: str | None = None,
-               run_id: str | None = None, as_of: Any = None,
-               search_mode: str | None = None) -> SearchResult:
-        """The user's k facts most similar to `query`, best first, and their handle.
-
-        search_mode: 'vector' (cosine) or 'hybrid' (fused with keyword matches, search/hybrid.py);
-        None: the Memory's. With `filter` (search/filters.py), only facts whose metadata match
-        it; with agent_id / run_id, only facts added in them. A user with no facts gets an empty
-        result. as_of (a datetime, date, ISO string or epoch seconds): among the facts true
-        then, superseded ones included (ranked by cosine).
-        """
-        user = self._user(user_id)
-        query = checks.check_text(query, "query", InvalidRequestError)
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise InvalidRequestError(f"k={k!r} must be an int >= 0 (facts to retrieve)")
-        wanted, scope = filters.check_filter(filter), filters.scope(agent_id, run_id)
-        narrow = wanted is not None or scope != (None, None)
-        at = checks.check_time(as_of, "as_of")
-        mode = hybrid.check_search_mode(search_mode or self._search_mode)
-        vector = self._embed([query])[0]
-        with user as uid:
-            if at is not None:
-                hits = [(self._served[r.fact_id], s) for r, s in supersession.search_as_of(
-                    self._store, self._served, uid, vector, at, k if not narrow else 2**31)
-                    if filters.selected(r, wanted, scope)][:k]
-                return SearchResult(tuple(hits), retrieval.handle_of(uid, hits))
-            ranked = retrieval.ranked(self._index, uid, vector, k, narrow,
-                                      query if mode == "hybrid" else None)
-            if not narrow:
-                hits = [(self._served[fact_id], score) for fact_id, score in ranked]
-                return SearchResult(tuple(hits), retrieval.handle_of(uid, hits))
-            stored = self._store.get(user_id=uid, fact_ids=[f for f, _ in ranked])
-        # The filter is evaluated outside the lock; a delete may come between: keep the served.
-        ranked = retrieval.narrowed(ranked, [reserved.public_record(r) for r in stored],
-                                    wanted, scope)
-        with self._lock:
-            hits = [(self._served[f], s) for f, s in ranked if f in self._served][:k]
-        return SearchResult(tuple(hits), retrieval.handle_of(uid, hits))
-
     def stats(self) -> MemoryStats:
         """Sizes and counters (the engine's include evictions, re-encodes and fallbacks)."""
         with self._open():
@@ -309,7 +271,8 @@ class Memory:
                                engine.num_resident_facts, engine, dict(self.counters),
                                self._served.num_users)
 
-    # ---- the parts' verbs: editing.py, listing.py, answering.py --------------------------
+    # ---- the parts' verbs: searching.py, editing.py, listing.py, answering.py -------------
+    search = forward("_searching", Searching.search)
     add_status = forward("_background", BackgroundAdds.status)
     wait_adds = forward("_background", BackgroundAdds.wait)
     add_turns = forward("_editing", Editing.add_turns)
