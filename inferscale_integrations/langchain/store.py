@@ -296,9 +296,10 @@ class KVMemoryStore(BaseStore):
         scores: dict[tuple[str, str], float] = {}
         if op.query is not None and checks.has_visible(op.query):  # blank: no query
             item_of = {f.fact_id: _id(facts) for facts in listed for f in facts}
-            for scope in scopes:
+            for scope in scopes:  # cosine scores, as LangGraph's stores give (no keyword part)
                 found = memory.search(user_id=scope, query=op.query, k=2**31 - 1,
-                                      filter={**wanted, INDEXED_FIELD: True})
+                                      filter={**wanted, INDEXED_FIELD: True},
+                                      search_mode="vector")
                 for fact_id, score in zip(found.handle.fact_ids, found.handle.scores,
                                           strict=True):
                     if fact_id in item_of:  # best first: an item scores by its best field
