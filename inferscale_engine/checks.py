@@ -265,30 +265,32 @@ def same_text(a: str, b: str) -> bool:
     return comparable_text(a) == comparable_text(b)
 
 
-def check_time(value: object, what: str, error: type[Exception] = InvalidRequestError
-               ) -> float | None:
+def check_time(value: object, what: str, error: type[Exception] = InvalidRequestError, *,
+               day_end: bool = False, hint: str = "") -> float | None:
     """A point in time as seconds since the epoch (None stays None).
 
-    Takes a datetime (naive: UTC), a date (its midnight UTC), an ISO 8601 string of either, or
-    a number of seconds since the epoch.
+    Takes a datetime (naive: UTC), a date (its midnight UTC; with day_end, the end of that
+    day), an ISO 8601 string of either, or a number of seconds since the epoch. `hint` ends
+    the error message.
     """
     import datetime as dt
 
     if value is None:
         return None
+    hint = hint or ("pass a datetime, a date, an ISO 8601 string such as '2024-05-08' or "
+                    "'2024-05-08T14:30:00+02:00', or seconds since the epoch")
     if isinstance(value, str):
+        text = value.strip()
         try:
-            value = dt.datetime.fromisoformat(value.strip())
+            value = (dt.date.fromisoformat(text) if len(text) == 10
+                     else dt.datetime.fromisoformat(text))
         except ValueError:
-            raise error(f"{what}={value!r:.60} is not an ISO 8601 date or time, such as "
-                        "'2024-05-08' or '2024-05-08T14:30:00+02:00'") from None
+            raise error(f"{what}={text!r:.60} is not an ISO 8601 date or time; {hint}") from None
     if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
-        value = dt.datetime(value.year, value.month, value.day)
+        value = dt.datetime.combine(value + dt.timedelta(days=1 if day_end else 0),
+                                    dt.time(), dt.UTC)
     if isinstance(value, dt.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=dt.UTC)
-        return value.timestamp()
+        return (value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)).timestamp()
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise error(f"{what}={value!r:.60} must be a datetime, a date, an ISO 8601 string or "
-                    "seconds since the epoch")
+        raise error(f"{what}={value!r:.60} ({type(value).__name__}) is not a time; {hint}")
     return float(value)

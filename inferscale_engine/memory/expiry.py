@@ -28,7 +28,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from inferscale_engine import checks
@@ -54,22 +54,9 @@ def expiration_time(value: object, now: float | None = None) -> float | None:
     Raises:
         InvalidRequestError: not a date, datetime, ISO string or number, or not in the future.
     """
-    if value is None:
+    moment = checks.check_time(value, "expiration_date", day_end=True, hint=_HINT)
+    if moment is None:
         return None
-    if isinstance(value, str):
-        value = _parsed(value)
-    if isinstance(value, datetime):
-        moment = (value if value.tzinfo is not None else value.replace(tzinfo=UTC)).timestamp()
-    elif isinstance(value, date):
-        moment = datetime.combine(value + timedelta(days=1), datetime.min.time(),
-                                  UTC).timestamp()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        moment = float(value)
-        if not math.isfinite(moment):
-            raise InvalidRequestError(f"expiration_date={value!r} is not a time; {_HINT}")
-    else:
-        raise InvalidRequestError(f"expiration_date={value!r:.60} ({type(value).__name__}) is "
-                                  f"not a time; {_HINT}")
     now = time.time() if now is None else now
     if moment <= now:
         raise InvalidRequestError(
@@ -77,17 +64,6 @@ def expiration_time(value: object, now: float | None = None) -> float | None:
             f"{datetime.fromtimestamp(now, UTC).isoformat(timespec='seconds')}); nothing was "
             "stored. Pass a later time, or None for a fact that never expires")
     return moment
-
-
-def _parsed(text: str) -> date | datetime:
-    stripped = text.strip()
-    try:
-        if len(stripped) == 10:
-            return date.fromisoformat(stripped)
-        return datetime.fromisoformat(stripped)
-    except ValueError:
-        raise InvalidRequestError(f"expiration_date={text!r:.60} is not an ISO 8601 date or "
-                                  f"time; {_HINT}") from None
 
 
 def has_expired(fact: StoredFact, now: float) -> bool:
