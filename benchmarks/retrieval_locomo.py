@@ -44,10 +44,10 @@ def recall(memory: Any, conversations: list[Conversation], mode: str) -> dict[st
         for q in conv.questions:
             if not q.evidence:
                 continue
-            hits = memory.search(user_id=conv.sample_id, query=q.question, k=max(KS),
-                                 search_mode=mode).handle.fact_ids
-            for k in KS:
-                covered = {s for f in hits[:k] for s in sources[f]}
+            for k in KS:  # one search per k: hybrid's k chosen facts are not a prefix
+                hits = memory.search(user_id=conv.sample_id, query=q.question, k=k,
+                                     search_mode=mode).handle.fact_ids
+                covered = {s for f in hits for s in sources[f]}
                 per_k[k].append(sum(e in covered for e in q.evidence) / len(q.evidence))
     print(f"{mode}: {len(per_k[KS[0]])} questions", flush=True)
     return {f"R@{k}": statistics.mean(v) for k, v in per_k.items()} | {

@@ -139,10 +139,12 @@ class BackgroundAdds:
         (fact_id,) = checks.check_fact_ids([fact_id], "fact_id")
         with self._cond:
             known = self._statuses.get(FactId(fact_id))
+        if known is not None and known[0] == user.user_id and known[1].event == "DUPLICATE":
+            return known[1]  # its row is deleted: the status is all that says how it went
+        with user as uid:  # the store says whether it exists (a user may delete it any time)
+            (stored,) = self._store.get(user_id=uid, fact_ids=[fact_id])
         if known is not None and known[0] == user.user_id:
             return known[1]
-        with user as uid:
-            (stored,) = self._store.get(user_id=uid, fact_ids=[fact_id])
         return AddStatus(stored.fact_id, "PENDING" if stored.pending else "SUCCEEDED")
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -236,7 +238,11 @@ class BackgroundAdds:
             with self._scopes.open():
                 self._served.finish(uid, finished[lo:hi], self._encode)
         self._counters["async_added"] += len(written)
-        self._mark(job, [FactId(i) for i in done], "SUCCEEDED")
+        kept = {f.fact_id for f in finished}
+        with self._cond:  # deleted while it was embedded: its status is the store's
+            for lost in set(done) - kept:
+                self._statuses.pop(FactId(lost), None)
+        self._mark(job, [f.fact_id for f in finished], "SUCCEEDED")
 
     def _drop_duplicates(self, job: _Job, user_id: str, stored: Sequence[StoredFact],
                          facts: Sequence[ingest.NewFact]) -> None:

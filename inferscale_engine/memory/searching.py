@@ -40,11 +40,12 @@ class Searching:
                search_mode: str | None = None) -> SearchResult:
         """The user's k facts most similar to `query`, best first, and their handle.
 
-        search_mode: 'vector' (cosine) or 'hybrid' (fused with keyword matches, search/hybrid.py);
-        None: the Memory's. With `filter` (search/filters.py), only facts whose metadata match
-        it; with agent_id / run_id, only facts added in them. A user with no facts gets an empty
-        result. as_of (a datetime, date, ISO string or epoch seconds): among the facts true
-        then, superseded ones included (ranked by cosine).
+        search_mode: 'vector' (cosine) or 'hybrid' (keyword matches fused with the cosine choose
+        the k facts, search/hybrid.py); None: the Memory's. Either way the hits are ordered by,
+        and scored with, their cosine similarity. With `filter` (search/filters.py), only facts
+        whose metadata match it; with agent_id / run_id, only facts added in them. A user with
+        no facts gets an empty result. as_of (a datetime, date, ISO string or epoch seconds):
+        among the facts true then, superseded ones included (ranked by cosine).
         """
         user = self._scopes.user(user_id)
         query = checks.check_text(query, "query", InvalidRequestError)
@@ -64,13 +65,15 @@ class Searching:
             ranked = retrieval.ranked(self._index, uid, vector, k, narrow,
                                       query if mode == "hybrid" else None)
             if not narrow:
-                hits = [(self._served[fact_id], score) for fact_id, score in ranked]
+                hits = hybrid.by_score([(self._served[fact_id], score)
+                                        for fact_id, score in ranked])
                 return SearchResult(tuple(hits), retrieval.handle_of(uid, hits))
             stored = self._store.get(user_id=uid, fact_ids=[f for f, _ in ranked])
         # The filter is evaluated outside the lock; a delete may come between: keep the served.
         ranked = retrieval.narrowed(ranked, [reserved.public_record(r) for r in stored],
                                     wanted, scope)
         with self._scopes.lock:
-            hits = [(self._served[f], s) for f, s in ranked if f in self._served][:k]
+            hits = hybrid.by_score([(self._served[f], s) for f, s in ranked
+                                    if f in self._served][:k])
         return SearchResult(tuple(hits), retrieval.handle_of(uid, hits))
 

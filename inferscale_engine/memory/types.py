@@ -95,7 +95,8 @@ class SearchResult:
     """A user's facts ranked by similarity to a query, and a handle naming them."""
 
     hits: tuple[tuple[Fact, float], ...]
-    """(fact, score), best first: the cosine similarity, or hybrid search's fused score."""
+    """(fact, cosine similarity to the query), best first (hybrid search chooses which facts,
+    by keywords and cosine; the cosine orders them)."""
     handle: MemoryHandle
     """The hits' fact ids in rank order, ready for Engine.generate."""
 

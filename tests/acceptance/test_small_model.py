@@ -114,7 +114,7 @@ def test_llamaindex_memory_block_agent(served, mode):
         assert result["counters"]["injected"] == result["counters"]["requests_with_handle"] > 0
 
 
-def test_infer_updates_a_changed_fact_and_history_shows_it(served):
+def test_infer_supersedes_a_changed_fact_and_history_shows_it(served):
     user = "infer-dana"
     served.reset(user_id=user)
     first = served.add(user_id=user, infer=True, messages=[
@@ -126,12 +126,15 @@ def test_infer_updates_a_changed_fact_and_history_shows_it(served):
     facts = [f.text for f in served.get_all(user_id=user)]
     print(f"{[(r.event, r.text) for r in first]} {[(r.event, r.text) for r in second]} {facts}")
     assert [r.event for r in first] == ["ADD"] and "boston" in first[0].text.lower()
-    assert [r.event for r in second] == ["UPDATE"] and second[0].fact_id == first[0].fact_id
+    (update,) = second
+    assert update.event == "UPDATE" and update.supersedes == (first[0].fact_id,)
     assert any("lisbon" in f.lower() for f in facts)
-    assert not any("boston" in f.lower() for f in facts)
+    assert not any("boston" in f.lower() for f in facts)  # current facts: Boston is over
+    kept = served.get_all(user_id=user, include_superseded=True)
+    assert any("boston" in f.text.lower() for f in kept)  # but kept, for as-of reads
     events = served.history(user_id=user, fact_id=first[0].fact_id)
-    assert [e.event for e in events] == ["ADD", "UPDATE"]
-    assert "boston" in events[1].old_text.lower() and "lisbon" in events[1].new_text.lower()
+    assert [e.event for e in events] == ["ADD", "SUPERSEDE"]
+    assert "lisbon" in events[1].new_text.lower()
 
 
 def test_an_asynchronous_add_is_answered_before_and_after_its_kv_is_ready(served):

@@ -1,21 +1,29 @@
-"""Search modes: vector (cosine) alone, or hybrid: cosine fused with keyword BM25 scores.
+"""Search modes: vector (cosine) alone, or hybrid: keyword BM25 scores fused with the cosine.
 
-Hybrid ranks the user's facts by  cosine + KEYWORD_WEIGHT * bm25 / max bm25  (the query's best
-keyword match scores the full weight; a fact with none of the query's words adds nothing). The
-candidates are the vector top-k and the keyword top-KEYWORD_CANDIDATES: a fact in neither
+Hybrid search is two steps. The fused score  cosine + KEYWORD_WEIGHT * bm25 / max bm25  (the
+query's best keyword match scores the full weight; a fact with none of the query's words adds
+nothing) CHOOSES the k facts: keyword matches bring in what the embedding ranks low (names,
+rare words). The cosine ORDERS the k chosen facts and is the score a search reports: a single
+keyword in common ("live" in "Where do I live?" and "Her sister lives in Boston.") may bring a
+fact in, but does not put it ahead of the facts that mean what the query asks. Scores stay
+cosines in [-1, 1] in either mode, so a threshold means the same in both.
+
+The candidates are the vector top-k and the keyword top-KEYWORD_CANDIDATES: a fact in neither
 cannot beat the vector top-k. The weight, and the weighted sum over reciprocal-rank fusion,
 were chosen on the LoCoMo dev fold (benchmarks/retrieval_locomo.py, docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from inferscale_engine.errors import ConfigError, InvalidRequestError
 from inferscale_engine.facts import FactId
 
 if TYPE_CHECKING:  # this module imports no torch: MemoryConfig reads its modes
     from inferscale_engine.memory.search.index import RetrievalIndex
+
+_Hit = TypeVar("_Hit", bound=tuple[Any, float])
 
 SEARCH_MODES = ("vector", "hybrid")
 DEFAULT_SEARCH_MODE = "hybrid"
@@ -40,28 +48,38 @@ def check_search_mode(value: object, setting: bool = False) -> str:
 def fuse(vector_hits: list[tuple[FactId, float]], keyword_hits: list[tuple[FactId, float]],
          cosines: dict[FactId, float], k: int, weight: float = KEYWORD_WEIGHT
          ) -> list[tuple[FactId, float]]:
-    """The k best of the candidates by cosine + weight * bm25 / max bm25, best first.
+    """The k best of the candidates by cosine + weight * bm25 / max bm25, each with its cosine.
+
+    In fused order, best first (by_score then orders a final selection by cosine).
 
     Args:
         vector_hits: (fact id, cosine), the vector top-k (or more).
         keyword_hits: (fact id, BM25 > 0), best first.
         cosines: the cosine of each keyword hit not among vector_hits.
     """
-    scores = dict(vector_hits)
-    scores.update((f, cosines[f]) for f, _ in keyword_hits if f not in scores)
+    cosine = dict(vector_hits)
+    cosine.update((f, cosines[f]) for f, _ in keyword_hits if f not in cosine)
+    fused = dict(cosine)
     if keyword_hits:
         top = keyword_hits[0][1]
         for fact_id, bm25 in keyword_hits:
-            scores[fact_id] += weight * bm25 / top
-    return sorted(scores.items(), key=lambda hit: (-hit[1], hit[0]))[:k]
+            fused[fact_id] += weight * bm25 / top
+    chosen = sorted(fused, key=lambda f: (-fused[f], f))[:k]
+    return [(f, cosine[f]) for f in chosen]
+
+
+def by_score(hits: list[_Hit]) -> list[_Hit]:
+    """Hits ordered by their score (the cosine), best first; ties keep their order."""
+    return sorted(hits, key=lambda hit: -hit[1])
 
 
 def hybrid_search(index: RetrievalIndex, user_id: str, query: str, vector: object, k: int,
                   everything: bool = False) -> list[tuple[FactId, float]]:
     """The user's k best facts for `query` (its embedding `vector`) by the fused score.
 
-    everything=True ranks every indexed fact (a filter will narrow them afterwards). The
-    weight is read at each call (benchmarks/retrieval_locomo.py sweeps it).
+    (fact id, cosine) in fused order: the caller narrows and cuts to k, then orders by cosine
+    (by_score). everything=True ranks every indexed fact (a filter will narrow them
+    afterwards). The weight is read at each call (benchmarks/retrieval_locomo.py sweeps it).
     """
     count = index.count(user_id=user_id)
     n = count if everything else min(k, count)

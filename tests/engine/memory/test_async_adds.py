@@ -172,6 +172,24 @@ def test_a_pending_fact_deleted_before_its_turn_is_never_served(module_engine, t
             user_id="u", query=FACTS[4]).facts == []
 
 
+def test_a_fact_deleted_while_it_is_embedded_is_not_found_and_never_served(module_engine,
+                                                                            tmp_path):
+    embedder = GatedEmbedder()
+    with Memory(module_engine, tmp_path / "m.db", embedder, progress_bar=False) as memory:
+        (fact,) = memory.add(user_id="u", texts=[FACTS[4]], wait=False)
+        assert embedder.entered.wait(WAIT_S)  # the worker holds the job
+        memory.delete(user_id="u", fact_ids=[fact.fact_id])
+        with pytest.raises(FactNotFoundError):  # not RUNNING: the store says it is gone
+            memory.add_status(user_id="u", fact_id=fact.fact_id)
+        embedder.gate.set()
+        assert memory.wait_adds(WAIT_S)
+        with pytest.raises(FactNotFoundError):  # and not SUCCEEDED
+            memory.add_status(user_id="u", fact_id=fact.fact_id)
+        assert memory.records(user_id="u") == [] and memory.search(
+            user_id="u", query=FACTS[4]).facts == []
+        assert fact.fact_id not in memory.handle_for(user_id="u", query=None).fact_ids
+
+
 def test_bad_input_to_an_asynchronous_add_stores_nothing(fresh_memory):
     with pytest.raises(InvalidRequestError, match="wait=True"):
         fresh_memory.add(user_id="u", texts=["I live in Oslo."], infer=True, wait=False)

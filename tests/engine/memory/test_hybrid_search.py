@@ -52,12 +52,32 @@ def test_hybrid_finds_a_fact_by_a_rare_keyword_that_vector_search_ranks_low(memo
     everything = memory.search(user_id="ann", query=QUERY, k=20, search_mode="vector")
     assert everything.handle.fact_ids.index(target.fact_id) >= 3
     hybrid = memory.search(user_id="ann", query=QUERY, k=3, search_mode="hybrid")
-    assert hybrid.handle.fact_ids[0] == target.fact_id
+    assert target.fact_id in hybrid.handle.fact_ids  # the keyword brought it in
+    scores = [score for _, score in hybrid.hits]  # ordered by, and scored with, the cosine
+    assert scores == sorted(scores, reverse=True) and all(-1 <= s <= 1 for s in scores)
+    cosine_of = {f.fact_id: s for f, s in everything.hits}
+    assert scores == pytest.approx([cosine_of[f] for f in hybrid.handle.fact_ids])
     assert memory.search(user_id="ann", query=QUERY, k=3).handle == hybrid.handle  # default
     # a filter narrows the hybrid ranking the same way it narrows the vector one
     narrowed = memory.search(user_id="ann", query=QUERY, k=3, search_mode="hybrid",
                              filter={"topic": "bills"})
     assert narrowed.handle.fact_ids == hybrid.handle.fact_ids
+
+
+def test_keywords_choose_the_facts_and_the_cosine_orders_them():
+    from inferscale_engine.memory.search.hybrid import by_score, fuse
+
+    # "Where do I live?": the fact that answers it is the nearest by cosine; another shares
+    # the query's one keyword ("lives"); a third has neither.
+    lisbon, sister, shelter, far = 1, 2, 3, 4
+    vector_hits = [(lisbon, 0.162), (sister, 0.128), (shelter, 0.121)]
+    chosen = fuse(vector_hits, [(sister, 2.0), (far, 0.5)], {far: -0.05}, k=2)
+    assert chosen == [(sister, 0.128), (lisbon, 0.162)]  # fused order: the keyword counts
+    assert by_score(chosen) == [(lisbon, 0.162), (sister, 0.128)]  # cosine order
+    # a keyword-only fact beats a weak vector hit into the k, and keeps its cosine
+    assert fuse(vector_hits, [(far, 1.0)], {far: -0.05}, k=3) == [
+        (far, -0.05), (lisbon, 0.162), (sister, 0.128)]
+    assert fuse(vector_hits, [], {}, k=2) == vector_hits[:2]
 
 
 def test_no_user_finds_another_users_facts_by_either_signal(memory):

@@ -78,8 +78,8 @@ def test_add_search_and_generate(memory):
     assert ids == sorted(ids) and all(memory.engine.is_resident(i) for i in ids)
     found = memory.search(user_id="alice", query=FACTS[2], k=2)
     assert isinstance(found, SearchResult) and len(found.hits) == 2
-    # hybrid (the default): cosine 1.0 plus the best keyword match's full weight, 0.5
-    assert found.facts[0].fact_id == ids[2] and found.hits[0][1] == pytest.approx(1.5)
+    # hybrid (the default) chooses by keywords and cosine; the score is the cosine
+    assert found.facts[0].fact_id == ids[2] and found.hits[0][1] == pytest.approx(1.0)
     assert found.hits[0][1] >= found.hits[1][1]
     cosine = memory.search(user_id="alice", query=FACTS[2], k=2, search_mode="vector")
     assert cosine.facts[0].fact_id == ids[2] and cosine.hits[0][1] == pytest.approx(1.0)
