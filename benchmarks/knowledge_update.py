@@ -30,6 +30,7 @@ they are judged on public knowledge-update data this repository does not hold.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -47,6 +48,7 @@ from benchmarks.common import (  # noqa: E402
     write_tagged,
 )
 from benchmarks.ku_data import KUFact, Scenario, scenarios, score  # noqa: E402
+from inferscale_engine.prompting.layout import QUALITY_LAYOUT  # noqa: E402
 
 MODES = ("kv", "text")
 
@@ -64,6 +66,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--embedder", default=None, help="default: the offline all-MiniLM-L6-v2")
     parser.add_argument("--workdir", default=None, help="where each arm's store and answers "
                         "are kept, so that a rerun resumes (default: under benchmarks/out)")
+    parser.add_argument("--layout", default="rank", choices=sorted(LAYOUTS),
+                        help="rank: the engine's default prompt layout (facts by relevance); "
+                        "time: every fact in the order it was added, the newest nearest the "
+                        "question (answers kept apart per layout; the stores are shared)")
     parser.add_argument("--tag", default="")
     args = parser.parse_args(argv)
     if unknown := set(args.arms.split(",")) - set(INGEST):
@@ -115,6 +121,12 @@ def add_supersede(memory: Any, user_id: str, session: list[KUFact]) -> None:
                 _SLOTS[user_id, fact.slot] = result.fact_id
 
 
+LAYOUTS = {"rank": QUALITY_LAYOUT,
+           "time": dataclasses.replace(QUALITY_LAYOUT, fact_order="added",
+                                       repair_order="handle")}
+"""Prompt layouts the questions can be asked with (--layout)."""
+
+
 INGEST: dict[str, Callable[[Any, str, list[KUFact]], None]] = {
     "plain": add_plain, "dated": add_dated, "supersede": add_supersede,
     "tau0.4": add_dated, "tau0.5": add_dated, "infer": add_infer}
@@ -130,7 +142,10 @@ def run_arm(engine: Any, args: argparse.Namespace, arm: str, users: list[Scenari
 
     from inferscale_engine import Memory
 
-    done_marker, answers_path = folder / f"{arm}.ingested.json", folder / f"{arm}.jsonl"
+    layout = LAYOUTS[args.layout]
+    done_marker = folder / f"{arm}.ingested.json"
+    answers_path = folder / (f"{arm}.jsonl" if args.layout == "rank" else
+                             f"{arm}.{args.layout}.jsonl")
     answers = ([json.loads(line) for line in answers_path.read_text().splitlines() if line]
                if answers_path.exists() else [])
     asked = {(a["question_id"], a["mode"]) for a in answers}
@@ -152,7 +167,7 @@ def run_arm(engine: Any, args: argparse.Namespace, arm: str, users: list[Scenari
                         as_of = question.as_of if arm in DATED else None
                         reply = memory.generate(user_id=scenario.user_id, query=question.text,
                                                 k=args.k, sampling=greedy, mode=mode,
-                                                as_of=as_of)
+                                                as_of=as_of, layout=layout)
                         row = {"question_id": question.question_id, "mode": mode,
                                "kind": "then" if question.as_of else "now",
                                "answer": reply.text, **score(reply.text, question)}
