@@ -11,7 +11,8 @@ users are refused: the id a key is checked for is exactly the id the memory serv
 (save the exchange as conversation turns after the response), session_id, recent_facts (the
 session's last facts, besides the top-k), add (facts to remember, stored before the answer:
 one round trip, and a write that passes through any OpenAI-compatible proxy, vllm-router
-included, with the client's headers).
+included, with the client's headers), expiration_date (when the facts of `add` stop being
+served: an ISO 8601 date or time, or seconds since the epoch).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inferscale_engine.checks import check_session, check_user_id
+from inferscale_engine.checks import check_session, check_time, check_user_id
 from inferscale_engine.errors import InferScaleError
 from inferscale_engine.server.auth import HttpError, Principal
 
@@ -28,7 +29,8 @@ USER_HEADER = "x-user-id"
 STRIPPED_FIELDS = ("kv_transfer_params", "vllm_xargs")
 """Client-sent fields that reach vLLM's engine: the server sets them, a client never does.
 (A client's cache_salt is kept: the seam combines it with the tenant's or the user's salt.)"""
-_OPTIONS = ("enabled", "k", "write", "session_id", "user_id", "recent_facts", "add")
+_OPTIONS = ("enabled", "k", "write", "session_id", "user_id", "recent_facts", "add",
+            "expiration_date")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,8 @@ class MemoryOptions:
     session_id: str | None = None
     recent_facts: int = 0
     add: tuple[str, ...] = ()
+    expiration_date: float | None = None
+    """When the facts of `add` stop being served (seconds since the epoch)."""
 
     @property
     def active(self) -> bool:
@@ -74,9 +78,23 @@ def identify(request: Any, headers: Mapping[str, str], default_k: int,
     add = _texts(raw.get("add", []))
     if add and user_id is None:
         raise HttpError(400, "memory.add needs a user: send the X-User-Id header (or `user`)")
+    expires = _expiration(raw.get("expiration_date"), add)
     return MemoryOptions(user_id, _flag(raw, "enabled", True), _count(raw, "k", default_k),
                          _flag(raw, "write", False), session_id, _count(raw, "recent_facts", 0),
-                         add)
+                         add, expires)
+
+
+def _expiration(value: object, add: tuple[str, ...]) -> float | None:
+    """memory.expiration_date: when the facts of memory.add expire (400 if not a time)."""
+    if value is None:
+        return None
+    if not add:
+        raise HttpError(400, "memory.expiration_date applies to the facts of memory.add; "
+                             "send it with memory.add")
+    try:
+        return check_time(value, "memory.expiration_date", day_end=True)
+    except InferScaleError as exc:
+        raise HttpError(400, str(exc)) from None
 
 
 def header_user(headers: Mapping[str, str]) -> str | None:

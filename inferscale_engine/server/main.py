@@ -36,11 +36,15 @@ from inferscale_engine.config import EngineConfig, plan_secret
 from inferscale_engine.errors import ConfigError
 from inferscale_engine.memory.config import (
     DEFAULT_EMBEDDING_MODEL,
+    DEFAULT_EXPIRY_SWEEP_S,
     DEFAULT_MAX_QUEUED_FACTS,
     DEFAULT_MAX_SERVED_USERS,
+    ON_EXPIRY,
     check_dedupe_threshold,
+    check_expiry,
     check_max_served_users,
 )
+from inferscale_engine.memory.search.hybrid import DEFAULT_SEARCH_MODE, SEARCH_MODES
 from inferscale_engine.server.auth import (
     PUBLIC_PATHS,
     ApiKeys,
@@ -111,7 +115,21 @@ def our_parser() -> argparse.ArgumentParser:
                              "embedding and KV (default: stored at once, the rest queued)")
     parser.add_argument("--max-queued-facts", type=int, default=DEFAULT_MAX_QUEUED_FACTS,
                         help="facts of asynchronous adds that may wait at once (more: 429)")
+    parser.add_argument("--search-mode", choices=SEARCH_MODES, default=DEFAULT_SEARCH_MODE,
+                        help="how a request's facts are found: keywords and embeddings "
+                             "(hybrid) or embeddings only (vector); a search may pass its own")
+    parser.add_argument("--on-expiry", choices=ON_EXPIRY, default="hide",
+                        help="an expired fact is never served; its row is kept hidden (hide, "
+                             "as mem0) or deleted by the sweeper (delete, as LangGraph's TTL)")
+    parser.add_argument("--expiry-sweep-s", type=_seconds, default=DEFAULT_EXPIRY_SWEEP_S,
+                        help="seconds between expiry sweeps ('none': expired facts leave "
+                             "serving when their user is next read)")
     return parser
+
+
+def _seconds(value: str) -> float | None:
+    """--expiry-sweep-s: seconds, or 'none' (MemoryConfig checks the range)."""
+    return None if value.lower() == "none" else float(value)
 
 
 def _threshold(value: str) -> float | None:
@@ -143,6 +161,7 @@ def main(argv: list[str]) -> int:
     check_dedupe_threshold(ours.dedupe_threshold)  # before vLLM starts, not after
     check_half_scan_min_rows(ours.half_scan_min_rows)
     check_max_served_users(ours.max_served_users)
+    check_expiry(ours.on_expiry, ours.expiry_sweep_s)
     if ours.max_add_facts < 1:
         raise ConfigError(f"--max-add-facts {ours.max_add_facts} must be at least 1")
     keys = ApiKeys.load(ours.api_keys) if ours.api_keys else None
@@ -259,7 +278,10 @@ def open_memory(config: EngineConfig, ours: argparse.Namespace, client: Any,
                                            dedupe_threshold=ours.dedupe_threshold,
                                            half_scan_min_rows=ours.half_scan_min_rows,
                                            max_served_users=ours.max_served_users,
-                                           max_queued_facts=ours.max_queued_facts),
+                                           max_queued_facts=ours.max_queued_facts,
+                                           search_mode=ours.search_mode,
+                                           on_expiry=ours.on_expiry,
+                                           expiry_sweep_s=ours.expiry_sweep_s),
                               runner=lambda _config, _connector: AsyncRunner(client, loop))
 
 

@@ -148,7 +148,8 @@ class SeamState:
         try:
             scope.added = await asyncio.to_thread(
                 self.memory.add, user_id=options.user_id, texts=list(options.add),
-                session_id=options.session_id, wait=not self.async_adds)
+                session_id=options.session_id, expiration_date=options.expiration_date,
+                wait=not self.async_adds)
         except InferScaleError as exc:
             raise http_error(exc, "memory.add: ") from None
         scope.timings["add"] = (time.perf_counter() - started) * 1e3

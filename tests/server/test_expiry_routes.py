@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
+import httpx
 import pytest
 
 from inferscale_integrations.client import MemoryServerError
@@ -86,3 +87,26 @@ def test_a_bad_expiration_date_is_a_400_and_stores_nothing(http, user_a, bad):
         assert "expiration_date" in answer.text
     listed = http.get("/v1/memories", params={"user_id": user_a}, headers=auth("a")).json()
     assert listed["results"] == []
+
+
+def test_a_chat_borne_add_takes_expiration_date(http, model, client_a, user_a):
+    headers = {**auth("a"), "X-User-Id": user_a}
+
+    def chat(memory: dict) -> httpx.Response:
+        return http.post("/v1/chat/completions", headers=headers, json={
+            "model": model, "messages": [{"role": "user", "content": "Which gate?"}],
+            "max_tokens": 2, "temperature": 0, "memory": memory})
+
+    answered = chat({"add": ["My flight leaves from gate 12."], "expiration_date": "2099-06-30"})
+    assert answered.status_code == 200, answered.text
+    (added,) = [a["id"] for a in answered.json()["memory"]["added"]]
+    (stored,) = client_a.get_all(user_id=user_a)
+    assert stored.fact_id == added and stored.expires_at == pytest.approx(
+        datetime(2099, 7, 1, tzinfo=UTC).timestamp())  # when that day ends, UTC
+    for memory, words in [
+            ({"add": ["Not stored."], "expiration_date": "soon"}, "not an ISO 8601"),
+            ({"add": ["Not stored."], "expiration_date": "2001-01-01"}, "expiration_date"),
+            ({"expiration_date": "2099-06-30"}, "send it with memory.add")]:
+        refused = chat(memory)
+        assert refused.status_code == 400 and words in refused.text, refused.text
+    assert [m.fact_id for m in client_a.get_all(user_id=user_a)] == [added]

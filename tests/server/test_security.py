@@ -229,6 +229,7 @@ def test_without_keys_the_server_listens_on_loopback_only(monkeypatch):
 @pytest.mark.parametrize("flags,message", [
     (["--dedupe-threshold", "1.5"], "dedupe_threshold"),
     (["--half-scan-min-rows", "-1"], "half_scan_min_rows"),
+    (["--expiry-sweep-s", "0"], "expiry_sweep_s"),
 ])
 def test_bad_memory_flags_are_refused_before_vllm_starts(flags, message):
     with pytest.raises(ConfigError, match=message):
@@ -248,6 +249,13 @@ def test_serve_takes_the_model_first_and_passes_vllms_flags_through(tiny_models)
     assert args.model == model == config.model and config.max_model_len == 2048
     assert parse(["--model", model])[0].model == model
     assert parse([])[0].model == "small"
+    memory_flags = parse([model, "--search-mode", "vector", "--on-expiry", "delete",
+                          "--expiry-sweep-s", "none"])[0]
+    assert (memory_flags.search_mode, memory_flags.on_expiry, memory_flags.expiry_sweep_s) == (
+        "vector", "delete", None)
+    defaults = parse([model])[0]
+    assert (defaults.search_mode, defaults.on_expiry, defaults.expiry_sweep_s) == (
+        "hybrid", "hide", 60.0)
     with pytest.raises(ConfigError, match="two models"):
         parse([model, "--model", "/elsewhere"])
 
