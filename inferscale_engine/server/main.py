@@ -93,7 +93,7 @@ def our_parser() -> argparse.ArgumentParser:
                              "eviction or a restart instead of encoding it again")
     parser.add_argument("--embedding-model", default=DEFAULT_EMBEDDING_MODEL,
                         help="sentence-transformers name or folder (default: offline MiniLM)")
-    parser.add_argument("--dedupe-threshold", type=_threshold, default=0.95,
+    parser.add_argument("--dedupe-threshold", type=_number_or_none, default=0.95,
                         help="cosine at which an added fact is a duplicate; 'none' stores all")
     parser.add_argument("--max-add-facts", type=int, default=DEFAULT_MAX_ADD_FACTS,
                         help="facts or turns one POST /v1/memories may add (larger: 413)")
@@ -121,19 +121,15 @@ def our_parser() -> argparse.ArgumentParser:
     parser.add_argument("--on-expiry", choices=ON_EXPIRY, default="hide",
                         help="an expired fact is never served; its row is kept hidden (hide, "
                              "as mem0) or deleted by the sweeper (delete, as LangGraph's TTL)")
-    parser.add_argument("--expiry-sweep-s", type=_seconds, default=DEFAULT_EXPIRY_SWEEP_S,
+    parser.add_argument("--expiry-sweep-s", type=_number_or_none, default=DEFAULT_EXPIRY_SWEEP_S,
                         help="seconds between expiry sweeps ('none': expired facts leave "
                              "serving when their user is next read)")
     return parser
 
 
-def _seconds(value: str) -> float | None:
-    """--expiry-sweep-s: seconds, or 'none' (MemoryConfig checks the range)."""
-    return None if value.lower() == "none" else float(value)
 
-
-def _threshold(value: str) -> float | None:
-    """--dedupe-threshold: a float, or 'none' (main checks the range)."""
+def _number_or_none(value: str) -> float | None:
+    """--dedupe-threshold, --expiry-sweep-s: a float, or 'none' (main checks the range)."""
     return None if value.lower() == "none" else float(value)
 
 
