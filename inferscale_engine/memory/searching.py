@@ -14,6 +14,7 @@ import torch
 
 from inferscale_engine import checks
 from inferscale_engine.errors import InvalidRequestError
+from inferscale_engine.facts import FactId
 from inferscale_engine.memory import supersession
 from inferscale_engine.memory.gate import InteractiveGate, interactive_call
 from inferscale_engine.memory.registration import RegisteredFacts
@@ -62,12 +63,12 @@ class Searching:
                     self._store, self._served, uid, vector, at, k if not narrow else 2**31)
                     if filters.selected(r, wanted, scope)][:k]
                 return SearchResult(tuple(hits), retrieval.handle_of(uid, hits))
-            ranked = retrieval.ranked(self._index, uid, vector, k, narrow,
-                                      query if mode == "hybrid" else None)
+            ranked, found_by = retrieval.ranked(self._index, uid, vector, k, narrow,
+                                                query if mode == "hybrid" else None)
             if not narrow:
                 hits = hybrid.by_score([(self._served[fact_id], score)
                                         for fact_id, score in ranked])
-                return SearchResult(tuple(hits), retrieval.handle_of(uid, hits))
+                return _result(uid, hits, found_by)
             stored = self._store.get(user_id=uid, fact_ids=[f for f, _ in ranked])
         # The filter is evaluated outside the lock; a delete may come between: keep the served.
         ranked = retrieval.narrowed(ranked, [reserved.public_record(r) for r in stored],
@@ -75,5 +76,11 @@ class Searching:
         with self._scopes.lock:
             hits = hybrid.by_score([(self._served[f], s) for f, s in ranked
                                     if f in self._served][:k])
-        return SearchResult(tuple(hits), retrieval.handle_of(uid, hits))
+        return _result(uid, hits, found_by)
+
+
+def _result(user_id: str, hits: list[retrieval.Hit], found_by: Mapping[FactId, str]
+            ) -> SearchResult:
+    return SearchResult(tuple(hits), retrieval.handle_of(user_id, hits),
+                        tuple(found_by[f.fact_id] for f, _ in hits))
 

@@ -99,6 +99,9 @@ class SearchResult:
     by keywords and cosine; the cosine orders them)."""
     handle: MemoryHandle
     """The hits' fact ids in rank order, ready for Engine.generate."""
+    found_by: tuple[str, ...] = ()
+    """Per hit, what found it: 'embedding' (among the embedding's own top k), 'keywords' (a
+    word of the query brought it in) or 'both'; empty for reads as of a date."""
 
     @property
     def facts(self) -> list[Fact]:

@@ -9,7 +9,8 @@
   GET    /v1/memories/{id}       one memory       PUT {text, metadata}   DELETE
   POST   /v1/memories/search     {query, user_id (or filters.user_id), agent_id, run_id,
                                  filters, top_k, threshold, search_mode}: filters as mem0's
-                                 (agent_id, run_id, metadata); search_mode 'vector' or 'hybrid'
+                                 (agent_id, run_id, metadata); search_mode 'vector' or 'hybrid';
+                                 each result's score (cosine) and found_by (what found it)
   DELETE /v1/memories?user_id=&agent_id=&run_id=   the memories of an agent or run; without
                                  them every memory of the user (admin)
   POST   /v1/memories/reset      {user_id}: memories and turns of a user (admin)
@@ -162,6 +163,11 @@ def _scope(name: str, given: str | None, ids: dict[str, Any]) -> str | None:
     return given if given is not None else ids.get(name)
 
 
+def found_by_id(found: Any) -> dict[int, str]:
+    """A SearchResult's signal per fact id ('embedding', 'keywords' or 'both')."""
+    return {int(f.fact_id): by for (f, _), by in zip(found.hits, found.found_by, strict=False)}
+
+
 def stored_hits(memory: Any, user_id: str, hits: list[tuple[Any, float]]
                 ) -> list[tuple[Any, float]]:
     """The hits' records (metadata, scopes, times), leaving out any deleted since the search."""
@@ -266,7 +272,9 @@ async def search(request: Request, body: SearchBody) -> dict[str, Any]:
                         search_mode=body.search_mode)
     hits = [(f, s) for f, s in found.hits if body.threshold is None or s >= body.threshold]
     stored = await _call(stored_hits, memory=memory, user_id=user_id, hits=hits)
-    return {"results": [{**_record(r, r), "score": score} for r, score in stored]}
+    found_by = found_by_id(found)
+    return {"results": [{**_record(r, r), "score": score, "found_by": found_by.get(r.fact_id)}
+                        for r, score in stored]}
 
 
 @router.delete("")

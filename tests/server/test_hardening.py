@@ -360,6 +360,9 @@ def test_search_mode_reaches_memory_search_on_both_search_routes(http, user_a):
             assert found.status_code == 200, (path, mode, found.text)
             assert [r["memory"] for r in found.json()["results"]] == [
                 "Ana keeps the zorblax invoice in a drawer."]
+            signal = found.json()["results"][0].get("found_by")  # the mem0 route keeps mem0's
+            assert signal == ("embedding" if mode == "vector" else "both") or path.startswith(
+                "/v3")
         bad = http.post(path, headers=auth("a"),
                         json={"query": "zorblax", "search_mode": "bm25", **who})
         assert bad.status_code == 400 and "search_mode" in _message(bad), bad.text

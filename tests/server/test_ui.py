@@ -200,6 +200,8 @@ def test_search_shows_scores(ui, caroline):
     assert rows.count() >= len(FACTS)  # the facts, and facts of the conversation's turns
     scores = [float(s) for s in page.locator("#search-table td.score").all_text_contents()]
     assert scores == sorted(scores, reverse=True) and all(-1 <= s <= 1 for s in scores)
+    signals = page.locator("#search-table td.found-by").all_text_contents()
+    assert len(signals) == len(scores) and set(signals) <= {"embedding", "keywords", "both"}
     assert "Pepper" in rows.first.text_content()
     ui.shot("search")
 

@@ -73,13 +73,29 @@ def by_score(hits: list[_Hit]) -> list[_Hit]:
     return sorted(hits, key=lambda hit: -hit[1])
 
 
+SIGNALS = ("embedding", "keywords", "both")
+"""What found a hit (SearchResult.found_by): it is among the embedding's own top k, it holds a
+word of the query, or both."""
+
+
+def signals(ranked: list[tuple[FactId, float]], keyword_ids: frozenset[FactId],
+            vector_ids: frozenset[FactId] | None) -> dict[FactId, str]:
+    """Per ranked fact, the signal that found it (SIGNALS); vector_ids None: vector search."""
+    if vector_ids is None:
+        return {f: "embedding" for f, _ in ranked}
+    return {f: ("both" if f in vector_ids else "keywords") if f in keyword_ids else "embedding"
+            for f, _ in ranked}
+
+
 def hybrid_search(index: RetrievalIndex, user_id: str, query: str, vector: object, k: int,
-                  everything: bool = False) -> list[tuple[FactId, float]]:
+                  everything: bool = False
+                  ) -> tuple[list[tuple[FactId, float]], dict[FactId, str]]:
     """The user's k best facts for `query` (its embedding `vector`) by the fused score.
 
     (fact id, cosine) in fused order: the caller narrows and cuts to k, then orders by cosine
-    (by_score). everything=True ranks every indexed fact (a filter will narrow them
-    afterwards). The weight is read at each call (benchmarks/retrieval_locomo.py sweeps it).
+    (by_score); and per fact, the signal that found it. everything=True ranks every indexed
+    fact (a filter will narrow them afterwards). The weight is read at each call
+    (benchmarks/retrieval_locomo.py sweeps it).
     """
     count = index.count(user_id=user_id)
     n = count if everything else min(k, count)
@@ -90,4 +106,6 @@ def hybrid_search(index: RetrievalIndex, user_id: str, query: str, vector: objec
     missing = [f for f, _ in keyword_hits if f not in seen]
     cosines = dict(zip(missing, index.scores(user_id=user_id, query_embedding=vector,
                                              fact_ids=missing), strict=True))
-    return fuse(vector_hits, keyword_hits, cosines, n, KEYWORD_WEIGHT)
+    ranked = fuse(vector_hits, keyword_hits, cosines, n, KEYWORD_WEIGHT)
+    top_k = frozenset(f for f, _ in vector_hits[:k])
+    return ranked, signals(ranked, frozenset(f for f, _ in keyword_hits), top_k)

@@ -15,7 +15,7 @@ import torch
 from inferscale_engine import checks
 from inferscale_engine.facts import Fact, FactId, MemoryHandle
 from inferscale_engine.memory.search import filters
-from inferscale_engine.memory.search.hybrid import hybrid_search
+from inferscale_engine.memory.search.hybrid import hybrid_search, signals
 from inferscale_engine.memory.search.index import RetrievalIndex
 
 _DUPLICATE_CANDIDATES = 8
@@ -30,15 +30,18 @@ Hit = tuple[Fact, float]
 
 
 def ranked(index: RetrievalIndex, user_id: str, vector: torch.Tensor, k: int, narrow: bool,
-           keywords: str | None = None) -> list[tuple[FactId, float]]:
-    """The user's k best (fact id, score); every indexed fact when a filter will `narrow`.
+           keywords: str | None = None
+           ) -> tuple[list[tuple[FactId, float]], dict[FactId, str]]:
+    """The user's k best (fact id, cosine), and per fact the signal that found it.
 
-    With `keywords` (the query's text), hybrid search (hybrid.py), else cosine alone.
+    Every indexed fact when a filter will `narrow`; signals: hybrid.SIGNALS. With
+    `keywords` (the query's text), hybrid search (hybrid.py), else cosine alone.
     """
     if keywords is not None:
         return hybrid_search(index, user_id, keywords, vector, k, everything=narrow)
-    return index.search(user_id=user_id, query_embedding=vector,
-                        k=k if not narrow else index.count(user_id=user_id))
+    found = index.search(user_id=user_id, query_embedding=vector,
+                         k=k if not narrow else index.count(user_id=user_id))
+    return found, signals(found, frozenset(), None)
 
 
 def narrowed(ranked_ids: list[tuple[FactId, float]], records: Sequence[Any],

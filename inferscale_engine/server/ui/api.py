@@ -29,7 +29,15 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferscale_engine.server.auth import HttpError
-from inferscale_engine.server.routes import _admin, _call, _memory, _owned, _principal, _user
+from inferscale_engine.server.routes import (
+    _admin,
+    _call,
+    _memory,
+    _owned,
+    _principal,
+    _user,
+    found_by_id,
+)
 from inferscale_engine.server.ui import panel
 from inferscale_engine.server.ui.page import check_same_origin
 
@@ -129,8 +137,7 @@ async def search(request: Request, body: SearchBody) -> dict[str, Any]:
     user_id = _user(request, ("user_id", body.user_id))
     found = await _call(_memory(request).search, user_id=user_id, query=body.query,
                         k=body.top_k)
-    return {"user_id": user_id, "results": [
-        {"id": int(f.fact_id), "memory": f.text, "score": score} for f, score in found.hits]}
+    return {"user_id": user_id, "results": _hits(found)}
 
 
 @router.post("/ask")
@@ -162,8 +169,14 @@ async def ask(request: Request, body: AskBody) -> dict[str, Any]:
                          "plan_status": out.plan_status,
                          "fallback": out.fallback, "repaired_facts": out.num_repaired_facts}
     return {"user_id": user_id, "question": body.question, "k": k,
-            "facts": [{"id": int(f.fact_id), "memory": f.text, "score": s}
-                      for f, s in found.hits], **answers}
+            "facts": _hits(found), **answers}
+
+
+def _hits(found: Any) -> list[dict[str, Any]]:
+    """A search's hits for the page: id, text, cosine score and the signal that found it."""
+    by = found_by_id(found)
+    return [{"id": int(f.fact_id), "memory": f.text, "score": score,
+             "found_by": by.get(int(f.fact_id))} for f, score in found.hits]
 
 
 @router.post("/memories/{memory_id}")

@@ -57,6 +57,10 @@ def test_hybrid_finds_a_fact_by_a_rare_keyword_that_vector_search_ranks_low(memo
     assert scores == sorted(scores, reverse=True) and all(-1 <= s <= 1 for s in scores)
     cosine_of = {f.fact_id: s for f, s in everything.hits}
     assert scores == pytest.approx([cosine_of[f] for f in hybrid.handle.fact_ids])
+    found_by = dict(zip(hybrid.handle.fact_ids, hybrid.found_by, strict=True))
+    assert found_by[target.fact_id] == "keywords"  # not among the embedding's own top 3
+    assert set(found_by.values()) <= {"embedding", "keywords", "both"}
+    assert vector.found_by == ("embedding",) * 3
     assert memory.search(user_id="ann", query=QUERY, k=3).handle == hybrid.handle  # default
     # a filter narrows the hybrid ranking the same way it narrows the vector one
     narrowed = memory.search(user_id="ann", query=QUERY, k=3, search_mode="hybrid",

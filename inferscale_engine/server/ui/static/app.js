@@ -334,9 +334,12 @@
   function factsTable(facts, id) {
     return h("table", { class: "facts", id },
       h("thead", {}, h("tr", {}, h("th", { class: "num" }, "Rank"), h("th", { class: "num" }, "Score"),
+        h("th", { title: "embedding: among the embedding's own top k; keywords: a word of the " +
+          "query brought it in; both" }, "Found by"),
         h("th", { class: "num" }, "#"), h("th", {}, "Memory"))),
       h("tbody", {}, facts.map((f, i) => h("tr", { "data-id": f.id },
         h("td", { class: "num" }, i + 1), h("td", { class: "num score" }, fmtNum(f.score, 3)),
+        h("td", { class: "found-by" }, f.found_by || ""),
         h("td", { class: "num" }, f.id), h("td", { class: "text" }, f.memory)))));
   }
 
