@@ -67,9 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workdir", default=None, help="where each arm's store and answers "
                         "are kept, so that a rerun resumes (default: under benchmarks/out)")
     parser.add_argument("--layout", default="rank", choices=sorted(LAYOUTS),
-                        help="rank: the engine's default prompt layout (facts by relevance); "
-                        "time: every fact in the order it was added, the newest nearest the "
-                        "question (answers kept apart per layout; the stores are shared)")
+                        help="rank: facts by relevance; chrono: the memory block in the "
+                        "order the facts were added, the repaired ones by relevance; time: "
+                        "every fact in the order it was added, the newest nearest the question "
+                        "(answers kept apart per layout; the stores are shared)")
     parser.add_argument("--tag", default="")
     args = parser.parse_args(argv)
     if unknown := set(args.arms.split(",")) - set(INGEST):
@@ -121,7 +122,10 @@ def add_supersede(memory: Any, user_id: str, session: list[KUFact]) -> None:
                 _SLOTS[user_id, fact.slot] = result.fact_id
 
 
-LAYOUTS = {"rank": QUALITY_LAYOUT,
+LAYOUTS = {"rank": dataclasses.replace(QUALITY_LAYOUT, fact_order="handle",
+                                       repair_order="rank"),
+           "chrono": dataclasses.replace(QUALITY_LAYOUT, fact_order="added",
+                                         repair_order="rank"),
            "time": dataclasses.replace(QUALITY_LAYOUT, fact_order="added",
                                        repair_order="handle")}
 """Prompt layouts the questions can be asked with (--layout)."""
