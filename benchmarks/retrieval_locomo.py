@@ -1,4 +1,4 @@
-"""Retrieval on LoCoMo's dev fold: gold-evidence recall of vector vs hybrid search; latency.
+"""Retrieval on LoCoMo (dev fold; --fold test once): evidence recall of vector vs hybrid; latency.
 
 Recall: each dev conversation's facts (turns by default) are added to one Memory, a user per
 conversation, through the public API (Memory.add, Memory.search) with the default embedder
@@ -104,6 +104,8 @@ def latency(embedder: Any, texts: list[str], queries: list[str], sizes: list[int
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--facts", default="turns", choices=("turns", "observation"))
+    parser.add_argument("--fold", default="dev", choices=("dev", "test"),
+                        help="test: the held-out conversations, once per chosen setting")
     parser.add_argument("--weights", default="", help="also sweep these hybrid keyword weights")
     parser.add_argument("--sizes", default="1000,100000", help="latency sizes ('' = none)")
     parser.add_argument("--queries", type=int, default=50)
@@ -112,6 +114,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--data", default=str(DEFAULT_DATA))
     parser.add_argument("--tag", default="")
     args = parser.parse_args(argv)
+    if args.fold == "test" and args.weights:
+        parser.error("--weights tunes on the dev fold only; the test fold measures the default")
 
     import torch
 
@@ -126,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     embedder = Embedder(DEFAULT_EMBEDDING_MODEL, device="cpu")
-    conversations = fold(load_conversations(Path(args.data), facts=args.facts), "dev")
+    conversations = fold(load_conversations(Path(args.data), facts=args.facts), args.fold)
     results: dict[str, Any] = {"default_weight": hybrid.KEYWORD_WEIGHT}
     model = tiny_model_path(TinyModelSpec("qwen2"))
     with tempfile.TemporaryDirectory() as tmp, Engine(engine_config(
@@ -149,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     record = {"benchmark": "retrieval_locomo", "config": vars(args),
               "environment": environment(), "recall": results,
               "latency": latency(embedder, texts, queries, sizes, args.repeats)}
-    write_tagged(f"retrieval-locomo-{args.facts}", args.tag, record)
+    write_tagged(f"retrieval-locomo-{args.facts}-{args.fold}", args.tag, record)
     return record
 
 

@@ -7,6 +7,10 @@ run of facts stays one save request, and a larger one starts with a `probe` chun
 chunks it waits until no interactive call is in flight. Another user's search or chat then
 waits for at most one chunk of someone's bulk work, never for all of it. Under sustained
 interactive load the bulk work still advances: one chunk per `max_wait_s` at least.
+
+Bulk work done ON BEHALF of an interactive call (a chat's own memory.add, run in a worker
+thread by asyncio.to_thread, which carries the caller's context) does not wait for that call:
+the calls a context holds are counted in a ContextVar and left out of the wait.
 """
 
 from __future__ import annotations
@@ -16,10 +20,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import ParamSpec, TypeVar
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+_HELD: ContextVar[int] = ContextVar("inferscale_interactive_held", default=0)
+"""Interactive calls the current context (thread or task, and what it hands work to) holds."""
 
 
 class InteractiveGate:
@@ -31,6 +39,8 @@ class InteractiveGate:
         self._whole_up_to, self._probe, self._max_chunk = whole_up_to, probe, max_chunk
         self._active = 0
         self._idle = threading.Condition()
+        self.timeouts = 0
+        """Turns that bulk work took after max_wait_s, interactive calls still in flight."""
 
     @property
     def chunk_s(self) -> float:
@@ -42,18 +52,26 @@ class InteractiveGate:
         """Mark an interactive call for the duration of the block (nesting is fine)."""
         with self._idle:
             self._active += 1
+        _HELD.set(_HELD.get() + 1)
         try:
             yield
         finally:
+            # set, not reset: a streamed answer may close the block in another context
+            _HELD.set(max(0, _HELD.get() - 1))
             with self._idle:
                 self._active -= 1
                 if not self._active:
                     self._idle.notify_all()
 
     def wait_turn(self) -> None:
-        """Return once no interactive call is in flight, or after max_wait_s."""
+        """Return once no interactive call but the caller's own is in flight.
+
+        Or after max_wait_s, counted in `timeouts`.
+        """
+        own = _HELD.get()
         with self._idle:
-            self._idle.wait_for(lambda: self._active == 0, timeout=self._max_wait_s)
+            if not self._idle.wait_for(lambda: self._active <= own, timeout=self._max_wait_s):
+                self.timeouts += 1
 
     def chunks(self, num_items: int) -> Iterator[tuple[int, int]]:
         """[lo, hi) ranges covering num_items, each sized to take about chunk_s.
