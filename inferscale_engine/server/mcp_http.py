@@ -51,7 +51,8 @@ def mount(app: FastAPI, memory: Any, hosts: AllowedHosts, max_add_facts: int) ->
     server.streamable_http_app(transport_security=TransportSecuritySettings(
         enable_dns_rebinding_protection=False))
     manager = server.session_manager
-    app.router.routes.append(Route(PATH, McpEndpoint(manager, hosts), include_in_schema=False))
+    app.router.routes.append(Route(PATH, McpEndpoint(manager, hosts), include_in_schema=False,
+                                   methods=["GET", "POST", "DELETE"]))  # the transport's
     serving = app.router.lifespan_context
 
     @asynccontextmanager
