@@ -113,6 +113,9 @@ async def test_http_tools_act_for_the_user_the_key_and_header_name(keyed, memory
     async with mcp_support.http_client(keyed.url, _as("a", "a:ann")) as client:
         (kept,) = await mcp_support.every_tool(client)
         await mcp_support.bad_arguments(client, kept)
+        too_many = await mcp_support.refused(client, "add_memory",
+                                             texts=[f"Fact {n}." for n in range(21)])
+        assert "at most 20" in too_many  # the server's --max-add-facts
     assert [f.text for f in memory.get_all(user_id="a:ann")] == ["Ann lives in Lisbon."]
 
 
@@ -170,3 +173,16 @@ def test_http_without_keys_answers_loopback_names_and_same_site_pages_only(memor
         for extra in ({}, {"Host": f"localhost:{port}", "Origin": f"http://localhost:{port}"}):
             served = http.post(server.url, content=body, headers={**headers, **extra})
             assert served.status_code == 200, (extra, served.text)
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--user-id", "a\nb"], "--user-id"),
+    (["--user-id", "ann", "--base-url", "http://127.0.0.1:1", "--model", "small"], "--model"),
+    (["--user-id", "ann", "--api-key", "sk-x"], "--base-url"),
+    ([], "--user-id")])
+def test_inferscale_mcp_refuses_options_that_do_not_go_together(argv, says, capsys):
+    from inferscale_engine.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["mcp", *argv])
+    assert exited.value.code == 2 and says in capsys.readouterr().err
