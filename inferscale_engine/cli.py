@@ -1,4 +1,4 @@
-"""Command line: `inferscale serve | demo [--ui] | calibrate | build-model`."""
+"""Command line: `inferscale serve | mcp | demo [--ui] | calibrate | build-model`."""
 
 from __future__ import annotations
 
@@ -202,11 +202,17 @@ def main(argv: list[str] | None = None) -> int:
     build.set_defaults(func=build_model)
     sub.add_parser("serve", help="vLLM's OpenAI server with per-user KV memory (see "
                                  "`inferscale serve --help`)", add_help=False)
+    sub.add_parser("mcp", help="one user's memory as MCP tools over stdio (see `inferscale mcp "
+                               "--help`)", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["serve"]:
         from inferscale_engine.server.main import main as serve
 
         return serve(argv[1:])
+    if argv[:1] == ["mcp"]:
+        from inferscale_engine.server.mcp_stdio import main as mcp
+
+        return mcp(argv[1:])
     args, rest = parser.parse_known_args(argv)
     if rest and not getattr(args, "ui", False):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

@@ -17,7 +17,7 @@ from typing import Any
 
 from inferscale_engine.errors import InferScaleError
 from inferscale_engine.facts import FactId
-from inferscale_engine.memory.types import AddResult, AddStatus, MemoryItem
+from inferscale_engine.memory.types import AddResult, AddStatus, HistoryEvent, MemoryItem
 
 API_KEY_ENV = "INFERSCALE_API_KEY"
 """Environment variable read when no api_key is given (and by restored KVMemory copies)."""
@@ -75,16 +75,17 @@ class MemoryClient:
     def add(self, *, user_id: str, texts: Sequence[str] | None = None,
             messages: Sequence[Mapping[str, str]] | None = None, session_id: str | None = None,
             metadata: Mapping[str, Any] | None = None, agent_id: str | None = None,
-            run_id: str | None = None, expiration_date: Any = None, wait: bool = True
-            ) -> list[AddResult]:
+            run_id: str | None = None, timestamp: Any = None, expiration_date: Any = None,
+            wait: bool = True) -> list[AddResult]:
         """Remember facts (texts) or a conversation's turns (messages); one result per fact.
 
-        agent_id / run_id tag them (mem0's scopes); expiration_date (a date, datetime, ISO
-        string or epoch seconds) is when the server stops serving them. wait=False: the server
-        answers once the facts are stored (status 'PENDING'); their embedding and KV follow
-        (add_status). MemoryServerError 429: its queue is full.
+        agent_id / run_id tag them (mem0's scopes); timestamp is when they became true and
+        expiration_date when the server stops serving them (each a date, datetime, ISO string
+        or epoch seconds). wait=False: the server answers once the facts are stored (status
+        'PENDING'); their embedding and KV follow (add_status). MemoryServerError 429: its
+        queue is full.
         """
-        scope = {"agent_id": agent_id, "run_id": run_id,
+        scope = {"agent_id": agent_id, "run_id": run_id, "timestamp": _json_time(timestamp),
                  "expiration_date": _json_time(expiration_date)}
         return [result for _, result in self._add(user_id, texts, messages, session_id,
                                                   metadata, scope, wait)]
@@ -116,6 +117,23 @@ class MemoryClient:
         body = {"text": text, **({"metadata": dict(metadata)} if metadata is not None else {})}
         return _fact(self._call("PUT", f"/memories/{int(fact_id)}", json=body))
 
+    def supersede(self, *, user_id: str, fact_id: int, text: str | None = None,
+                  timestamp: Any = None, metadata: Mapping[str, Any] | None = None
+                  ) -> AddResult | None:
+        """Replace a fact by a newer one, the old one kept as history (Memory.supersede).
+
+        Without text the fact just stops being true (at timestamp, default now). Returns the
+        new fact's result (event 'UPDATE'), None without text.
+        """
+        self._owned(user_id, fact_id)
+        body = {"text": text, "timestamp": _json_time(timestamp),
+                **({"metadata": dict(metadata)} if metadata is not None else {})}
+        found = self._call("POST", f"/memories/{int(fact_id)}/supersede", json=body)["result"]
+        if found is None:
+            return None
+        return AddResult(FactId(int(found["id"])), found["memory"], found["event"],
+                         supersedes=(FactId(int(fact_id)),))
+
     def delete(self, *, user_id: str, fact_ids: Sequence[int]) -> None:
         """Delete memories, one call each."""
         for fact_id in fact_ids:
@@ -128,17 +146,27 @@ class MemoryClient:
 
     # ---- reads -------------------------------------------------------------------------
     def search(self, *, user_id: str, query: str, k: int = 5, agent_id: str | None = None,
-               run_id: str | None = None) -> list[MemoryItem]:
-        """The user's k memories most similar to `query` (of an agent, a run), best first."""
+               run_id: str | None = None, as_of: Any = None) -> list[MemoryItem]:
+        """The user's k memories most similar to `query` (of an agent, a run), best first.
+
+        as_of (a date, datetime, ISO string or epoch seconds): among the facts true then.
+        """
         body = {"query": query, "user_id": user_id, "top_k": k, "agent_id": agent_id,
-                "run_id": run_id}
+                "run_id": run_id, **({"as_of": _json_time(as_of)} if as_of is not None else {})}
         return [_fact(r) for r in self._call("POST", "/memories/search", json=body)["results"]]
 
     def get_all(self, *, user_id: str, agent_id: str | None = None,
-                run_id: str | None = None) -> list[MemoryItem]:
-        """Every memory of a user (added in agent_id / run_id, if given), oldest first."""
+                run_id: str | None = None, as_of: Any = None,
+                include_superseded: bool = False) -> list[MemoryItem]:
+        """Every current memory of a user (added in agent_id / run_id, if given), oldest first.
+
+        as_of (a date, datetime or ISO string): the memories true then; include_superseded:
+        every stored one.
+        """
         params = {k: v for k, v in (("user_id", user_id), ("agent_id", agent_id),
-                                    ("run_id", run_id)) if v is not None}
+                                    ("run_id", run_id), ("as_of", _json_time(as_of)),
+                                    ("include_superseded",
+                                     "true" if include_superseded else None)) if v is not None}
         return [_fact(r) for r in self._call("GET", "/memories", params=params)["results"]]
 
     def get(self, *, user_id: str, fact_id: int) -> MemoryItem:
@@ -147,6 +175,15 @@ class MemoryClient:
         if fact.user_id != user_id:
             raise MemoryServerError(f"memory {fact_id} is not user {user_id!r:.40}'s", 404)
         return fact
+
+    def history(self, *, user_id: str, fact_id: int) -> list[HistoryEvent]:
+        """A memory's events (ADD, UPDATE, SUPERSEDE, DELETE ...), oldest first."""
+        events = self._call("GET", f"/memories/{int(fact_id)}/history")["results"]
+        if any(e["user_id"] != user_id for e in events):
+            raise MemoryServerError(f"memory {fact_id} is not user {user_id!r:.40}'s", 404)
+        return [HistoryEvent(int(e["id"]), int(e["memory_id"]), str(e["user_id"]), e["event"],
+                             e["old_memory"], e["new_memory"], float(e["created_at"]))
+                for e in events]
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -264,7 +301,11 @@ def _fact(record: Mapping[str, Any]) -> MemoryItem:
                       record.get("score"), dict(record.get("metadata") or {}),
                       record.get("session_id"), record.get("created_at"),
                       record.get("updated_at"), agent_id=record.get("agent_id"),
-                      run_id=record.get("run_id"), expires_at=record.get("expires_at"))
+                      run_id=record.get("run_id"), valid_from=record.get("valid_from"),
+                      valid_to=record.get("valid_to"),
+                      superseded_by=None if record.get("superseded_by") is None
+                      else FactId(int(record["superseded_by"])),
+                      expires_at=record.get("expires_at"))
 
 
 def _json_time(value: Any) -> Any:

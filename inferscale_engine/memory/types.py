@@ -1,4 +1,4 @@
-"""Memory's result types: MemoryItem, AddResult, AddStatus, SearchResult, MemoryStats (no torch).
+"""Memory's result types: MemoryItem, AddResult, AddStatus, HistoryEvent, SearchResult (no torch).
 
 MemoryItem is the one shape a user meets a fact in, from a local Memory and from MemoryClient
 (a server) alike, as mem0 returns one result shape everywhere. A field a later feature adds to
@@ -88,6 +88,21 @@ class AddStatus:
     duplicate_of: FactId | None = None
     error: str | None = None
     """What failed (FAILED only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEvent:
+    """One change of one fact (Memory.history; MemoryClient.history)."""
+
+    event_id: int
+    fact_id: int
+    user_id: str
+    event: str
+    """'ADD', 'UPDATE', 'DELETE', 'SUPERSEDE' or 'EXPIRE' (store/history.py)."""
+    old_text: str | None
+    new_text: str | None
+    created_at: float
+    """Seconds since the epoch."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,5 +11,9 @@ limits.py   request and header size limits, refusals counted
 hosts.py    the Host header checks (DNS rebinding)
 metrics.py  InferScale's counters on vLLM's /metrics
 ui/         the memory inspector (a page and its JSON routes)
+mcp_tools.py     the memory verbs as MCP tools (add_memory, search_memories, ...), one user each
+mcp_backends.py  what the tools call: a Memory in this process, or a server (MemoryClient)
+mcp_http.py      the tools over streamable HTTP at /mcp, behind the keys and identity checks
+mcp_stdio.py     `inferscale mcp`: the tools over stdio for one user (embedded or --base-url)
 vllm_compat.py  where vLLM 0.26 and 0.32 keep the server pieces
 """

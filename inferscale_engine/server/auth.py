@@ -8,8 +8,8 @@ prefix ending in '*') and an admin flag; only admin keys may reset or delete a w
 
 With keys, every route needs `Authorization: Bearer <key>` (or `X-API-Key`) but the liveness
 probes (PUBLIC_PATHS) and the inspector's page and files (server/ui: they hold no data); a tenant
-key reaches the chat, completion, model and memory routes only (tenant_route), an admin key every
-route.
+key reaches the chat, completion, model and memory routes (the MCP endpoint /mcp included) only
+(tenant_route), an admin key every route.
 Without keys the server refuses to listen on anything but the loopback interface.
 """
 
@@ -43,9 +43,9 @@ bypass the memory seam) needs an admin key."""
 PUBLIC_PATHS = frozenset({"/health", "/ping"})
 """Liveness probes, answered without a key: load balancers and routers (vllm-router's health
 checker) poll them with no credentials, and they tell nothing but 'up'."""
-TENANT_PREFIXES = ("/v1/memories", "/v3/memories", "/v1/event", "/ui/api")
+TENANT_PREFIXES = ("/v1/memories", "/v3/memories", "/v1/event", "/ui/api", "/mcp")
 """The memory APIs (ours, the routes mem0's client calls: server/mem0_api.py, its events of
-asynchronous adds, and the inspector's: server/ui/api.py)."""
+asynchronous adds, the inspector's: server/ui/api.py, and the MCP tools: server/mcp_http.py)."""
 
 
 def tenant_route(path: str) -> bool:

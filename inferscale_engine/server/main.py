@@ -14,8 +14,8 @@ MODEL is 'small' (the default: the real 0.5B model) or a model folder, given fir
 
 vLLM's engine (AsyncLLM) starts with InferScale's KV connector and worker extension forced;
 the Memory runs on top of it in worker threads (AsyncRunner); vLLM's app is built as usual and
-gets the seam (seam.py), the memory routes, the inspector (ui/), the auth middleware and the
-metrics.
+gets the seam (seam.py), the memory routes, the inspector (ui/), the MCP tools at /mcp
+(mcp_http.py), the auth middleware and the metrics.
 """
 
 from __future__ import annotations
@@ -281,6 +281,17 @@ def open_memory(config: EngineConfig, ours: argparse.Namespace, client: Any,
                               runner=lambda _config, _connector: AsyncRunner(client, loop))
 
 
+def _mount_mcp(app: FastAPI, memory: Any, hosts: AllowedHosts, max_add_facts: int) -> None:
+    """The MCP tools at /mcp (mcp_http.py), when the `mcp` SDK is installed."""
+    try:
+        from inferscale_engine.server import mcp_http
+    except ImportError as exc:
+        logger.warning("no MCP endpoint at /mcp: %s; install it with: pip install "
+                       "'inferscale-kv[mcp]'", exc)
+        return
+    mcp_http.mount(app, memory, hosts, max_add_facts)
+
+
 def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
             max_add_facts: int = DEFAULT_MAX_ADD_FACTS, replica_id: str | None = None,
             hosts: AllowedHosts | None = None, async_adds: bool = True) -> Any:
@@ -311,6 +322,7 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
     app.include_router(mem0_api.router)
     app.include_router(page.router)
     app.include_router(api.router)
+    _mount_mcp(app, memory, hosts, max_add_facts)
 
     @app.exception_handler(HttpError)
     async def http_error(request: Request, exc: HttpError) -> JSONResponse:

@@ -1,26 +1,31 @@
 """The memory REST API, in mem0's request and response shapes where they fit.
 
   POST   /v1/memories            {messages | texts, user_id, agent_id, run_id, metadata,
-                                 session_id, expiration_date, async_mode} -> results
+                                 session_id, timestamp, expiration_date, async_mode} -> results
                                  (a long turn becomes several facts: message_index says whose;
                                  at most --max-add-facts facts per call, else 413)
   GET    /v1/memories/events/{id}  an asynchronous add's status, per fact (event id = fact id)
-  GET    /v1/memories?user_id=&agent_id=&run_id=   the user's memories (of an agent, a run)
+  GET    /v1/memories?user_id=&agent_id=&run_id=&as_of=&include_superseded=   the user's
+                                 memories (of an agent, a run; true at as_of; all)
   GET    /v1/memories/{id}       one memory       PUT {text, metadata}   DELETE
+  GET    /v1/memories/{id}/history   its ADD / UPDATE / SUPERSEDE / DELETE events
+  POST   /v1/memories/{id}/supersede {text, timestamp, metadata}: replaced by a newer fact
+                                 (without text: no longer true), the old one kept as history
   POST   /v1/memories/search     {query, user_id (or filters.user_id), agent_id, run_id,
-                                 filters, top_k, threshold, search_mode}: filters as mem0's
-                                 (agent_id, run_id, metadata); search_mode 'vector' or 'hybrid';
-                                 each result's score (cosine) and found_by (what found it)
+                                 filters, top_k, threshold, search_mode, as_of}: filters as
+                                 mem0's (agent_id, run_id, metadata); search_mode 'vector' or
+                                 'hybrid'; as_of: among the facts true then; each result's
+                                 score (cosine) and found_by (what found it)
   DELETE /v1/memories?user_id=&agent_id=&run_id=   the memories of an agent or run; without
                                  them every memory of the user (admin)
   POST   /v1/memories/reset      {user_id}: memories and turns of a user (admin)
-Memories carry agent_id, run_id and expires_at (seconds since the epoch; an expired memory is
-never returned). Writes are durable and their KV encoded before the call returns
-("pending": false); with async_mode (mem0's name) they return once stored ("pending": true,
-each result's "event_id" and "status": "PENDING"), the embedding and KV queued (429 when the
-queue is full). A key
-reaches only its own users (403; 404 for a memory id it may not see); the user may also come
-from the X-User-Id header (server/identity.py: how channels are read and normalized).
+Memories carry agent_id, run_id, expires_at, valid_from, valid_to and superseded_by (times in
+seconds since the epoch; an expired memory is never returned). Writes are durable and their KV
+encoded before the call returns ("pending": false); with async_mode (mem0's name) they return
+once stored ("pending": true, each result's "event_id" and "status": "PENDING"), the embedding
+and KV queued (429 when the queue is full). A key reaches only its own users (403; 404 for a
+memory id it may not see); the user may also come from the X-User-Id header
+(server/identity.py: how channels are read and normalized).
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ class AddBody(_Body):
     session_id: str | None = None
     async_mode: bool = False
     """Return once stored; embedding and KV in the background (Memory.add(wait=False))."""
+    timestamp: str | float | None = None
+    """mem0's: when the facts became true (an ISO 8601 date or time, or epoch seconds)."""
     expiration_date: str | float | None = None
     """mem0's: an ISO 8601 date or time, or seconds since the epoch (memory/expiry.py)."""
 
@@ -69,6 +76,14 @@ class UpdateBody(_Body):
     """PUT /v1/memories/{id}."""
 
     text: str
+    metadata: dict[str, Any] | None = None
+
+
+class SupersedeBody(_Body):
+    """POST /v1/memories/{id}/supersede."""
+
+    text: str | None = None
+    timestamp: str | float | None = None
     metadata: dict[str, Any] | None = None
 
 
@@ -84,6 +99,8 @@ class SearchBody(_Body):
     threshold: float | None = None
     search_mode: str | None = None
     """'vector' or 'hybrid' (Memory.search); None: the server's setting."""
+    as_of: str | float | None = None
+    """Search among the facts true at this time (superseded ones included)."""
 
 
 class ResetBody(_Body):
@@ -151,7 +168,8 @@ def _record(fact: Any, stored: Any = None) -> dict[str, Any]:
         out.update(metadata=stored.metadata, session_id=stored.session_id,
                    created_at=stored.created_at, updated_at=stored.updated_at,
                    agent_id=stored.agent_id, run_id=stored.run_id,
-                   expires_at=stored.expires_at)
+                   expires_at=stored.expires_at, valid_from=stored.valid_from,
+                   valid_to=stored.valid_to, superseded_by=stored.superseded_by)
     return out
 
 
@@ -192,12 +210,13 @@ async def add(request: Request, body: AddBody) -> dict[str, Any]:
                               messages=body.messages, metadata=body.metadata,
                               session_id=body.session_id, agent_id=body.agent_id,
                               run_id=body.run_id, expiration_date=body.expiration_date,
-                              wait=wait)
+                              timestamp=body.timestamp, wait=wait)
     else:
         indexed = [(None, r) for r in await _call(
             _memory(request).add, user_id=user_id, texts=body.texts, messages=body.messages,
             metadata=body.metadata, session_id=body.session_id, agent_id=body.agent_id,
-            run_id=body.run_id, expiration_date=body.expiration_date, wait=wait)]
+            run_id=body.run_id, expiration_date=body.expiration_date,
+            timestamp=body.timestamp, wait=wait)]
     return {"results": [{"id": int(r.fact_id), "memory": r.text, "event": r.event,
                          **({"similarity": r.similarity} if r.similarity else {}),
                          **({"message_index": i} if i is not None else {}),
@@ -226,11 +245,16 @@ def event_record(status: Any) -> dict[str, Any]:
 @router.get("")
 async def get_all(request: Request, user_id: str | None = Query(default=None),
                   agent_id: str | None = Query(default=None),
-                  run_id: str | None = Query(default=None)) -> dict[str, Any]:
-    """Every memory of a user (added in agent_id / run_id, if given), oldest first."""
+                  run_id: str | None = Query(default=None),
+                  as_of: str | None = Query(default=None),
+                  include_superseded: bool = Query(default=False)) -> dict[str, Any]:
+    """Every current memory of a user (added in agent_id / run_id, if given), oldest first.
+
+    as_of: the memories true then; include_superseded: every stored one.
+    """
     user_id = _user(request, ("user_id", user_id))
     found = await _call(_memory(request).records, user_id=user_id, agent_id=agent_id,
-                        run_id=run_id)
+                        run_id=run_id, as_of=as_of, include_superseded=include_superseded)
     return {"results": [_record(r, r) for r in found]}
 
 
@@ -259,6 +283,26 @@ async def delete(request: Request, memory_id: int) -> dict[str, Any]:
     return {"message": "Memory deleted", "id": memory_id}
 
 
+@router.get("/{memory_id}/history")
+async def history(request: Request, memory_id: int) -> dict[str, Any]:
+    """A memory's events, oldest first (a deleted memory's too)."""
+    user_id = await _owned(request, memory_id)
+    events = await _call(_memory(request).history, user_id=user_id, fact_id=memory_id)
+    return {"results": [{"id": e.event_id, "memory_id": e.fact_id, "user_id": e.user_id,
+                         "event": e.event, "old_memory": e.old_text, "new_memory": e.new_text,
+                         "created_at": e.created_at} for e in events]}
+
+
+@router.post("/{memory_id}/supersede")
+async def supersede(request: Request, memory_id: int, body: SupersedeBody) -> dict[str, Any]:
+    """Replace a memory by a newer one (or end it, without text); the old one stays as history."""
+    user_id = await _owned(request, memory_id)
+    result = await _call(_memory(request).supersede, user_id=user_id, fact_id=memory_id,
+                         text=body.text, timestamp=body.timestamp, metadata=body.metadata)
+    return {"superseded": memory_id, "result": None if result is None else {
+        "id": int(result.fact_id), "memory": result.text, "event": result.event}}
+
+
 @router.post("/search")
 async def search(request: Request, body: SearchBody) -> dict[str, Any]:
     """A user's memories most similar to a query, best first."""
@@ -269,7 +313,7 @@ async def search(request: Request, body: SearchBody) -> dict[str, Any]:
                         query=body.query, k=body.top_k, filter=rest or None,
                         agent_id=_scope("agent_id", body.agent_id, ids),
                         run_id=_scope("run_id", body.run_id, ids),
-                        search_mode=body.search_mode)
+                        search_mode=body.search_mode, as_of=body.as_of)
     hits = [(f, s) for f, s in found.hits if body.threshold is None or s >= body.threshold]
     stored = await _call(stored_hits, memory=memory, user_id=user_id, hits=hits)
     found_by = found_by_id(found)

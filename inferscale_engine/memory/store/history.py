@@ -9,8 +9,9 @@ every fact already stored.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from inferscale_engine.memory.types import HistoryEvent
 
 if TYPE_CHECKING:
     from inferscale_engine.memory.store.sql.database import Database
@@ -18,21 +19,6 @@ if TYPE_CHECKING:
 EVENTS = ("ADD", "UPDATE", "DELETE", "SUPERSEDE", "EXPIRE")
 """SUPERSEDE: a newer fact replaced it (new_text: the newer fact's text); EXPIRE: its
 expiration passed and a sweep deleted it."""
-
-
-@dataclass(frozen=True, slots=True)
-class HistoryEvent:
-    """One change of one fact."""
-
-    event_id: int
-    fact_id: int
-    user_id: str
-    event: str
-    """One of EVENTS."""
-    old_text: str | None
-    new_text: str | None
-    created_at: float
-    """Seconds since the epoch."""
 
 
 def create_v3(db: Database) -> None:
