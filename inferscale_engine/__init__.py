@@ -7,6 +7,7 @@ the real classes (the imports under TYPE_CHECKING).
   errors.py   InferScaleError and its kinds     config.py  EngineConfig, ConnectorConfig
   facts.py    Fact, FactId, MemoryHandle        checks.py  every input rule, one place
   cli.py      the `inferscale` command
+  data_commands.py  `inferscale export | import | backup | restore`
   protocol/   the plan protocol (kv_transfer_params) between the app and vLLM's processes
   model/      model support: RoPE, architecture checks, calibration, the small model
   prompting/  prompts from token ids, layouts, encoding contexts, tool calls

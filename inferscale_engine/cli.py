@@ -1,4 +1,7 @@
-"""Command line: `inferscale serve | mcp | demo [--ui] | calibrate | build-model`."""
+"""Command line: `inferscale serve | mcp | demo [--ui] | calibrate | build-model | export | ...`.
+
+`export | import | backup | restore` are data_commands.py's.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import statistics
 import sys
 import time
 
+from inferscale_engine import data_commands
 from inferscale_engine.model.resolve import resolve_model
 
 DEMO_FACTS = [
@@ -204,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "`inferscale serve --help`)", add_help=False)
     sub.add_parser("mcp", help="one user's memory as MCP tools over stdio (see `inferscale mcp "
                                "--help`)", add_help=False)
+    data_commands.add_parsers(sub)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["serve"]:
         from inferscale_engine.server.main import main as serve
@@ -220,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if getattr(args, "ui", False):
         return demo_ui(args, rest)
+    if args.command in data_commands.COMMANDS:
+        return data_commands.run(args)
     return int(args.func(args))
 
 

@@ -17,7 +17,13 @@ from typing import Any
 
 from inferscale_engine.errors import InferScaleError
 from inferscale_engine.facts import FactId
-from inferscale_engine.memory.types import AddResult, AddStatus, HistoryEvent, MemoryItem
+from inferscale_engine.memory.types import (
+    AddResult,
+    AddStatus,
+    HistoryEvent,
+    ImportResult,
+    MemoryItem,
+)
 
 API_KEY_ENV = "INFERSCALE_API_KEY"
 """Environment variable read when no api_key is given (and by restored KVMemory copies)."""
@@ -185,6 +191,24 @@ class MemoryClient:
                              e["old_memory"], e["new_memory"], float(e["created_at"]))
                 for e in events]
 
+    # ---- export / import ---------------------------------------------------------------
+    def export(self, *, user_id: str) -> list[str]:
+        """Every stored fact of the user with its history, as JSON Lines (Memory.export)."""
+        response = self._request("GET", "/memories/export", params={"user_id": user_id})
+        return response.text.splitlines(keepends=True)
+
+    def import_(self, *, user_id: str, text: str, format: str | None = None) -> ImportResult:
+        """Import a file's content into the user's memory (Memory.import_, over HTTP).
+
+        The server's request body limit bounds `text` (8 MiB by default).
+        """
+        params = {"user_id": user_id, **({"format": format} if format else {})}
+        body = self._request("POST", "/memories/import", params=params,
+                             content=text.encode("utf-8"),
+                             headers={"Content-Type": "application/x-ndjson"}).json()
+        return ImportResult(body["format"], body["imported"] + body["skipped"],
+                            tuple(FactId(i) for i in body["ids"]), body["skipped"])
+
     def close(self) -> None:
         """Close the connection pool."""
         self._http.close()
@@ -219,6 +243,9 @@ class MemoryClient:
         self.get(user_id=user_id, fact_id=fact_id)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._request(method, path, **kwargs).json()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         httpx = _httpx()
         try:
             response = self._http.request(method, path, **kwargs)
@@ -229,7 +256,7 @@ class MemoryClient:
         if response.status_code >= 400:
             raise MemoryServerError(f"{method} {path}: {response.status_code} "
                                     f"{_error_message(response)}", response.status_code)
-        return response.json()
+        return response
 
 
 def memory_options(user_id: str, *, session_id: str | None = None, k: int | None = None,

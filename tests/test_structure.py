@@ -25,7 +25,7 @@ LAYERS = [
     # 3: the memory layer (users, durable facts, retrieval, serving)
     {"memory"},
     # 4: what apps touch: the command line and the framework adapters
-    {"cli", "__init__", "server", "inferscale_integrations"},
+    {"cli", "data_commands", "__init__", "server", "inferscale_integrations"},
 ]
 
 

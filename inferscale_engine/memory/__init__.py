@@ -12,6 +12,10 @@
   editing.py       the part that changes stored facts (update, supersede, delete, reset, ...)
   supersession.py  facts that change: the newer supersedes the older; reads as of a date
   listing.py       the part that reads the store as it is (get, get_all, records, history)
+  transfers.py     the part that moves a user's facts out and in (export, import_)
+  exporting.py     the export: JSON Lines, a header then one fact per line, with history
+  formats.py       what an import reads: our export, mem0's export, a LangGraph store dump
+  backup.py        backup and restore of a store (SQLite, PostgreSQL) and its disk tier
   ingest.py        the write path: new facts -> duplicates -> contexts -> store -> register
   infer.py         add(..., infer=True): facts extracted by the served model, reconciled
   registration.py  the facts registered with the engine and indexed (servable), start-up

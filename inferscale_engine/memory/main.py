@@ -52,6 +52,7 @@ from inferscale_engine.memory.search.embedder import Embedder
 from inferscale_engine.memory.search.index import RetrievalIndex
 from inferscale_engine.memory.searching import Searching
 from inferscale_engine.memory.store import FactStore, open_store
+from inferscale_engine.memory.transfers import Transfers
 from inferscale_engine.memory.types import AddResult, MemoryStats
 from inferscale_engine.runtime.engine import Engine
 
@@ -148,6 +149,10 @@ class Memory:
             self._editing = Editing(self._store, self._served, self._scopes, self.counters,
                                     engine.tokenize_fact, self._embed, encode_on_add,
                                     self._listing.records, self.add)
+            self._transfers = Transfers(self._store, self._served, self._scopes, self._gate,
+                                        self.counters, engine.tokenize_fact,
+                                        self._embed_in_chunks, encode_on_add,
+                                        lambda: self._expiry.start())
             self._served.register_stored(self._store, self._embedder.name, self._embed,
                                          startup == "encode", progress_bar)
             self._background = BackgroundAdds(
@@ -271,7 +276,7 @@ class Memory:
                                engine.num_resident_facts, engine, dict(self.counters),
                                self._served.num_users)
 
-    # ---- the parts' verbs: searching.py, editing.py, listing.py, answering.py -------------
+    # ---- the parts' verbs: searching, editing, listing, transfers, answering ------------
     search = forward("_searching", Searching.search)
     add_status = forward("_background", BackgroundAdds.status)
     wait_adds = forward("_background", BackgroundAdds.wait)
@@ -291,6 +296,8 @@ class Memory:
     users = forward("_listing", Listing.users)
     turns = forward("_listing", Listing.turns)
     sessions = forward("_listing", Listing.sessions)
+    export = forward("_transfers", Transfers.export)
+    import_ = forward("_transfers", Transfers.import_)
     generate = forward("_answering", Answering.generate)
     answer = forward("_answering", Answering.answer)
     stream = forward("_answering", Answering.stream)

@@ -1,8 +1,8 @@
-"""Memory's result types: MemoryItem, AddResult, AddStatus, HistoryEvent, SearchResult (no torch).
+"""Memory's result types: MemoryItem, AddResult, AddStatus, HistoryEvent, SearchResult, ...
 
-MemoryItem is the one shape a user meets a fact in, from a local Memory and from MemoryClient
-(a server) alike, as mem0 returns one result shape everywhere. A field a later feature adds to
-every fact (validity, expiry) is one more field here.
+ImportResult too; no torch. MemoryItem is the one shape a user meets a fact in, from a local
+Memory and from MemoryClient (a server) alike, as mem0 returns one result shape everywhere. A
+field a later feature adds to every fact (validity, expiry) is one more field here.
 """
 
 from __future__ import annotations
@@ -127,6 +127,20 @@ class SearchResult:
     def items(self) -> list[MemoryItem]:
         """The hits as MemoryItems (score set), best first."""
         return [MemoryItem(f.fact_id, f.user_id, f.text, score) for f, score in self.hits]
+
+
+@dataclass(frozen=True, slots=True)
+class ImportResult:
+    """What Memory.import_ did with a file."""
+
+    format: str
+    """The file's format: 'inferscale', 'mem0' or 'langgraph'."""
+    num_records: int
+    """Facts the file holds."""
+    fact_ids: tuple[FactId, ...]
+    """The new facts, in the file's order."""
+    num_skipped: int
+    """Records the user already had (imported before, or the user's own facts): not added."""
 
 
 @dataclass(frozen=True, slots=True)

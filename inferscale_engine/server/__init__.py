@@ -7,6 +7,7 @@ render step splices the user's facts in and signs the plan
 identity.py who the request is for (header, body, extra_body.memory) and its memory options
 auth.py     API keys -> tenant, allowed users, admin; the middleware every route goes through
 routes.py   the memory REST API (mem0's shapes); mem0_api.py mem0's own routes (/v3)
+transfer_api.py  export and import of a user's memories (/v1/memories/export, /import)
 limits.py   request and header size limits, refusals counted
 hosts.py    the Host header checks (DNS rebinding)
 metrics.py  InferScale's counters on vLLM's /metrics

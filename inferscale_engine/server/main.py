@@ -300,7 +300,7 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
     `hosts`: the Host names answered (default: AllowedHosts.for_server without the flag).
     `async_adds`: chat-borne adds return once stored (SeamState).
     """
-    from inferscale_engine.server import mem0_api, routes, ui
+    from inferscale_engine.server import mem0_api, routes, transfer_api, ui
     from inferscale_engine.server.metrics import MemoryMetrics
     from inferscale_engine.server.seam import (
         MemoryServingChat,
@@ -318,6 +318,7 @@ def install(app: FastAPI, memory: Any, keys: ApiKeys | None, default_k: int,
         base = getattr(app.state, name, None)
         if base is not None:
             setattr(app.state, name, cls.adopt(base, state))
+    app.include_router(transfer_api.router)  # before routes': /v1/memories/{memory_id}
     app.include_router(routes.router)
     app.include_router(mem0_api.router)
     app.include_router(page.router)

@@ -19,6 +19,7 @@
   DELETE /v1/memories?user_id=&agent_id=&run_id=   the memories of an agent or run; without
                                  them every memory of the user (admin)
   POST   /v1/memories/reset      {user_id}: memories and turns of a user (admin)
+  GET    /v1/memories/export, POST /v1/memories/import   server/transfer_api.py
 Memories carry agent_id, run_id, expires_at, valid_from, valid_to and superseded_by (times in
 seconds since the epoch; an expired memory is never returned). Writes are durable and their KV
 encoded before the call returns ("pending": false); with async_mode (mem0's name) they return

@@ -10,6 +10,7 @@ Each write call of FactStore is one transaction. Nothing here imports torch or v
                   (a new column or table is a new step appended here)
   history.py      HistoryEvent: every ADD / UPDATE / SUPERSEDE / EXPIRE / DELETE of a fact, in
                   the same transaction
+  transfer.py     a user's facts written whole (an import): times, links, history kept
   validity.py     when facts are true: superseding, expiry, the times given on add
   sessions.py     Session: a user's conversations as the turns table tells them; turn rows
   verbs.py        store_verb: every FactStore verb's user check and retry

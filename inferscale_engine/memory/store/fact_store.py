@@ -9,7 +9,6 @@ sql/ holds what differs between them, so this module is the same for both.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -18,18 +17,18 @@ from typing import Any
 from inferscale_engine.checks import check_fact_ids, check_int, check_list, check_text
 from inferscale_engine.errors import (
     ConfigError,
-    FactNotFoundError,
     InvalidFactError,
     InvalidRequestError,
     InvalidTurnError,
 )
 from inferscale_engine.facts import FactId
-from inferscale_engine.memory.store import history, schema, validity
+from inferscale_engine.memory.store import history, schema, transfer, validity
 from inferscale_engine.memory.store import sessions as turn_log
 from inferscale_engine.memory.store.pending import finish_rows, pending_rows
 from inferscale_engine.memory.store.records import (
     StoredFact,
     Turn,
+    content_hash,
     embedding_blob,
     fact_from_row,
     metadata_json,
@@ -38,7 +37,7 @@ from inferscale_engine.memory.store.records import (
 )
 from inferscale_engine.memory.store.sql import Database, open_database
 from inferscale_engine.memory.store.sql.database import retried
-from inferscale_engine.memory.store.verbs import store_verb
+from inferscale_engine.memory.store.verbs import raise_missing, store_verb
 
 _IDS_PER_QUERY = 500  # stays under SQLITE_MAX_VARIABLE_NUMBER of every SQLite build (999)
 _FACT_COLUMNS = ("fact_id, user_id, session_id, text, token_ids, embedding, metadata, "
@@ -151,8 +150,8 @@ class FactStore:
                 "INSERT INTO facts (user_id, session_id, text, token_ids, embedding, metadata, "
                 "created_at, updated_at, content_hash, valid_from, expires_at, pending) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(user_id, session_id, text, tokens, embedding, meta, now, now, _hash(text),
-                  start, end, int(pending))
+                [(user_id, session_id, text, tokens, embedding, meta, now, now,
+                  content_hash(text), start, end, int(pending))
                  for text, tokens, embedding, meta, start, end in
                  zip(texts, token_blobs, embedding_blobs, metadata_rows, starts, ends,
                      strict=True)],
@@ -171,7 +170,7 @@ class FactStore:
         with self._db.reading("get") as db:
             found = {row[0]: fact_from_row(row)
                      for row in _select_facts(db, _FACT_COLUMNS, user_id, ids)}
-        _raise_missing(user_id, [i for i in ids if i not in found])
+        raise_missing(user_id, [i for i in ids if i not in found])
         return [found[i] for i in ids]
 
     @store_verb
@@ -202,10 +201,10 @@ class FactStore:
             cursor = db.execute(
                 "UPDATE facts SET text = ?, token_ids = ?, embedding = ?, content_hash = ?, "
                 "metadata = COALESCE(?, metadata), updated_at = ? WHERE fact_id = ? AND "
-                "user_id = ?", (text, tokens, vector, _hash(text), meta, time.time(), fact_id,
-                                user_id))
+                "user_id = ?", (text, tokens, vector, content_hash(text), meta, time.time(),
+                                fact_id, user_id))
             if cursor.rowcount == 0:
-                _raise_missing(user_id, [fact_id])
+                raise_missing(user_id, [fact_id])
             row = db.execute(f"SELECT {_FACT_COLUMNS} FROM facts WHERE fact_id = ?",
                              (fact_id,)).fetchone()
             history.record(db, user_id, [(fact_id, "UPDATE", before[0], text)], row[8])
@@ -227,7 +226,7 @@ class FactStore:
         with self._db.transaction("delete") as db:
             schema.bump_user_version(db, user_id)
             existing = dict(_select_facts(db, "fact_id, text", user_id, ids))
-            _raise_missing(user_id, [i for i in ids if i not in existing])
+            raise_missing(user_id, [i for i in ids if i not in existing])
             db.executemany("DELETE FROM facts WHERE fact_id = ?", [(i,) for i in ids])
             history.record(db, user_id, [(i, event, existing[i], None) for i in ids], now)
 
@@ -295,11 +294,25 @@ class FactStore:
         return fact_ids
 
     @store_verb
+    def user_history(self, *, user_id: str) -> list[history.HistoryEvent]:
+        """Every event of a user's facts (deleted ones' too), oldest first (an export)."""
+        with self._db.reading("user_history") as db:
+            return history.read_user(db, user_id)
+
+    @store_verb
     def history(self, *, user_id: str, fact_id: int) -> list[history.HistoryEvent]:
         """A fact's ADD / UPDATE / DELETE events, oldest first ([] if the user never had it)."""
         (fact_id,) = check_fact_ids([fact_id])
         with self._db.reading("history") as db:
             return history.read(db, user_id, fact_id)
+
+    @store_verb
+    def import_facts(self, *, user_id: str, facts: Sequence[transfer.ImportedFact]
+                     ) -> list[FactId]:
+        """Store imported facts as they were, skipping those the user has (transfer.py)."""
+        with self._db.transaction("import_facts") as db:
+            schema.bump_user_version(db, user_id)
+            return transfer.write_user(db, user_id, facts)
 
     # ---- turns -------------------------------------------------------------------------
     @store_verb
@@ -429,20 +442,9 @@ class FactStore:
         self.close()
 
 
-def _hash(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 def _select_facts(db: Database, columns: str, user_id: str,
                   fact_ids: Sequence[int]) -> Iterator[tuple[Any, ...]]:
     for start in range(0, len(fact_ids), _IDS_PER_QUERY):
         chunk = fact_ids[start:start + _IDS_PER_QUERY]
         yield from db.execute(f"SELECT {columns} FROM facts WHERE user_id = ? AND fact_id IN "
                               f"({','.join('?' * len(chunk))})", (user_id, *chunk))
-
-
-def _raise_missing(user_id: str, missing: list[int]) -> None:
-    if missing:
-        raise FactNotFoundError(f"user {user_id!r} has no fact with id(s) "
-                                f"{list(dict.fromkeys(missing))}: deleted, never added, or "
-                                "another user's; list the user's facts with get_all()")

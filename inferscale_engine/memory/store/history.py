@@ -44,11 +44,26 @@ def record(db: Database, user_id: str,
         [(fact_id, user_id, event, old, new, now) for fact_id, event, old, new in events])
 
 
+def record_at(db: Database, user_id: str,
+              events: Iterable[tuple[int, str, str | None, str | None, float]]) -> None:
+    """Append (fact id, event, old text, new text, time) rows, each at its own time (imports)."""
+    db.executemany(
+        "INSERT INTO history (fact_id, user_id, event, old_text, new_text, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?)", [(fact_id, user_id, *rest) for fact_id, *rest in events])
+
+
 def read(db: Database, user_id: str, fact_id: int) -> list[HistoryEvent]:
     """A fact's events, oldest first ([] for an id the user never had)."""
     return [HistoryEvent(*row) for row in db.execute(
         "SELECT event_id, fact_id, user_id, event, old_text, new_text, created_at FROM history "
         "WHERE fact_id = ? AND user_id = ? ORDER BY event_id", (fact_id, user_id))]
+
+
+def read_user(db: Database, user_id: str) -> list[HistoryEvent]:
+    """Every event of a user, oldest first (those of deleted facts too)."""
+    return [HistoryEvent(*row) for row in db.execute(
+        "SELECT event_id, fact_id, user_id, event, old_text, new_text, created_at FROM history "
+        "WHERE user_id = ? ORDER BY event_id", (user_id,))]
 
 
 def erase_user(db: Database, user_id: str) -> None:

@@ -6,6 +6,7 @@ compares with == and round-trips exactly. Importable without torch.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -161,6 +162,11 @@ def turn_rows(turns: object) -> list[tuple[str, str]]:
         rows.append((check_role(turn[0], f"turns[{i}] role"),
                      check_str(turn[1], f"turns[{i}] content", InvalidTurnError)))
     return rows
+
+
+def content_hash(text: str) -> str:
+    """The facts table's content_hash of a text."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def fact_from_row(row: tuple[Any, ...]) -> StoredFact:

@@ -52,6 +52,11 @@ def scoped(metadata: dict[str, Any] | None, agent_id: str | None, run_id: str | 
 
 
 
+SOURCE_KEY = "inferscale.source"
+"""Metadata key of an imported fact: the identity of the record it was imported from
+(store/transfer.py), which makes a second import of the same record add nothing."""
+
+
 def stored_context(metadata: Mapping[str, Any]) -> Context:
     """The context a stored fact was encoded after (inverse of context_metadata)."""
     value = metadata.get(CONTEXT_KEY)

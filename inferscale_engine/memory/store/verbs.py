@@ -1,4 +1,7 @@
-"""The FactStore's verb decorator: the user id checked and normalized, then the call retried."""
+"""The FactStore's verbs: the decorator (user id checked, call retried), the not-found answer.
+
+raise_missing is the one answer of a verb asked for facts the user does not have.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, cast
 
 from inferscale_engine.checks import check_user_id
+from inferscale_engine.errors import FactNotFoundError
 from inferscale_engine.memory.store.sql.database import retried
 
 _P = ParamSpec("_P")
@@ -31,3 +35,11 @@ def store_verb(call: Callable[_P, _R]) -> Callable[_P, _R]:
             args = (*args[:position], check_user_id(args[position]), *args[position + 1:])
         return once_more(*args, **kwargs)
     return cast(Callable[_P, _R], checked)
+
+
+def raise_missing(user_id: str, missing: list[int]) -> None:
+    """Raise FactNotFoundError naming `missing` (nothing when it is empty)."""
+    if missing:
+        raise FactNotFoundError(f"user {user_id!r} has no fact with id(s) "
+                                f"{list(dict.fromkeys(missing))}: deleted, never added, or "
+                                "another user's; list the user's facts with get_all()")
