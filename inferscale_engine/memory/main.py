@@ -50,7 +50,11 @@ from inferscale_engine.memory.scope import Scopes
 from inferscale_engine.memory.search import hybrid
 from inferscale_engine.memory.search.embedder import Embedder
 from inferscale_engine.memory.search.index import RetrievalIndex
-from inferscale_engine.memory.searching import Searching
+from inferscale_engine.memory.searching import (
+    DEFAULT_RERANK_CANDIDATES,
+    Reranker,
+    Searching,
+)
 from inferscale_engine.memory.store import FactStore, open_store
 from inferscale_engine.memory.transfers import Transfers
 from inferscale_engine.memory.types import AddResult, MemoryStats
@@ -76,7 +80,9 @@ class Memory:
                  supersede_threshold: float | None = DEFAULT_SUPERSEDE_THRESHOLD,
                  max_queued_facts: int = DEFAULT_MAX_QUEUED_FACTS, add_workers: int = 1,
                  on_expiry: str = "hide", expiry_sweep_s: float | None = DEFAULT_EXPIRY_SWEEP_S,
-                 search_mode: str = hybrid.DEFAULT_SEARCH_MODE) -> None:
+                 search_mode: str = hybrid.DEFAULT_SEARCH_MODE,
+                 reranker: Reranker | None = None,
+                 rerank_candidates: int = DEFAULT_RERANK_CANDIDATES) -> None:
         """Open the store and make every stored fact searchable and servable.
 
         Args:
@@ -102,6 +108,8 @@ class Memory:
                 None: facts are only superseded explicitly (supersede(), infer=True).
             max_queued_facts, add_workers: the queue of add(wait=False) (background.py): the
                 facts that may wait at once, and the threads that embed and encode them.
+            reranker, rerank_candidates: (query, texts) -> scores (a cross-encoder, say): the
+                rerank_candidates best facts of a search are reordered by it (searching.py).
 
         Raises:
             ConfigError: a bad option, or another open Memory owns the engine's fact ids.
@@ -144,7 +152,8 @@ class Memory:
             self._answering = Answering(engine, self._store, self._served, self._gate,
                                         self.counters, self._scopes, self.search)
             self._searching = Searching(self._store, self._served, self._index, self._scopes,
-                                        self._gate, self._embed, self._search_mode)
+                                        self._gate, self._embed, self._search_mode,
+                                        self.counters, reranker, rerank_candidates)
             self._listing = Listing(self._store, self._scopes)
             self._editing = Editing(self._store, self._served, self._scopes, self.counters,
                                     engine.tokenize_fact, self._embed, encode_on_add,

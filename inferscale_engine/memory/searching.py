@@ -7,13 +7,16 @@ a read as of a date scans the facts true then (supersession.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import logging
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from inferscale_engine import checks
-from inferscale_engine.errors import InvalidRequestError
+from inferscale_engine.errors import ConfigError, InvalidRequestError
 from inferscale_engine.facts import FactId
 from inferscale_engine.memory import supersession
 from inferscale_engine.memory.gate import InteractiveGate, interactive_call
@@ -24,15 +27,30 @@ from inferscale_engine.memory.search.index import RetrievalIndex
 from inferscale_engine.memory.store import FactStore, reserved
 from inferscale_engine.memory.types import SearchResult
 
+Reranker = Callable[[str, list[str]], Sequence[float]]
+"""(query, texts) -> one relevance score per text, higher first: e.g. a sentence-transformers
+CrossEncoder as  lambda query, texts: model.predict([(query, t) for t in texts])."""
+DEFAULT_RERANK_CANDIDATES = 20
+"""Facts a reranker scores per search (at least k)."""
+logger = logging.getLogger(__name__)
+
 
 class Searching:
     """Memory's search verb."""
 
     def __init__(self, store: FactStore, served: RegisteredFacts, index: RetrievalIndex,
                  scopes: Scopes, gate: InteractiveGate,
-                 embed: Callable[[list[str]], torch.Tensor], search_mode: str) -> None:
+                 embed: Callable[[list[str]], torch.Tensor], search_mode: str,
+                 counters: Counter[str], reranker: Reranker | None = None,
+                 rerank_candidates: int = DEFAULT_RERANK_CANDIDATES) -> None:
         self._store, self._served, self._index, self._scopes = store, served, index, scopes
         self._gate, self._embed, self._search_mode = gate, embed, search_mode
+        if reranker is not None and not callable(reranker):
+            raise ConfigError(f"reranker must be a callable (query, texts) -> scores, got "
+                              f"{type(reranker).__name__}")
+        self._counters, self._reranker = counters, reranker
+        self._rerank_candidates = checks.check_int(rerank_candidates, "rerank_candidates", 1,
+                                                   ConfigError)
 
     @interactive_call
     def search(self, *, user_id: str, query: str, k: int = 5,
@@ -46,7 +64,9 @@ class Searching:
         and scored with, their cosine similarity. With `filter` (search/filters.py), only facts
         whose metadata match it; with agent_id / run_id, only facts added in them. A user with
         no facts gets an empty result. as_of (a datetime, date, ISO string or epoch seconds):
-        among the facts true then, superseded ones included (ranked by cosine).
+        among the facts true then, superseded ones included (ranked by cosine). With the
+        Memory's reranker, the rerank_candidates best are scored by it and its k best returned,
+        ordered by and scored with its scores (a read as of a date is not reranked).
         """
         user = self._scopes.user(user_id)
         query = checks.check_text(query, "query", InvalidRequestError)
@@ -57,30 +77,51 @@ class Searching:
         at = checks.check_time(as_of, "as_of")
         mode = hybrid.check_search_mode(search_mode or self._search_mode)
         vector = self._embed([query])[0]
+        wanted_k, k = k, max(k, self._rerank_candidates) if self._reranker and k else k
         with user as uid:
             if at is not None:
                 hits = [(self._served[r.fact_id], s) for r, s in supersession.search_as_of(
                     self._store, self._served, uid, vector, at, k if not narrow else 2**31)
-                    if filters.selected(r, wanted, scope)][:k]
+                    if filters.selected(r, wanted, scope)][:wanted_k]
                 return SearchResult(tuple(hits), retrieval.handle_of(uid, hits))
             ranked, found_by = retrieval.ranked(self._index, uid, vector, k, narrow,
                                                 query if mode == "hybrid" else None)
             if not narrow:
                 hits = hybrid.by_score([(self._served[fact_id], score)
                                         for fact_id, score in ranked])
-                return _result(uid, hits, found_by)
-            stored = self._store.get(user_id=uid, fact_ids=[f for f, _ in ranked])
-        # The filter is evaluated outside the lock; a delete may come between: keep the served.
-        ranked = retrieval.narrowed(ranked, [reserved.public_record(r) for r in stored],
-                                    wanted, scope)
-        with self._scopes.lock:
-            hits = hybrid.by_score([(self._served[f], s) for f, s in ranked
-                                    if f in self._served][:k])
-        return _result(uid, hits, found_by)
+            else:
+                stored = self._store.get(user_id=uid, fact_ids=[f for f, _ in ranked])
+        if narrow:  # the filter is evaluated outside the lock; a delete may come between
+            ranked = retrieval.narrowed(ranked, [reserved.public_record(r) for r in stored],
+                                        wanted, scope)
+            with self._scopes.lock:
+                hits = hybrid.by_score([(self._served[f], s) for f, s in ranked
+                                        if f in self._served][:k])
+        return self._result(uid, query, hits, found_by, wanted_k)  # a reranker: unlocked
 
+    def _result(self, user_id: str, query: str, hits: list[retrieval.Hit],
+                found_by: Mapping[FactId, str], k: int) -> SearchResult:
+        """The k best hits; with a reranker, the k its scores rank first (with its scores)."""
+        if self._reranker is not None and len(hits) > 1:
+            hits = self._rerank(query, hits)
+        hits = hits[:k]
+        return SearchResult(tuple(hits), retrieval.handle_of(user_id, hits),
+                            tuple(found_by[f.fact_id] for f, _ in hits))
 
-def _result(user_id: str, hits: list[retrieval.Hit], found_by: Mapping[FactId, str]
-            ) -> SearchResult:
-    return SearchResult(tuple(hits), retrieval.handle_of(user_id, hits),
-                        tuple(found_by[f.fact_id] for f, _ in hits))
+    def _rerank(self, query: str, hits: list[retrieval.Hit]) -> list[retrieval.Hit]:
+        """Hits ordered by the reranker's scores; on its failure, as they were (counted)."""
+        assert self._reranker is not None
+        try:
+            scores = [float(s) for s in self._reranker(query, [f.text for f, _ in hits])]
+            if len(scores) != len(hits) or not all(math.isfinite(s) for s in scores):
+                raise ValueError(f"{len(scores)} scores (finite: "
+                                 f"{all(math.isfinite(s) for s in scores)}) for {len(hits)} texts")
+        except Exception as exc:  # noqa: BLE001 - search still answers, in cosine order
+            self._counters["rerank_failures"] += 1
+            logger.warning("the reranker failed (%s: %s); facts kept in cosine order",
+                           type(exc).__name__, exc)
+            return hits
+        self._counters["reranked_searches"] += 1
+        order = sorted(range(len(hits)), key=lambda i: -scores[i])
+        return [(hits[i][0], scores[i]) for i in order]
 

@@ -172,3 +172,54 @@ def test_a_large_memory_matches_a_querys_rarest_words_first(monkeypatch):
     only_owls = pytest.approx(everything[0][1], rel=1e-3)  # 'caroline' weighed ~0 anyway
     assert index.search("u", "Caroline owls", 50) == [(30, only_owls)]
     assert index.search("u", "Caroline", 50) == []
+
+
+def _prefers(word: str):
+    """A reranker: texts holding `word` first, then shorter texts (a deterministic scorer)."""
+    calls: list[tuple[str, list[str]]] = []
+
+    def rerank(query: str, texts: list[str]) -> list[float]:
+        calls.append((query, list(texts)))
+        return [(10.0 if word in t.lower() else 0.0) - len(t) / 1000 for t in texts]
+
+    return rerank, calls
+
+
+def test_a_reranker_reorders_the_candidates_and_its_scores_are_reported(engine, tmp_path):
+    from inferscale_engine.memory import Memory
+
+    rerank, calls = _prefers("drawer")
+    with Memory(engine, tmp_path / "r.db", HashEmbedder(), progress_bar=False,
+                reranker=rerank, rerank_candidates=8) as memory:
+        memory.add(user_id="ann", texts=DISTRACTORS + [TARGET])
+        found = memory.search(user_id="ann", query=QUERY, k=3)
+        (query, texts), = calls
+        assert query == QUERY and len(texts) == 8  # the 8 best candidates were scored
+        assert found.facts[0].text == TARGET and len(found.hits) == 3
+        scores = [s for _, s in found.hits]
+        assert scores == sorted(scores, reverse=True) and scores[0] > 9  # the reranker's
+        assert memory.counters["reranked_searches"] == 1
+        # a read as of a date is not reranked; k=0 asks nothing
+        assert memory.search(user_id="ann", query=QUERY, k=0).hits == ()
+        memory.search(user_id="ann", query=QUERY, k=3, as_of="2999-01-01")
+        assert len(calls) == 1
+
+
+def test_a_failing_reranker_leaves_the_cosine_order_and_is_counted(engine, tmp_path):
+    from inferscale_engine.memory import Memory
+
+    def broken(query: str, texts: list[str]) -> list[float]:
+        return [1.0]  # one score for many texts
+
+    with Memory(engine, tmp_path / "f.db", HashEmbedder(), progress_bar=False,
+                reranker=broken) as memory:
+        memory.add(user_id="ann", texts=DISTRACTORS + [TARGET])
+        plain = memory.search(user_id="ann", query=QUERY, k=3, search_mode="vector")
+        assert memory.counters["rerank_failures"] == 1
+        assert all(-1 <= s <= 1 for _, s in plain.hits) and len(plain.hits) == 3
+    with pytest.raises(ConfigError, match="reranker must be a callable"):
+        Memory(engine, tmp_path / "b.db", HashEmbedder(), progress_bar=False,
+               reranker="cross-encoder")
+    with pytest.raises(ConfigError, match="rerank_candidates"):
+        Memory(engine, tmp_path / "c.db", HashEmbedder(), progress_bar=False,
+               reranker=broken, rerank_candidates=0)
