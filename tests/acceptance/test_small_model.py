@@ -157,3 +157,21 @@ def test_an_asynchronous_add_is_answered_before_and_after_its_kv_is_ready(served
     print(f"[after, {after.mode}] {after.text.strip()!r} (pending before: {pending})")
     assert said(after.text, "ottilie") and after.plan_status == "inject"
     assert served.add_status(user_id=user, fact_id=added.fact_id).status == "SUCCEEDED"
+
+
+def test_an_exported_memory_imported_for_another_user_answers_the_same(served):
+    import io
+
+    from vllm import SamplingParams
+
+    user = "import-caroline"
+    served.reset(user_id=user)
+    exported = "".join(served.export(user_id="caroline"))
+    imported = served.import_(user_id=user, file=io.StringIO(exported))
+    assert len(imported.fact_ids) == imported.num_records >= len(QUESTIONS)
+    assert served.import_(user_id=user, file=io.StringIO(exported)).fact_ids == ()  # idempotent
+    sampling = SamplingParams(max_tokens=32, temperature=0.0)
+    for question, expected in QUESTIONS:
+        out = served.generate(user_id=user, query=question, k=5, sampling=sampling)
+        print(f"[imported] {question} -> {out.text.strip()!r}")
+        assert said(out.text, expected) and out.plan_status == "inject", (question, out.text)
