@@ -3,13 +3,14 @@
 A plain part Memory holds and forwards to (main.py `forward`), as the connector's facade
 forwards to its scheduler and worker halves. Every answer ends in fallback.py; the verbs are
 interactive calls that large adds yield to (gate.py). A user's facts still pending (an
-asynchronous add, background.py: not yet embedded, no KV) join every handle after the top-k,
-and a request with one is answered with its facts as text (counters
+asynchronous add, background.py: not yet embedded, no KV) join every handle after the top-k
+and are written as text among the repaired facts while the others are injected (counters
 'pending_served_as_text'): an acknowledged fact is never missing from an answer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import threading
@@ -104,8 +105,8 @@ class Answering:
                 user's facts.
         """
         self._check_handle(handle, user_id)
-        return serve(self._engine, handle, messages, sampling, self._mode(handle, mode),
-                     self.counters, layout=layout, tools=tools)
+        return serve(self._engine, handle, messages, sampling, mode, self.counters,
+                     layout=self._pending_as_text(handle, mode, layout), tools=tools)
 
     def stream(self, *, user_id: str, query: str, k: int = 5, messages: Messages | None = None,
                sampling: Any = None, mode: str = "kv", handle: MemoryHandle | None = None,
@@ -132,8 +133,9 @@ class Answering:
         stack = ExitStack()
         stack.enter_context(self._gate.interactive())  # held until the stream ends
         try:
-            stream = serve_stream(self._engine, handle, messages, sampling,
-                                  self._mode(handle, mode), self.counters, layout=layout,
+            stream = serve_stream(self._engine, handle, messages, sampling, mode,
+                                  self.counters,
+                                  layout=self._pending_as_text(handle, mode, layout),
                                   tools=tools)
             first = next(stream)  # the prompt and the plan are checked here
         except BaseException:
@@ -141,13 +143,22 @@ class Answering:
             raise
         return _closing(itertools.chain([first], stream), stream, stack)
 
-    def _mode(self, handle: MemoryHandle | None, mode: str) -> str:
-        """`mode`, or 'text' when the handle has pending facts (no KV yet), counted."""
+    def _pending_as_text(self, handle: MemoryHandle | None, mode: str,
+                         layout: Layout | None) -> Layout | None:
+        """`layout`, with the handle's pending facts (no KV yet) sent as text, counted.
+
+        In kv mode the facts whose KV is ready are injected and the pending ones written
+        among the repaired facts (Layout.text_facts); in text mode every fact is text anyway.
+        """
         with self._lock:
-            pending = self._served.num_pending(handle.fact_ids) if handle is not None else 0
+            pending = frozenset(f for f in handle.fact_ids if self._served.num_pending([f])
+                                ) if handle is not None else frozenset()
             if pending:
-                self.counters["pending_served_as_text"] += pending
-        return "text" if pending else mode
+                self.counters["pending_served_as_text"] += len(pending)
+        if not pending or mode != "kv":
+            return layout
+        base = layout or self._engine.config.layout
+        return dataclasses.replace(base, text_facts=base.text_facts | pending)
 
     def _check_handle(self, handle: MemoryHandle | None, user_id: str | None) -> None:
         if handle is not None and not isinstance(handle, MemoryHandle):
@@ -193,8 +204,9 @@ class Answering:
         retrieved = time.perf_counter()
         self._scopes.check_open()
         prepared = prepare(self._engine, handle, self.counters, messages=messages,
-                           prompt_token_ids=prompt_token_ids, layout=layout, tools=tools,
-                           client_salt=client_salt, as_text=self._mode(handle, "kv") == "text")
+                           prompt_token_ids=prompt_token_ids,
+                           layout=self._pending_as_text(handle, "kv", layout), tools=tools,
+                           client_salt=client_salt)
         if timings is not None:
             timings["retrieve"] = (retrieved - started) * 1e3
             timings["plan"] = (time.perf_counter() - retrieved) * 1e3

@@ -149,19 +149,17 @@ class PreparedPrompt:
 def prepare(engine: Engine, handle: MemoryHandle, counters: Counter[str], *,
             messages: Messages | None = None, prompt_token_ids: Sequence[int] | None = None,
             layout: Layout | None = None, tools: Sequence[Mapping[str, Any]] | None = None,
-            client_salt: str = "", as_text: bool = False) -> PreparedPrompt:
+            client_salt: str = "") -> PreparedPrompt:
     """The prompt and signed plan for a chat (`messages`) or a raw completion prompt.
 
     When the facts cannot be made resident the same facts go as text (no plan, counted),
-    salted with the user's text_salt; as_text=True sends them as text at once (a fact of the
-    handle has no KV yet). `client_salt`, the client's own cache_salt, is combined into the
-    salt either way.
+    salted with the user's text_salt. `client_salt`, the client's own cache_salt, is combined
+    into the salt either way.
     """
     secret = plan_secret()
     try:
-        if not as_text:
-            return _planned(engine, handle, messages, prompt_token_ids, layout, tools,
-                            secret, client_salt)
+        return _planned(engine, handle, messages, prompt_token_ids, layout, tools, secret,
+                        client_salt)
     except SlabFullError:
         counters["fallback_text_evicted"] += 1
     salt = text_salt(secret, handle.user_id, client_salt)

@@ -50,6 +50,9 @@ class Layout:
     fact_order: str = "handle"
     """Order of the facts in the memory block: 'handle' (as given) or 'added' (by fact id,
     i.e. in the order they were added: chronological for a conversation)."""
+    text_facts: frozenset[int] = frozenset()
+    """Fact ids of this request written as text among the repaired facts whatever r (a fact
+    whose KV is not ready yet: an asynchronous add's); never injected."""
 
     def __post_init__(self) -> None:
         if isinstance(self.repair_facts, bool) or not isinstance(self.repair_facts, int) or (
@@ -61,6 +64,10 @@ class Layout:
                 or not isinstance(self.repair_token_budget, int) or self.repair_token_budget < 0):
             raise ConfigError(f"repair_token_budget={self.repair_token_budget!r} must be None or "
                               "an int >= 0 (tokens of repaired facts per request)")
+        if not isinstance(self.text_facts, frozenset) or not all(
+                isinstance(f, int) and not isinstance(f, bool) for f in self.text_facts):
+            raise ConfigError(f"text_facts={self.text_facts!r:.60} must be a frozenset of fact "
+                              "ids")
         for name, allowed in (("repair_placement", PLACEMENTS), ("repair_order", ORDERS),
                               ("fact_order", FACT_ORDERS)):
             if getattr(self, name) not in allowed:
@@ -68,7 +75,12 @@ class Layout:
 
     @property
     def repairs(self) -> bool:
-        """True if this layout may repair facts."""
+        """True if this layout may repair facts (its r or budget, or facts sent as text)."""
+        return self.chooses_repairs or bool(self.text_facts)
+
+    @property
+    def chooses_repairs(self) -> bool:
+        """True if this layout repairs the most relevant facts (repair_facts or a budget)."""
         return self.repair_facts > 0 or self.repair_token_budget is not None
 
     def check_handle_size(self, num_facts: int) -> None:
@@ -112,15 +124,17 @@ def arrange(layout: Layout, fact_ids: Sequence[int], lengths: Sequence[int],
         return block, []
     by_rank = sorted(range(count), key=lambda i: -scores[i]) if len(scores) == count else list(
         range(count))
-    limit = min(layout.repair_facts, count) if layout.repair_facts else count
-    chosen: list[int] = []
-    used = 0
-    for i in by_rank[:limit]:
-        budget = layout.repair_token_budget
-        if budget is not None and used + lengths[i] > budget:
-            break
-        chosen.append(i)
-        used += lengths[i]
-    repaired = chosen if layout.repair_order == "rank" else [i for i in block if i in chosen]
-    injected = block if layout.repair_also_inject else [i for i in block if i not in chosen]
+    as_text = {i for i in block if fact_ids[i] in layout.text_facts}
+    chosen = set(as_text)
+    if layout.chooses_repairs:  # the r most relevant of the others, within the budget
+        limit = min(layout.repair_facts, count) if layout.repair_facts else count
+        used = 0
+        for i in [i for i in by_rank if i not in as_text][:limit]:
+            budget = layout.repair_token_budget
+            if budget is not None and used + lengths[i] > budget:
+                break
+            chosen.add(i)
+            used += lengths[i]
+    repaired = [i for i in (by_rank if layout.repair_order == "rank" else block) if i in chosen]
+    injected = [i for i in block if i not in (as_text if layout.repair_also_inject else chosen)]
     return injected, repaired

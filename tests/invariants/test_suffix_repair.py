@@ -87,6 +87,38 @@ def test_also_inject_keeps_every_fact_and_repeats_the_best(engine, handle):
     assert len(prompt.facts) == 4 and prompt.repaired == (prompt.facts[1],)
 
 
+def test_text_facts_are_written_as_text_whatever_r_and_never_injected(engine, handle):
+    """A fact with no KV yet (an asynchronous add's) joins the repaired facts as text."""
+    facts = [engine._facts[f].fact.token_ids for f in handle.fact_ids]
+    pending = frozenset({handle.fact_ids[0]})  # the least relevant one
+    alone = Layout(text_facts=pending)  # no r of its own: only that fact is text
+    prompt, plan = engine.prepare_request(handle, QUESTIONS[0], layout=alone)
+    assert prompt.facts == tuple(facts[1:]) and prompt.repaired == (facts[0],)
+    first_plan = plan
+    assert plan.num_tokens == len(prompt.preamble) + sum(map(len, facts[1:]))
+    with_r = Layout(repair_facts=2, text_facts=pending)  # r=2 among the others, plus it
+    prompt, _ = engine.prepare_request(handle, QUESTIONS[0], layout=with_r)
+    assert prompt.facts == (facts[2],) and prompt.repaired == (facts[1], facts[3], facts[0])
+    also = Layout(repair_facts=1, repair_also_inject=True, text_facts=pending)
+    prompt, _ = engine.prepare_request(handle, QUESTIONS[0], layout=also)
+    assert prompt.facts == tuple(facts[1:]) and prompt.repaired == (facts[1], facts[0])
+    # the same prompt as its text prefill; the other facts' KV injected
+    kv = engine.generate(handle, QUESTIONS[0], greedy(4), layout=alone)
+    text = engine.generate(handle, QUESTIONS[0], greedy(4), mode="text", layout=alone)
+    assert kv.plan_status == "inject" and kv.num_repaired_facts == 1
+    assert kv.num_injected_tokens == first_plan.num_tokens
+    assert kv.num_prompt_tokens == text.num_prompt_tokens
+    # every fact pending: text mode exactly, bit for bit
+    every = Layout(text_facts=frozenset(handle.fact_ids), repair_order="handle")
+    kv = engine.generate(handle, QUESTIONS[0], greedy(6, logprobs=5), layout=every)
+    text = engine.generate(handle, QUESTIONS[0], greedy(6, logprobs=5), mode="text",
+                           layout=every)
+    assert kv.num_repaired_facts == 4 and kv.token_ids == text.token_ids
+    assert kv.logprobs == text.logprobs
+    with pytest.raises(ConfigError, match="text_facts"):
+        Layout(text_facts={1, 2})  # type: ignore[arg-type]
+
+
 def test_bad_settings_are_refused_clearly(engine, handle):
     with pytest.raises(ConfigError, match="repair_facts=-1"):
         Layout(repair_facts=-1)

@@ -63,13 +63,18 @@ def test_a_pending_fact_is_served_as_text_then_as_kv(module_engine, tmp_path):
         before = memory.counters["pending_served_as_text"]
         prepared = memory.prepare(user_id="u", query="What does Alice like?", k=1,
                                   messages=[{"role": "user", "content": "What does Alice like?"}])
-        assert added.fact_id in prepared.handle.fact_ids and prepared.plan is None
+        assert added.fact_id in prepared.handle.fact_ids and prepared.plan is not None
         fact = memory.get(user_id="u", fact_id=added.fact_id)
-        assert _in_prompt(prepared.token_ids, fact.token_ids)  # the fact, as text
+        assert _in_prompt(prepared.token_ids, fact.token_ids)  # the pending fact, as text
+        assert len(prepared.plan.slab_keys) >= 2  # the preamble and the ready fact, injected
         answer = memory.generate(user_id="u", query="What does Alice like?", k=1,
                                  sampling=greedy(2))
-        assert answer.mode == "text" and answer.num_injected_tokens == 0
-        assert memory.counters["pending_served_as_text"] == before + 2
+        assert answer.mode == "kv" and answer.plan_status == "inject"
+        assert answer.num_injected_tokens > 0 and answer.num_repaired_facts >= 1
+        text = memory.generate(user_id="u", query="What does Alice like?", k=1,
+                               sampling=greedy(2), mode="text")
+        assert text.mode == "text" and text.num_injected_tokens == 0
+        assert memory.counters["pending_served_as_text"] == before + 3
 
         embedder.gate.set()
         assert memory.wait_adds(WAIT_S)
@@ -83,7 +88,7 @@ def test_a_pending_fact_is_served_as_text_then_as_kv(module_engine, tmp_path):
         answer = memory.generate(user_id="u", query=FACTS[0], k=3, sampling=greedy(2))
         assert answer.mode == "kv" and answer.num_injected_tokens > 0
         assert answer.plan_status == "inject"
-        assert memory.counters["pending_served_as_text"] == before + 2  # no text any more
+        assert memory.counters["pending_served_as_text"] == before + 3  # no text any more
 
 
 def test_a_restart_mid_queue_loses_nothing(module_engine, tmp_path):
