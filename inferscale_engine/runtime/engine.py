@@ -350,15 +350,19 @@ class Engine:
         with self._lock:
             return self._pins.of(user_id)
 
-    def check_pins(self, user_id: str, token_counts: Sequence[int]) -> None:
+    def check_pins(self, user_id: str, token_counts: Sequence[int],
+                   replacing: Sequence[FactId] = ()) -> None:
         """Refuse pinning more facts of these lengths for the user (before storing them).
+
+        replacing: pinned facts these replace (an update's): their tokens are not counted.
 
         Raises:
             InvalidRequestError: the user's or the slab's cap would be passed (pins.py).
         """
         user_id, shard = self._user(user_id)
         with self._lock:
-            self._pins.check(user_id, shard.rank, token_counts, shard.residency.num_pages)
+            self._pins.check(user_id, shard.rank, token_counts, shard.residency.num_pages,
+                             replacing)
 
     def delete(self, user_id: str, fact_ids: Sequence[FactId], keep_disk: bool = False) -> None:
         """Delete facts, their KV in every tier (keep_disk: not their disk entries).

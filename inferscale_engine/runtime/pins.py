@@ -55,9 +55,11 @@ class PinnedFacts:
         """Slab pages the pinned facts of engine `rank` hold."""
         return self._pages[rank]
 
-    def check(self, user_id: str, rank: int, token_counts: Sequence[int],
-              slab_pages: int) -> None:
+    def check(self, user_id: str, rank: int, token_counts: Sequence[int], slab_pages: int,
+              replacing: Iterable[FactId] = ()) -> None:
         """Refuse pinning facts of these lengths more for the user (rank: its engine).
+
+        replacing: pinned facts that the new ones replace (not counted).
 
         Raises:
             InvalidRequestError: the user's pinned tokens or the engine's pinned pages would
@@ -65,7 +67,8 @@ class PinnedFacts:
         """
         if not token_counts:
             return
-        held, adding = self.tokens_of(user_id), sum(token_counts)
+        freed = [self._tokens[f] for f in set(replacing) if f in self._tokens]
+        held, adding = self.tokens_of(user_id) - sum(freed), sum(token_counts)
         if held + adding > self.max_tokens:
             raise InvalidRequestError(
                 f"pinning {len(token_counts)} fact(s) of {adding} tokens would give user "
@@ -73,7 +76,8 @@ class PinnedFacts:
                 f"{self.max_tokens} (EngineConfig.max_pinned_tokens, at most half of "
                 "max_model_len); unpin or delete pinned facts, or pin shorter ones")
         limit = int(slab_pages * self._fraction)
-        pages = self._pages[rank] + sum(self._pages_needed(n) for n in token_counts)
+        pages = self._pages[rank] + sum(self._pages_needed(n) for n in token_counts) - sum(
+            self._pages_needed(n) for n in freed)
         if pages > limit:
             raise InvalidRequestError(
                 f"pinned facts would hold {pages} of the slab's {slab_pages} pages, over "
