@@ -75,17 +75,18 @@ class MemoryClient:
     def add(self, *, user_id: str, texts: Sequence[str] | None = None,
             messages: Sequence[Mapping[str, str]] | None = None, session_id: str | None = None,
             metadata: Mapping[str, Any] | None = None, agent_id: str | None = None,
-            run_id: str | None = None, expiration_date: Any = None, wait: bool = True
-            ) -> list[AddResult]:
+            run_id: str | None = None, expiration_date: Any = None, wait: bool = True,
+            pinned: bool = False) -> list[AddResult]:
         """Remember facts (texts) or a conversation's turns (messages); one result per fact.
 
         agent_id / run_id tag them (mem0's scopes); expiration_date (a date, datetime, ISO
         string or epoch seconds) is when the server stops serving them. wait=False: the server
         answers once the facts are stored (status 'PENDING'); their embedding and KV follow
-        (add_status). MemoryServerError 429: its queue is full.
+        (add_status). MemoryServerError 429: its queue is full. pinned=True: in every answer
+        of the user, before the retrieved memories (Memory.add).
         """
         scope = {"agent_id": agent_id, "run_id": run_id,
-                 "expiration_date": _json_time(expiration_date)}
+                 "expiration_date": _json_time(expiration_date), "pinned": pinned or None}
         return [result for _, result in self._add(user_id, texts, messages, session_id,
                                                   metadata, scope, wait)]
 
@@ -264,7 +265,8 @@ def _fact(record: Mapping[str, Any]) -> MemoryItem:
                       record.get("score"), dict(record.get("metadata") or {}),
                       record.get("session_id"), record.get("created_at"),
                       record.get("updated_at"), agent_id=record.get("agent_id"),
-                      run_id=record.get("run_id"), expires_at=record.get("expires_at"))
+                      run_id=record.get("run_id"), expires_at=record.get("expires_at"),
+                      pinned=bool(record.get("pinned", False)))
 
 
 def _json_time(value: Any) -> Any:
