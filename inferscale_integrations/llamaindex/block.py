@@ -39,25 +39,12 @@ from inferscale_integrations.handles import RECENT_HANDLES
 from inferscale_integrations.registry import DEFAULT_NAME, check_name, get_memory
 
 
-class KVMemoryBlock(BaseMemoryBlock[str]):
-    """A user's long-term facts as one KV handle per read (sync and async)."""
+class _UserBlock(BaseMemoryBlock[str]):
+    """A block of one user's facts in a registered Memory (the fields both blocks check)."""
 
-    name: str = Field(default="kv_memory", description="The block's name in the prompt.")
-    description: str | None = Field(
-        default="Facts remembered about the user, injected as precomputed KV.")
     user_id: str = Field(description="The user whose facts are read and written.")
     memory_name: str = Field(default=DEFAULT_NAME,
                              description="The registered Memory (register_memory).")
-    k: int = Field(default=5, ge=0, description="Facts retrieved per read.")
-    as_text: bool = Field(default=False,
-                          description="Contribute the facts' text instead of a KV marker.")
-    session_id: str | None = Field(default=None, description="Session of the written turns.")
-    without_query: Literal["recent", "none"] = Field(
-        default="recent", description="What a read before the first user message contributes: "
-        "the user's k most recent facts, or nothing.")
-    expire_after_minutes: float | None = Field(
-        default=None, gt=0, description="Facts a put writes stop being served this many "
-        "minutes later (Memory's expiration_date); None: never.")
 
     @field_validator("user_id")
     @classmethod
@@ -68,6 +55,24 @@ class KVMemoryBlock(BaseMemoryBlock[str]):
     @classmethod
     def _name(cls, value: str) -> str:
         return check_name(value)
+
+
+class KVMemoryBlock(_UserBlock):
+    """A user's long-term facts as one KV handle per read (sync and async)."""
+
+    name: str = Field(default="kv_memory", description="The block's name in the prompt.")
+    description: str | None = Field(
+        default="Facts remembered about the user, injected as precomputed KV.")
+    k: int = Field(default=5, ge=0, description="Facts retrieved per read.")
+    as_text: bool = Field(default=False,
+                          description="Contribute the facts' text instead of a KV marker.")
+    session_id: str | None = Field(default=None, description="Session of the written turns.")
+    without_query: Literal["recent", "none"] = Field(
+        default="recent", description="What a read before the first user message contributes: "
+        "the user's k most recent facts, or nothing.")
+    expire_after_minutes: float | None = Field(
+        default=None, gt=0, description="Facts a put writes stop being served this many "
+        "minutes later (Memory's expiration_date); None: never.")
 
     def get(self, messages: list[ChatMessage] | None = None, **block_kwargs: Any) -> str:
         """The block's content for these messages (sync)."""
@@ -116,31 +121,18 @@ class KVMemoryBlock(BaseMemoryBlock[str]):
                                              messages=turns, expiration_date=expires)
 
 
-class KVStaticBlock(BaseMemoryBlock[str]):
+class KVStaticBlock(_UserBlock):
     """Facts always in context (LlamaIndex's StaticMemoryBlock), pinned and served as KV."""
 
     name: str = Field(default="kv_static", description="The block's name in the prompt.")
     description: str | None = Field(
         default="Facts about the user that are always in context, injected as KV.")
-    user_id: str = Field(description="The user whose pinned facts these are.")
     static_content: tuple[str, ...] = Field(
         default=(), description="Facts pinned for the user on the first read (a stored one is "
         "pinned, not repeated).")
-    memory_name: str = Field(default=DEFAULT_NAME,
-                             description="The registered Memory (register_memory).")
     as_text: bool = Field(default=False,
                           description="Contribute the facts' text instead of a KV marker.")
     _added: bool = PrivateAttr(default=False)
-
-    @field_validator("user_id")
-    @classmethod
-    def _user(cls, value: str) -> str:
-        return checks.check_user_id(value)
-
-    @field_validator("memory_name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        return check_name(value)
 
     def get(self, messages: list[ChatMessage] | None = None, **block_kwargs: Any) -> str:
         """The user's pinned facts, as one marker (or their text)."""
