@@ -56,6 +56,12 @@ class EngineConfig:
     Facts of a conversation's turns are encoded after the session's turns either way."""
     max_fact_tokens: int = 256
     """Longest fact accepted, in tokens."""
+    max_pinned_tokens: int = 512
+    """Tokens of one user's pinned facts (Memory.add(pinned=True), Engine.pin), at most; also
+    at most half of max_model_len. Every prompt of the user carries them. 0: no pinning."""
+    max_pinned_slab_fraction: float = 0.5
+    """Share of each engine's slab pages that pinned facts (of all its users) may hold: their
+    KV is never evicted, so the rest stays for retrieved facts."""
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     """System text that precedes the memory block; its KV is the preamble."""
     user_block_header: str = USER_BLOCK_HEADER
@@ -133,7 +139,8 @@ class EngineConfig:
         _positive(self, "max_model_len", "slab_capacity_bytes", "slab_page_tokens",
                   "max_fact_tokens", "save_batch_size", "tensor_parallel_size",
                   "data_parallel_size")
-        for name in ("context_window_tokens", "context_run_tokens", "host_tier_bytes"):
+        for name in ("context_window_tokens", "context_run_tokens", "host_tier_bytes",
+                     "max_pinned_tokens"):
             value = getattr(self, name)
             if name == "host_tier_bytes" and value is None:
                 continue
@@ -143,6 +150,11 @@ class EngineConfig:
                                                 or not self.disk_tier_path.strip()):
             raise ConfigError(f"disk_tier_path must be a folder path or None, got "
                               f"{self.disk_tier_path!r}")
+        if isinstance(self.max_pinned_slab_fraction, bool) or not isinstance(
+                self.max_pinned_slab_fraction, int | float) or not (
+                0.0 <= self.max_pinned_slab_fraction <= 1.0):
+            raise ConfigError(f"max_pinned_slab_fraction must be a number in [0, 1], got "
+                              f"{self.max_pinned_slab_fraction!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got "
                               f"{self.gpu_memory_utilization}")

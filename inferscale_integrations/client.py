@@ -82,17 +82,18 @@ class MemoryClient:
             messages: Sequence[Mapping[str, str]] | None = None, session_id: str | None = None,
             metadata: Mapping[str, Any] | None = None, agent_id: str | None = None,
             run_id: str | None = None, timestamp: Any = None, expiration_date: Any = None,
-            wait: bool = True) -> list[AddResult]:
+            wait: bool = True, pinned: bool = False) -> list[AddResult]:
         """Remember facts (texts) or a conversation's turns (messages); one result per fact.
 
         agent_id / run_id tag them (mem0's scopes); timestamp is when they became true and
         expiration_date when the server stops serving them (each a date, datetime, ISO string
         or epoch seconds). wait=False: the server answers once the facts are stored (status
         'PENDING'); their embedding and KV follow (add_status). MemoryServerError 429: its
-        queue is full.
+        queue is full. pinned=True: in every answer of the user, before the retrieved
+        memories (Memory.add).
         """
         scope = {"agent_id": agent_id, "run_id": run_id, "timestamp": _json_time(timestamp),
-                 "expiration_date": _json_time(expiration_date)}
+                 "expiration_date": _json_time(expiration_date), "pinned": pinned or None}
         return [result for _, result in self._add(user_id, texts, messages, session_id,
                                                   metadata, scope, wait)]
 
@@ -332,7 +333,8 @@ def _fact(record: Mapping[str, Any]) -> MemoryItem:
                       valid_to=record.get("valid_to"),
                       superseded_by=None if record.get("superseded_by") is None
                       else FactId(int(record["superseded_by"])),
-                      expires_at=record.get("expires_at"))
+                      expires_at=record.get("expires_at"),
+                      pinned=bool(record.get("pinned", False)))
 
 
 def _json_time(value: Any) -> Any:

@@ -21,6 +21,7 @@
   registration.py  the facts registered with the engine and indexed (servable), start-up
   background.py    add(wait=False): facts stored at once, embedded and encoded in a queue
   expiry.py        expiration_date: expired facts never served, hidden or swept (EXPIRE)
+  pinning.py       pinned facts: pin, unpin, add(pinned=True); in every answer, before top-k
   gate.py          large adds yield to interactive calls between their chunks
   aio.py           the async verbs (aadd, asearch, ...), typed as their synchronous twins
   config.py        MemoryConfig

@@ -22,7 +22,7 @@ from typing import Any
 
 from inferscale_engine import checks
 from inferscale_engine.errors import HandleError, InvalidRequestError
-from inferscale_engine.facts import MemoryHandle
+from inferscale_engine.facts import FactId, MemoryHandle
 from inferscale_engine.memory.fallback import PreparedPrompt, prepare, serve, serve_stream
 from inferscale_engine.memory.gate import InteractiveGate, interactive_call
 from inferscale_engine.memory.registration import RegisteredFacts
@@ -44,12 +44,15 @@ class Answering:
 
     def __init__(self, engine: Engine, store: FactStore, served: RegisteredFacts,
                  gate: InteractiveGate, counters: Counter[str], scopes: Scopes,
-                 search: Callable[..., SearchResult]) -> None:
+                 search: Callable[..., SearchResult],
+                 pins: Callable[[str, Sequence[int]], list[FactId]]) -> None:
         self._engine, self._store, self._served = engine, store, served
         self._gate, self.counters, self._scopes = gate, counters, scopes
         self._lock: threading.RLock = scopes.lock
         self._search = search
         """Memory.search (the index, the filters, the served facts)."""
+        self._pins = pins
+        """The user's served pinned facts, less those excluded (pinning.py)."""
 
     @interactive_call
     def generate(self, *, user_id: str, query: str, k: int = 5,
@@ -215,13 +218,13 @@ class Answering:
     @interactive_call
     def handle_for(self, *, user_id: str, query: str | None, k: int = 5,
                    recent: Sequence[int] = (), exclude: Sequence[int] = ()) -> MemoryHandle:
-        """The facts one request is served with: top-k, then recent (the one rule for both).
+        """The facts one request is served with: pinned, top-k, then recent (the one rule).
 
-        The user's k facts most similar to `query` that are neither in `recent` nor in
-        `exclude` (k new facts, not fewer), best first, then `recent` in its order (a fact
-        listed twice keeps its first place), then the user's pending facts (an asynchronous
-        add's, not yet searchable; the newest within PENDING_PROMPT_TOKENS). A blank or None
-        query: `recent` and pending only.
+        The user's pinned facts (pinning.py), then the user's k facts most similar to `query`
+        that are neither pinned nor in `recent` nor in `exclude` (k new facts, not fewer), best
+        first, then `recent` in its order (a fact listed twice keeps its first place), then
+        the user's pending facts (an asynchronous add's, not yet searchable; the newest within
+        PENDING_PROMPT_TOKENS). A blank or None query: pinned, `recent` and pending only.
 
         Args:
             recent: facts the conversation just produced (its last turns' facts).
@@ -233,9 +236,10 @@ class Answering:
                        if i not in exclude]
             self.counters["pending_left_out"] += len(self._served.pending_of(user_id)) - len(
                 pending)
+            pinned = self._pins(user_id, exclude)
         recent = [*recent, *pending]
         return serve_handle(user_id, query, k, recent, exclude, lambda text, n: self._search(
-            user_id=user_id, query=text, k=n).handle)
+            user_id=user_id, query=text, k=n).handle, pinned)
 
     @contextmanager
     def interactive(self) -> Iterator[None]:

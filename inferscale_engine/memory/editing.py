@@ -16,6 +16,7 @@ import torch
 from inferscale_engine import checks
 from inferscale_engine.errors import FactNotFoundError
 from inferscale_engine.facts import Fact
+from inferscale_engine.memory.pinning import Pinning
 from inferscale_engine.memory.registration import RegisteredFacts
 from inferscale_engine.memory.scope import Scopes
 from inferscale_engine.memory.search import filters
@@ -30,13 +31,15 @@ class Editing:
                  counters: Counter[str], tokenize: Callable[[str], tuple[int, ...]],
                  embed: Callable[[list[str]], torch.Tensor], encode: bool,
                  records: Callable[..., list[StoredFact]],
-                 add: Callable[..., list[AddResult]]) -> None:
+                 add: Callable[..., list[AddResult]], pinning: Pinning) -> None:
         self._store, self._served, self._scopes, self.counters = store, served, scopes, counters
         self._tokenize, self._embed, self._encode = tokenize, embed, encode
         self._records = records
         """Memory.records (Listing): the facts delete_all selects."""
         self._add = add
         """Memory.add: what supersede adds the newer fact with."""
+        self._pinning = pinning
+        """Checks an update of a pinned fact against the caps."""
 
     def add_turns(self, *, user_id: str, session_id: str | None,
                   messages: Sequence[Mapping[str, str]]) -> list[int]:
@@ -51,8 +54,11 @@ class Editing:
                metadata: Mapping[str, Any] | None = None) -> Fact:
         """Replace a fact's text (metadata=None keeps the old metadata); its KV is rebuilt.
 
+        A pinned fact stays pinned.
+
         Raises:
             FactNotFoundError: the user has no such fact; nothing changes.
+            InvalidRequestError: a pinned fact's new text passes a pin cap; nothing changes.
         """
         user = self._scopes.user(user_id)
         (fact_id,) = checks.check_fact_ids([fact_id], "fact_id")
@@ -62,6 +68,7 @@ class Editing:
         vector = self._embed([text])[0]
         with user as uid:
             (old,) = self._store.get(user_id=uid, fact_ids=[fact_id])
+            self._pinning.check_update(uid, old, token_ids)
             new = self._store.update(user_id=uid, fact_id=fact_id, text=text,
                                      token_ids=token_ids, embedding=vector,
                                      metadata=reserved.with_context(metadata, old.metadata))

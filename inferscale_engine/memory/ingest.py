@@ -83,13 +83,17 @@ class AddInput:
     """add()'s timestamp: when the facts became true (None: now)."""
     expires_at: float | None = None
     """When the facts expire (add's expiration_date), seconds since the epoch; None: never."""
+    pinned: bool = False
+    """The facts (and stored facts they repeat) are pinned (memory/pinning.py)."""
 
     @classmethod
     def checked(cls, texts: Sequence[str] | None, messages: Sequence[Mapping[str, str]] | None,
                 session_id: str | None, metadata: Mapping[str, Any] | None,
                 agent_id: str | None, run_id: str | None, timestamp: object = None,
-                expiration_date: object = None) -> AddInput:
+                expiration_date: object = None, pinned: object = False) -> AddInput:
         """The arguments checked in add()'s order (InvalidFactError, InvalidTurnError, ...)."""
+        if not isinstance(pinned, bool):
+            raise InvalidRequestError(f"pinned must be True or False, got {pinned!r:.40}")
         valid_from = checks.check_time(timestamp, "timestamp", InvalidFactError)
         expires_at = expiration_time(expiration_date)
         session_id = checks.check_session(session_id)
@@ -101,11 +105,11 @@ class AddInput:
             facts = [checks.check_text(t, f"texts[{i}]") for i, t in
                      enumerate(checks.check_list(texts, "texts", InvalidFactError))]
             return cls(session_id, meta, facts, [None] * len(facts), None, valid_from,
-                       expires_at)
+                       expires_at, pinned)
         turns = checks.check_messages(messages)
         made = turn_facts(turns)
         return cls(session_id, meta, [t for t, _ in made], [i for _, i in made], turns,
-                   valid_from, expires_at)
+                   valid_from, expires_at, pinned)
 
 
 def turn_facts(turns: list[tuple[str, str]]) -> list[tuple[str, int]]:
@@ -211,10 +215,16 @@ def store(facts: list[NewFact], request: AddInput, user_id: str, fact_store: Fac
         embeddings=[f.vector for f in kept], session_id=request.session_id,
         metadata=[{**(request.metadata or {}), **context_metadata(f.context)} for f in kept],
         turns=request.turns or (), valid_from=request.valid_from, pending=pending,
-        expires_at=request.expires_at)
+        expires_at=request.expires_at, pinned=request.pinned)
     for fact, fact_id in zip(kept, ids, strict=True):
         fact.fact_id = fact_id
     return fact_store.get(user_id=user_id, fact_ids=ids) if ids else []
+
+
+def repeated(facts: list[NewFact]) -> list[FactId]:
+    """The stored facts that facts of this call duplicate (a pinned add pins them too)."""
+    return [f.duplicate_of[0] for f in facts
+            if f.duplicate_of is not None and not isinstance(f.duplicate_of[0], tuple)]
 
 
 def kept_vectors(facts: list[NewFact]) -> torch.Tensor:

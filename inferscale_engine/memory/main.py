@@ -45,6 +45,7 @@ from inferscale_engine.memory.expiry import Expiry, expiration_time
 from inferscale_engine.memory.gate import InteractiveGate
 from inferscale_engine.memory.infer import infer_add
 from inferscale_engine.memory.listing import Listing
+from inferscale_engine.memory.pinning import Pinning
 from inferscale_engine.memory.registration import RegisteredFacts
 from inferscale_engine.memory.scope import Scopes
 from inferscale_engine.memory.search import hybrid
@@ -149,15 +150,18 @@ class Memory:
             self._scopes = Scopes(self._lock, self._check_open, self._served, self._store)
             self._user, self._open = self._scopes.user, self._scopes.open
             """The preamble of every verb (scope.py)."""
+            self._pinning = Pinning(engine, self._store, self._served, self._scopes,
+                                    self.counters)
             self._answering = Answering(engine, self._store, self._served, self._gate,
-                                        self.counters, self._scopes, self.search)
+                                        self.counters, self._scopes, self.search,
+                                        self._pinning.served_pins)
             self._searching = Searching(self._store, self._served, self._index, self._scopes,
                                         self._gate, self._embed, self._search_mode,
                                         self.counters, reranker, rerank_candidates)
             self._listing = Listing(self._store, self._scopes)
             self._editing = Editing(self._store, self._served, self._scopes, self.counters,
                                     engine.tokenize_fact, self._embed, encode_on_add,
-                                    self._listing.records, self.add)
+                                    self._listing.records, self.add, self._pinning)
             self._transfers = Transfers(self._store, self._served, self._scopes, self._gate,
                                         self.counters, engine.tokenize_fact,
                                         self._embed_in_chunks, encode_on_add,
@@ -214,7 +218,7 @@ class Memory:
             metadata: Mapping[str, Any] | None = None, dedupe: bool = True,
             agent_id: str | None = None, run_id: str | None = None,
             infer: bool = False, timestamp: Any = None, expiration_date: Any = None,
-            wait: bool = True) -> list[AddResult]:
+            wait: bool = True, pinned: bool = False) -> list[AddResult]:
         """Remember facts, or a conversation's turns; one result per fact, in order.
 
         dedupe=False stores every fact, also one that repeats a stored fact (stores keyed by
@@ -235,15 +239,21 @@ class Memory:
 
         wait=False returns once facts and turns are stored (results 'PENDING'); embedding,
         duplicate check and KV follow in a queue (background.py, add_status, wait_adds).
+        pinned=True pins the facts (and stored facts they repeat): in every answer of the user,
+        before the retrieved facts, outside k, their KV never evicted (pinning.py).
 
         Raises:
             InvalidUserIdError, InvalidFactError, InvalidTurnError, InvalidRequestError: bad
                 input; nothing is stored.
             AddQueueFullError: wait=False with max_queued_facts facts waiting; nothing stored.
+            InvalidRequestError: pinned=True over a cap (pinning.py); nothing stored.
         """
         user = self._user(user_id)
         if infer and not wait:
             raise InvalidRequestError("add(infer=True) needs wait=True (the default)")
+        if pinned is True and (infer or not wait):
+            raise InvalidRequestError("add(pinned=True) needs wait=True and infer=False: a "
+                                      "pinned fact is served as KV from the moment it is added")
         if infer:  # texts are read as the user's messages
             checks.check_session(session_id)
             return infer_add(self, user_id=user.user_id, metadata=metadata, agent_id=agent_id,
@@ -252,13 +262,16 @@ class Memory:
                                                          InvalidFactError),
                              expiration_date=expiration_time(expiration_date))
         request = ingest.AddInput.checked(texts, messages, session_id, metadata, agent_id, run_id,
-                                          timestamp, expiration_date)
+                                          timestamp, expiration_date, pinned)
         if not wait:
             return self._background.submit(user, request, self._engine.tokenize_fact, dedupe)
         facts = ingest.new_facts(request, self._engine.tokenize_fact, self._embed_in_chunks)
         with user as uid:
             ingest.duplicates(facts, self._index, uid,
                               self._dedupe_threshold if dedupe else None, self._served.text_of)
+            if request.pinned:
+                self._pinning.check_add(uid, [len(f.token_ids) for f in facts if f.kept],
+                                        ingest.repeated(facts))
             ingest.contexts(facts, request, uid, ingest.ContextSources(
                 self._store, self._index, self._engine.config, self._context_turns,
                 self._served.prompt_line))
@@ -267,6 +280,9 @@ class Memory:
             self.counters["superseded"] += supersession.apply(self._store, uid, supersession.find(
                 stored, ingest.kept_vectors(facts), self._index, uid, self._served.since,
                 self._supersede_threshold), self._served.forget)
+            if request.pinned:  # capped, so few: pinned before the lock is let go
+                self._served.register_staged(uid, stored, True)
+                self._pinning.pin_repeated(uid, ingest.repeated(facts))
             self._served.wrote(self._store, uid)
             self.counters["added"] += len(stored)
             self.counters["duplicates"] += len(facts) - len(stored)
@@ -295,6 +311,9 @@ class Memory:
     delete = forward("_editing", Editing.delete)
     reset = forward("_editing", Editing.reset)
     delete_all = forward("_editing", Editing.delete_all)
+    pin = forward("_pinning", Pinning.pin)
+    unpin = forward("_pinning", Pinning.unpin)
+    pinned = forward("_pinning", Pinning.pinned)
     sweep_expired = forward("_expiry", Expiry.sweep_expired)
     set_expiration = forward("_expiry", Expiry.set_expiration)
     owner_of = forward("_listing", Listing.owner_of)

@@ -35,7 +35,7 @@ from functools import partial
 import torch
 from tqdm import tqdm
 
-from inferscale_engine.errors import EngineClosedError, InvalidFactError
+from inferscale_engine.errors import EngineClosedError, InvalidFactError, InvalidRequestError
 from inferscale_engine.facts import Fact, FactId
 from inferscale_engine.memory.config import DEFAULT_MAX_SERVED_USERS, check_max_served_users
 from inferscale_engine.memory.expiry import ExpiryClock, unexpired
@@ -150,6 +150,20 @@ class RegisteredFacts:
         self._by_user.setdefault(user_id, set()).update(ids)
         for one in stored:
             self.expiry.note(user_id, one.fact_id, one.expires_at)
+        self.pin(user_id, [f.fact_id for f in stored if f.pinned])
+
+    def pin(self, user_id: str, fact_ids: Sequence[FactId]) -> None:
+        """Pin registered facts the store says are pinned, each while the caps allow.
+
+        A fact over a cap (lowered since it was pinned) is served unpinned, logged and counted.
+        """
+        for fact_id in fact_ids:
+            try:
+                self._engine.pin(user_id, [fact_id])
+            except InvalidRequestError as exc:
+                logger.warning("fact %s of %r is stored pinned but served unpinned: %s",
+                               fact_id, user_id, exc)
+                self._counters["pinned_over_cap"] += 1
 
     def register_historic(self, user_id: str, stored: Sequence[StoredFact]) -> None:
         """Make superseded facts servable for an as-of read.
@@ -315,8 +329,12 @@ class RegisteredFacts:
         stale += [i for i in self.pending_of(user_id)  # finished (or deleted) elsewhere
                   if i not in current or not current[i].pending]
         self.forget(user_id, stale)
-        for fact_id in self._by_user.get(user_id, ()):  # another process may have set these
+        served = self._by_user.get(user_id, set())
+        for fact_id in served:  # another process may have set these
             self.expiry.note(user_id, fact_id, current[fact_id].expires_at)
+        pinned = set(self._engine.pinned_facts(user_id))
+        self._engine.unpin(user_id, [i for i in pinned if not current[i].pinned])
+        self.pin(user_id, sorted(i for i in served if current[i].pinned and i not in pinned))
         fresh = [f for i, f in current.items() if i not in self._facts and i not in self._staged
                  and i not in self._pending]
         self.register_pending(user_id, [f for f in fresh if f.pending])

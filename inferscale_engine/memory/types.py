@@ -47,6 +47,8 @@ class MemoryItem:
     """The fact that superseded it, if any."""
     expires_at: float | None = None
     """When it expires (its expiration_date); None: never."""
+    pinned: bool = False
+    """In every prompt of the user, before the retrieved facts (add(pinned=True), pin())."""
 
 
 @dataclass(frozen=True, slots=True)

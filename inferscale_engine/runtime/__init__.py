@@ -5,6 +5,7 @@ fact_table.py    the facts the engine knows: ids (one author), token ids, contex
 write_path.py    save requests that encode facts into the slab; tier moves back into it
 read_path.py     prompts and plans of kv-mode requests; running and collecting a batch
 residency.py     which facts have slab pages, LRU; preambles.py the preambles' KV
+pins.py          the users' pinned facts: never evicted, first in prompts; their caps
 tier_manager.py  the app side of the lower KV tiers: host-RAM pages, disk entry names
 shards.py        one shard per data-parallel engine; generation.py results and stats
 runner.py        VllmRunner (co-located vllm.LLM), AsyncRunner (the server's AsyncLLM),

@@ -16,7 +16,7 @@ from typing import Any
 
 from inferscale_engine.checks import check_user_id
 from inferscale_engine.config import ConnectorConfig, EngineConfig, plan_secret
-from inferscale_engine.errors import EngineClosedError, FactNotFoundError
+from inferscale_engine.errors import EngineClosedError, FactNotFoundError, SlabFullError
 from inferscale_engine.facts import Fact, FactId, MemoryHandle
 from inferscale_engine.model.calibration import engine_key_scale, model_fingerprint
 from inferscale_engine.model.check import check_model, connector_config, load_tokenizer
@@ -28,6 +28,7 @@ from inferscale_engine.protocol.plan import InjectionPlan
 from inferscale_engine.runtime import read_path
 from inferscale_engine.runtime.fact_table import FactTable
 from inferscale_engine.runtime.generation import EngineStats, Generation, text_pieces
+from inferscale_engine.runtime.pins import PinnedFacts
 from inferscale_engine.runtime.read_path import Messages, as_messages, check_request
 from inferscale_engine.runtime.residency import FactRecord
 from inferscale_engine.runtime.runner import Runner, VllmRunner, WorkerClient
@@ -74,8 +75,10 @@ class Engine:
         """The registered facts and the rules of getting in (fact_table.py)."""
         self._facts: dict[FactId, FactRecord] = self._table.records
         self.counters: Counter[str] = Counter()
+        self._pins = PinnedFacts(config)
+        """The users' pinned facts: first in their prompts, never evicted (pins.py)."""
         self._shards = build_shards(config, connector, self._runner, self.prompts, self._facts,
-                                    self._secret, self.counters, disk)
+                                    self._secret, self.counters, disk, self._pins)
         """One per vLLM engine (shards.py); a user's facts live in rank_of(user)'s."""
 
     def _user(self, user_id: str) -> tuple[str, Shard]:
@@ -305,6 +308,62 @@ class Engine:
             return {f: self._shard(r.fact.user_id).writer.tiers_of(r, self.prompts.preamble())
                     for f in fact_ids if (r := self._facts.get(f)) is not None}
 
+    def pin(self, user_id: str, fact_ids: Sequence[FactId]) -> None:
+        """Pin the user's facts: first in every prompt that names them, KV never evicted.
+
+        Their KV is made resident now (if the slab cannot take it, on their next request).
+        Pinning a pinned fact again changes nothing.
+
+        Raises:
+            FactNotFoundError / HandleError: an id is unknown or another user's.
+            InvalidRequestError: over a cap (pins.py); nothing is pinned.
+        """
+        user_id, shard = self._user(user_id)
+        with self._lock:
+            self._check_open()
+            records = [r for r in shard.planner.resolve(MemoryHandle(user_id, tuple(
+                dict.fromkeys(fact_ids)))) if r.fact.fact_id not in self._pins]
+            self._pins.check(user_id, shard.rank, [len(r.fact.token_ids) for r in records],
+                             shard.residency.num_pages)
+            self._pins.add(user_id, shard.rank,
+                           [(r.fact.fact_id, len(r.fact.token_ids)) for r in records])
+            try:
+                shard.writer.make_resident(records, self.prompts.preamble(), set())
+            except SlabFullError:
+                self.counters["pinned_not_resident"] += len(records)
+
+    def unpin(self, user_id: str, fact_ids: Sequence[FactId]) -> list[FactId]:
+        """Unpin the user's facts (evictable again); returns those that were pinned.
+
+        Raises:
+            FactNotFoundError / HandleError: an id is unknown or another user's.
+        """
+        user_id, shard = self._user(user_id)
+        with self._lock:
+            self._check_open()
+            shard.planner.resolve(MemoryHandle(user_id, tuple(fact_ids)))
+            return self._pins.discard(user_id, shard.rank, fact_ids)
+
+    def pinned_facts(self, user_id: str) -> list[FactId]:
+        """The user's pinned facts, in the order they were added."""
+        user_id, _ = self._user(user_id)
+        with self._lock:
+            return self._pins.of(user_id)
+
+    def check_pins(self, user_id: str, token_counts: Sequence[int],
+                   replacing: Sequence[FactId] = ()) -> None:
+        """Refuse pinning more facts of these lengths for the user (before storing them).
+
+        replacing: pinned facts these replace (an update's): their tokens are not counted.
+
+        Raises:
+            InvalidRequestError: the user's or the slab's cap would be passed (pins.py).
+        """
+        user_id, shard = self._user(user_id)
+        with self._lock:
+            self._pins.check(user_id, shard.rank, token_counts, shard.residency.num_pages,
+                             replacing)
+
     def delete(self, user_id: str, fact_ids: Sequence[FactId], keep_disk: bool = False) -> None:
         """Delete facts, their KV in every tier (keep_disk: not their disk entries).
 
@@ -316,6 +375,7 @@ class Engine:
         with self._lock:
             self._check_open()
             records = shard.planner.resolve(MemoryHandle(user_id, tuple(fact_ids)))
+            self._pins.discard(user_id, shard.rank, [r.fact.fact_id for r in records])
             shard.writer.forget(records, self.prompts.preamble(), keep_disk)
             for record in records:
                 del self._facts[record.fact.fact_id]

@@ -185,12 +185,25 @@ class RequestPlanner:
 
     def arrange(self, handle: MemoryHandle | None, records: list[FactRecord], layout: Layout
                 ) -> tuple[list[FactRecord], list[FactRecord]]:
-        """The records to inject (memory-block order) and to repair as text (written order)."""
+        """The records to inject (memory-block order) and to repair as text (written order).
+
+        The user's pinned facts come first, in handle order, and are never repaired; the
+        layout arranges the others.
+        """
         if handle is None or not records:
             return records, []
-        injected, repaired = arrange(layout, [r.fact.fact_id for r in records],
-                                     [len(r.fact.token_ids) for r in records], handle.scores)
-        return [records[i] for i in injected], [records[i] for i in repaired]
+        held = self._residency.held
+        first = [r for r in records if r.fact.fact_id in held]
+        if not first:
+            injected, repaired = arrange(layout, [r.fact.fact_id for r in records],
+                                         [len(r.fact.token_ids) for r in records], handle.scores)
+            return [records[i] for i in injected], [records[i] for i in repaired]
+        rest = [i for i, r in enumerate(records) if r.fact.fact_id not in held]
+        scores = [handle.scores[i] for i in rest] if handle.scores else []
+        injected, repaired = arrange(layout, [records[i].fact.fact_id for i in rest],
+                                     [len(records[i].fact.token_ids) for i in rest], scores)
+        return ([*first, *(records[rest[i]] for i in injected)],
+                [records[rest[i]] for i in repaired])
 
     def build(self, messages: Messages, injected: list[FactRecord],
               repaired: list[FactRecord], layout: Layout,

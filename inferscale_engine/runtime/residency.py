@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from inferscale_engine.errors import SlabFullError
@@ -50,12 +50,19 @@ class FactRecord:
 class Residency:
     """Slab pages of resident facts, allocated with LRU eviction."""
 
-    def __init__(self, allocator: SlabAllocator, slab_keys: Iterator[int] | None = None
-                 ) -> None:
-        """Args: slab_keys: where slab keys come from (shared by the engine's shards)."""
+    def __init__(self, allocator: SlabAllocator, slab_keys: Iterator[int] | None = None,
+                 held: Container[FactId] = frozenset()) -> None:
+        """Keep the allocator.
+
+        Args:
+            slab_keys: where slab keys come from (shared by the engine's shards).
+            held: facts never evicted, whatever a call protects (the users' pinned facts,
+                pins.py).
+        """
         self._allocator = allocator
         self._lru: OrderedDict[FactId, FactRecord] = OrderedDict()
         self._slab_keys = slab_keys if slab_keys is not None else itertools.count(1)
+        self._held = held
 
     def next_slab_key(self) -> int:
         """A slab key never used before (keys are never reused, so stale plans fail closed)."""
@@ -65,6 +72,16 @@ class Residency:
     def num_free_pages(self) -> int:
         """Unallocated slab pages."""
         return self._allocator.num_free_pages
+
+    @property
+    def held(self) -> Container[FactId]:
+        """The facts never evicted (the users' pinned facts)."""
+        return self._held
+
+    @property
+    def num_pages(self) -> int:
+        """Slab pages in all."""
+        return self._allocator.num_pages
 
     @property
     def num_resident(self) -> int:
@@ -81,6 +98,8 @@ class Residency:
                  ) -> tuple[tuple[int, ...], list[FactRecord]]:
         """Pages for `num_tokens`, evicting least recently used unpinned facts if allowed.
 
+        Neither `pinned` (the call's own facts) nor the held facts are evicted.
+
         Returns:
             The pages and the records evicted to make room (their worker entries must be freed).
 
@@ -96,7 +115,7 @@ class Residency:
             for fact_id, record in self._lru.items():
                 if reclaimable >= needed:
                     break
-                if fact_id not in pinned and record.pages:
+                if fact_id not in pinned and fact_id not in self._held and record.pages:
                     candidates.append(record)
                     reclaimable += len(record.pages)
             if reclaimable >= needed:
@@ -114,7 +133,7 @@ class Residency:
         """
         needed = sum(self._allocator.pages_needed(n) for n in token_counts)
         reclaimable = sum(len(r.pages or ()) for fact_id, r in self._lru.items()
-                          if fact_id not in pinned) if evict else 0
+                          if fact_id not in pinned and fact_id not in self._held) if evict else 0
         return needed <= self._allocator.num_free_pages + reclaimable
 
     def admit(self, record: FactRecord, slab_key: int, pages: tuple[int, ...]) -> None:

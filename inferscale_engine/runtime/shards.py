@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,11 +135,13 @@ def engine_stats(shards: Sequence[Shard], num_facts: int, counters: Counter[str]
 
 def build_shards(config: EngineConfig, connector: ConnectorConfig, runner: Runner,
                  prompts: PromptBuilder, facts: dict[FactId, FactRecord], secret: bytes,
-                 counters: Counter[str], disk_fingerprint: str | None = None) -> list[Shard]:
+                 counters: Counter[str], disk_fingerprint: str | None = None,
+                 pinned: Container[FactId] = frozenset()) -> list[Shard]:
     """One shard per engine, the configured preamble encoded into each engine's slab.
 
     Slab keys are drawn from one counter, so a key names one entry in the whole deployment.
     disk_fingerprint: the model's identity for disk-tier entries (None: no disk tier).
+    pinned: the users' pinned facts, never evicted from any tier (pins.py).
     """
     keys = itertools.count(1)
     shards = []
@@ -149,8 +151,8 @@ def build_shards(config: EngineConfig, connector: ConnectorConfig, runner: Runne
     for rank in range(config.data_parallel_size):
         view: Runner = RankRunner(runner, rank) if config.data_parallel_size > 1 else runner
         residency = Residency(SlabAllocator(connector.slab_pages, config.slab_page_tokens),
-                              keys)
-        host = HostResidency(connector.host_pages, config.slab_page_tokens)
+                              keys, pinned)
+        host = HostResidency(connector.host_pages, config.slab_page_tokens, pinned)
         writer = FactWriter(config, view, residency, secret, counters, host, disk_fingerprint)
         preambles = PreambleCache(writer, residency, view.workers, counters, prompts.preamble())
         planner = RequestPlanner(config, prompts, facts, residency, writer, preambles, secret,

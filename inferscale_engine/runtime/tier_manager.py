@@ -17,7 +17,7 @@ import hashlib
 import os
 import secrets
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Container, Iterator, Sequence
 from pathlib import Path
 
 from inferscale_engine.config import DISK_KEY_ENV, DISK_KEY_FILE, DISK_MAC_KEY_ENV, EngineConfig
@@ -28,11 +28,17 @@ from inferscale_engine.runtime.residency import FactRecord, SlabAllocator
 
 
 class HostResidency:
-    """Host-RAM pages of demoted facts, least recently demoted or promoted dropped first."""
+    """Host-RAM pages of demoted facts, least recently demoted or promoted dropped first.
 
-    def __init__(self, num_pages: int, page_tokens: int) -> None:
+    A held (pinned) fact's host copy is never dropped to make room: it is what brings the
+    fact back first should its slab copy be missing.
+    """
+
+    def __init__(self, num_pages: int, page_tokens: int,
+                 held: Container[FactId] = frozenset()) -> None:
         self._allocator = SlabAllocator(num_pages, page_tokens) if num_pages else None
         self._lru: OrderedDict[FactId, FactRecord] = OrderedDict()
+        self._held = held
 
     @property
     def enabled(self) -> bool:
@@ -64,13 +70,18 @@ class HostResidency:
                 self._lru.move_to_end(record.fact.fact_id)
                 continue
             needed = self._allocator.pages_needed(len(record.fact.token_ids))
-            if needed > self._allocator.num_pages:
-                continue
-            while needed > self._allocator.num_free_pages and self._lru:
-                _, oldest = self._lru.popitem(last=False)
-                assert oldest.host_key is not None
-                dropped.append(oldest.host_key)
-                self._free(oldest)
+            if needed > self._allocator.num_free_pages:
+                droppable = [r for f, r in self._lru.items() if f not in self._held]
+                if needed > self._allocator.num_free_pages + sum(
+                        len(r.host_pages or ()) for r in droppable):
+                    continue  # no room even after dropping every unheld copy
+                for oldest in droppable:
+                    if needed <= self._allocator.num_free_pages:
+                        break
+                    assert oldest.host_key is not None
+                    del self._lru[oldest.fact.fact_id]
+                    dropped.append(oldest.host_key)
+                    self._free(oldest)
             assert record.slab_key is not None
             pages = self._allocator.allocate(len(record.fact.token_ids))
             host_key = next(keys)

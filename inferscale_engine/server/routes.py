@@ -39,7 +39,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from inferscale_engine.errors import FactNotFoundError, InferScaleError
 from inferscale_engine.memory.search.filters import check_filter, check_size
@@ -71,13 +71,17 @@ class AddBody(_Body):
     """mem0's: when the facts became true (an ISO 8601 date or time, or epoch seconds)."""
     expiration_date: str | float | None = None
     """mem0's: an ISO 8601 date or time, or seconds since the epoch (memory/expiry.py)."""
+    pinned: StrictBool = False
+    """In every answer of the user, before the retrieved memories (Memory.add(pinned=True))."""
 
 
 class UpdateBody(_Body):
-    """PUT /v1/memories/{id}."""
+    """PUT /v1/memories/{id}: a new text, pinned or unpinned, or both."""
 
-    text: str
+    text: str | None = None
     metadata: dict[str, Any] | None = None
+    pinned: StrictBool | None = None
+    """True: pin the memory (Memory.pin); False: unpin it; None: leave it."""
 
 
 class SupersedeBody(_Body):
@@ -170,7 +174,8 @@ def _record(fact: Any, stored: Any = None) -> dict[str, Any]:
                    created_at=stored.created_at, updated_at=stored.updated_at,
                    agent_id=stored.agent_id, run_id=stored.run_id,
                    expires_at=stored.expires_at, valid_from=stored.valid_from,
-                   valid_to=stored.valid_to, superseded_by=stored.superseded_by)
+                   valid_to=stored.valid_to, superseded_by=stored.superseded_by,
+                   pinned=stored.pinned)
     return out
 
 
@@ -211,13 +216,14 @@ async def add(request: Request, body: AddBody) -> dict[str, Any]:
                               messages=body.messages, metadata=body.metadata,
                               session_id=body.session_id, agent_id=body.agent_id,
                               run_id=body.run_id, expiration_date=body.expiration_date,
-                              timestamp=body.timestamp, wait=wait)
+                              timestamp=body.timestamp, wait=wait,
+                              pinned=body.pinned)
     else:
         indexed = [(None, r) for r in await _call(
             _memory(request).add, user_id=user_id, texts=body.texts, messages=body.messages,
             metadata=body.metadata, session_id=body.session_id, agent_id=body.agent_id,
             run_id=body.run_id, expiration_date=body.expiration_date,
-            timestamp=body.timestamp, wait=wait)]
+            timestamp=body.timestamp, wait=wait, pinned=body.pinned)]
     return {"results": [{"id": int(r.fact_id), "memory": r.text, "event": r.event,
                          **({"similarity": r.similarity} if r.similarity else {}),
                          **({"message_index": i} if i is not None else {}),
@@ -269,11 +275,19 @@ async def get_one(request: Request, memory_id: int) -> dict[str, Any]:
 
 @router.put("/{memory_id}")
 async def update(request: Request, memory_id: int, body: UpdateBody) -> dict[str, Any]:
-    """Replace a memory's text (its KV is rebuilt)."""
+    """Replace a memory's text (its KV is rebuilt), pin or unpin it."""
     user_id = await _owned(request, memory_id)
-    fact = await _call(_memory(request).update, user_id=user_id, fact_id=memory_id,
-                       text=body.text, metadata=body.metadata)
-    return _record(fact)
+    memory = _memory(request)
+    if body.text is None and (body.pinned is None or body.metadata is not None):
+        raise HttpError(400, "give the memory's new text, or pinned (true or false), or both")
+    if body.text is not None:
+        await _call(memory.update, user_id=user_id, fact_id=memory_id, text=body.text,
+                    metadata=body.metadata)
+    if body.pinned is not None:
+        await _call(memory.pin if body.pinned else memory.unpin, user_id=user_id,
+                    fact_ids=[memory_id])
+    stored = await _call(memory.get, user_id=user_id, fact_id=memory_id)
+    return _record(stored, stored)
 
 
 @router.delete("/{memory_id}")

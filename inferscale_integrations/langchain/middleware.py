@@ -1,15 +1,17 @@
 """KVMemoryMiddleware: long-term KV memory for LangChain 1.x `create_agent`.
 
-Before each model call it retrieves the user's top-k facts for the latest user message and
-attaches their handle as ``model_settings["kv_handles"]``, which create_agent forwards to the
-chat model (ChatInferScale reads it; other chat models do not understand it). After the agent
-finishes it writes the exchange (user message, final answer) to the memory layer. The thread's
-own messages stay in the agent state (the checkpointer); only long-term facts travel as KV.
+Before each model call it retrieves the user's pinned facts and top-k facts for the latest
+user message (Memory.handle_for) and attaches their handle as
+``model_settings["kv_handles"]``, which create_agent forwards to the chat model
+(ChatInferScale reads it; other chat models do not understand it). After the agent finishes
+it writes the exchange (user message, final answer) to the memory layer. The thread's own
+messages stay in the agent state (the checkpointer); only long-term facts travel as KV.
 The user comes from the constructor or from the run's context (``context={"user_id": ...}``).
 
 With ``namespace=("memories", "{user_id}")`` the facts are those of that namespace of the
 agent's LangGraph store (``create_agent(..., store=KVMemoryStore(memory))``), where the agent's
-tools keep them with ``runtime.store.put``; labels are formatted with the run's context.
+tools keep them with ``runtime.store.put``; labels are formatted with the run's context. An
+item put with ``pinned=True`` (KVMemoryStore.put) is attached to every call, first.
 """
 
 from __future__ import annotations
@@ -88,10 +90,10 @@ class KVMemoryMiddleware(AgentMiddleware):
         if not query or not self.k:
             return request
         memory, user_id = self._target(request.runtime)
-        found = memory.search(user_id=user_id, query=query, k=self.k)
+        handle = memory.handle_for(user_id=user_id, query=query, k=self.k)  # pinned first
         self._counters.add("handles_attached")
-        self._counters.add("facts_attached", len(found.handle.fact_ids))
-        settings = {**request.model_settings, HANDLES_KEY: [found.handle.to_dict()]}
+        self._counters.add("facts_attached", len(handle.fact_ids))
+        settings = {**request.model_settings, HANDLES_KEY: [handle.to_dict()]}
         return request.override(model_settings=settings)
 
     def _save(self, state: AgentState, runtime: Runtime) -> None:

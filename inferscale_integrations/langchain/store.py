@@ -29,10 +29,11 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote, unquote
 
 from langgraph.store.base import (
+    NOT_PROVIDED,
     BaseStore,
     GetOp,
     InvalidNamespaceError,
@@ -184,6 +185,31 @@ class KVMemoryStore(BaseStore):
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
         return await asyncio.to_thread(self.batch, list(ops))
+
+    def put(self, namespace: tuple[str, ...], key: str, value: Mapping[str, Any],
+            index: Literal[False] | list[str] | None = None, *, ttl: Any = NOT_PROVIDED,
+            pinned: bool | None = None) -> None:
+        """LangGraph's put, and pinned: True pins the item's facts, False unpins them.
+
+        A pinned item is in every answer of the namespace, before the retrieved facts
+        (Memory.pin); None leaves the pin as it is.
+        """
+        if pinned is not None and not isinstance(pinned, bool):
+            raise InvalidRequestError(f"pinned must be True, False or None, got {pinned!r:.40}")
+        super().put(namespace, key, value, index, ttl=ttl)
+        if pinned is not None and value is not None:
+            self._pin(namespace, key, pinned)
+
+    async def aput(self, namespace: tuple[str, ...], key: str, value: Mapping[str, Any],
+                   index: Literal[False] | list[str] | None = None, *, ttl: Any = NOT_PROVIDED,
+                   pinned: bool | None = None) -> None:
+        """put(), in a worker thread."""
+        await asyncio.to_thread(self.put, namespace, key, value, index, ttl=ttl, pinned=pinned)
+
+    def _pin(self, namespace: tuple[str, ...], key: str, pinned: bool) -> None:
+        scope = scope_of(namespace)
+        ids = [f.fact_id for f in self._facts(scope, key, omit_expired=True)]
+        (self.memory.pin if pinned else self.memory.unpin)(user_id=scope, fact_ids=ids)
 
     # ---- TTL (ttl.py) ------------------------------------------------------------------
     def sweep_ttl(self) -> int:

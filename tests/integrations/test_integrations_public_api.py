@@ -23,8 +23,8 @@ def test_exports():
     assert langchain.__all__ == ["ChatInferScale", "KVMemoryMiddleware", "KVMemoryStore",
                                  "KVSearchItem", "LangChainKVMemory", "chat_openai",
                                  "kv_context"]
-    assert llamaindex.__all__ == ["InferScaleLLM", "KVMemoryBlock", "LlamaIndexKVMemory",
-                                  "openai_like"]
+    assert llamaindex.__all__ == ["InferScaleLLM", "KVMemoryBlock", "KVStaticBlock",
+                                  "LlamaIndexKVMemory", "openai_like"]
 
 
 def test_importing_the_package_imports_no_framework():

@@ -369,3 +369,14 @@ def test_the_server_panel_shows_the_metrics_and_refreshes(ui, http, caroline):
         admin.shot("server")
     finally:
         admin.close()
+
+
+def test_pinned_memories_carry_a_pin_marker(ui, http):
+    user = _user("a", "pinned")
+    (plain,) = _add(http, "a", user, texts=["Pat keeps bees."])
+    (pinned,) = _add(http, "a", user, texts=["Pat is vegetarian."], pinned=True)
+    page = ui.open(KEYS["a"], f"#/user/{user}/memories")
+    page.locator("table.memories tbody tr[data-id]").first.wait_for()
+    marker = page.locator(f"table.memories tr[data-id='{pinned}'] td.text span.badge.pinned")
+    assert "pinned" in marker.text_content()
+    assert page.locator(f"table.memories tr[data-id='{plain}'] span.badge.pinned").count() == 0

@@ -60,24 +60,27 @@ def handle_of(user_id: str, hits: Sequence[Hit]) -> MemoryHandle:
 
 
 def serve_handle(user_id: str, query: str | None, k: int, recent: Sequence[int],
-                 exclude: Sequence[int],
-                 search: Callable[[str, int], MemoryHandle]) -> MemoryHandle:
-    """The facts one request is served with: top-k, then recent (the one rule for both).
+                 exclude: Sequence[int], search: Callable[[str, int], MemoryHandle],
+                 pinned: Sequence[FactId] = ()) -> MemoryHandle:
+    """The facts one request is served with: pinned, top-k, then recent (the one rule).
 
-    The user's k facts most similar to `query` that are neither in `recent` nor in `exclude`
-    (k new facts, not fewer), best first, then `recent` in its order (a fact listed twice keeps
-    its first place). A blank or None query: `recent` only. `search(query, n)` is the user's
+    `pinned` first (the user's pinned facts, outside k), then the user's k facts most similar
+    to `query` that are neither pinned nor in `recent` nor in `exclude` (k new facts, not
+    fewer), best first, then `recent` in its order (a fact listed twice keeps its first
+    place). A blank or None query: pinned and `recent` only. `search(query, n)` is the user's
     top-n handle.
     """
-    ids = [FactId(f) for f in dict.fromkeys(checks.check_fact_ids(recent, "recent"))]
-    skip = {*ids, *checks.check_fact_ids(exclude, "exclude")}
+    first = list(dict.fromkeys(pinned))
+    ids = [FactId(f) for f in dict.fromkeys(checks.check_fact_ids(recent, "recent"))
+           if f not in first]
+    skip = {*first, *ids, *checks.check_fact_ids(exclude, "exclude")}
     if not (k and query is not None and checks.has_visible(query)):
-        return MemoryHandle(user_id, tuple(ids))
+        return MemoryHandle(user_id, (*first, *ids))
     found = search(query, k + len(skip))
     top = [(f, s) for f, s in zip(found.fact_ids, found.scores, strict=True)
            if f not in skip][:k]
-    scores = tuple(s for _, s in top) if not ids else ()  # relevance order is the order
-    return MemoryHandle(user_id, (*(f for f, _ in top), *ids), scores)
+    scores = tuple(s for _, s in top) if not (ids or first) else ()  # the order is relevance
+    return MemoryHandle(user_id, (*first, *(f for f, _ in top), *ids), scores)
 
 
 def find_duplicates(index: RetrievalIndex, user_id: str, vectors: torch.Tensor,

@@ -16,6 +16,8 @@ Each write call of FactStore is one transaction. Nothing here imports torch or v
   verbs.py        store_verb: every FactStore verb's user check and retry
   reserved.py     metadata keys InferScale reserves ('inferscale.*'): context, agent, run
   pending.py      facts of an asynchronous add: stored at once, embedded and encoded later
+  pinning.py      the pinned column: pinning and unpinning current facts
+  lookup.py       a user's facts read by id in chunks; the error for a missing id
   fingerprint.py  what stored token ids and embeddings were derived with
   sql/            the SQL dialects: Database (the contract), SQLite, PostgreSQL
 """

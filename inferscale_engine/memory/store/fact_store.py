@@ -22,8 +22,9 @@ from inferscale_engine.errors import (
     InvalidTurnError,
 )
 from inferscale_engine.facts import FactId
-from inferscale_engine.memory.store import history, schema, transfer, validity
+from inferscale_engine.memory.store import history, pinning, schema, transfer, validity
 from inferscale_engine.memory.store import sessions as turn_log
+from inferscale_engine.memory.store.lookup import raise_missing, select_facts
 from inferscale_engine.memory.store.pending import finish_rows, pending_rows
 from inferscale_engine.memory.store.records import (
     StoredFact,
@@ -37,12 +38,11 @@ from inferscale_engine.memory.store.records import (
 )
 from inferscale_engine.memory.store.sql import Database, open_database
 from inferscale_engine.memory.store.sql.database import retried
-from inferscale_engine.memory.store.verbs import raise_missing, store_verb
+from inferscale_engine.memory.store.verbs import store_verb
 
-_IDS_PER_QUERY = 500  # stays under SQLITE_MAX_VARIABLE_NUMBER of every SQLite build (999)
 _FACT_COLUMNS = ("fact_id, user_id, session_id, text, token_ids, embedding, metadata, "
                  "created_at, updated_at, valid_from, valid_to, superseded_by, expires_at, "
-                 "pending")
+                 "pending, pinned")
 _FINGERPRINT_KEY = "fingerprint"
 
 
@@ -98,7 +98,7 @@ class FactStore:
                   session_id: str | None = None, turns: Sequence[tuple[str, str]] = (),
                   valid_from: float | Sequence[float | None] | None = None,
                   expires_at: float | Sequence[float | None] | None = None,
-                  pending: bool = False) -> list[FactId]:
+                  pending: bool = False, pinned: bool = False) -> list[FactId]:
         """Store facts (and the turns they came from) in one transaction; returns fact ids.
 
         Args:
@@ -116,6 +116,7 @@ class FactStore:
             expires_at: when each fact expires (likewise; None: never).
             pending: their embeddings and KV are still to be made (an asynchronous add; the
                 embeddings given stand in until set_embedding).
+            pinned: the facts are pinned (in every prompt of the user; pinning.py).
 
         Raises:
             InvalidUserIdError / InvalidFactError / InvalidTurnError: an argument is invalid;
@@ -148,10 +149,10 @@ class FactStore:
             turn_log.insert(db, user_id, session_id, turn_list, now)
             ids = [FactId(i) for i in db.insert(
                 "INSERT INTO facts (user_id, session_id, text, token_ids, embedding, metadata, "
-                "created_at, updated_at, content_hash, valid_from, expires_at, pending) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(user_id, session_id, text, tokens, embedding, meta, now, now,
-                  content_hash(text), start, end, int(pending))
+                "created_at, updated_at, content_hash, valid_from, expires_at, pending, pinned) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(user_id, session_id, text, tokens, embedding, meta, now, now, content_hash(text),
+                  start, end, int(pending), int(bool(pinned)))
                  for text, tokens, embedding, meta, start, end in
                  zip(texts, token_blobs, embedding_blobs, metadata_rows, starts, ends,
                      strict=True)],
@@ -169,7 +170,7 @@ class FactStore:
         ids = check_fact_ids(fact_ids)
         with self._db.reading("get") as db:
             found = {row[0]: fact_from_row(row)
-                     for row in _select_facts(db, _FACT_COLUMNS, user_id, ids)}
+                     for row in select_facts(db, _FACT_COLUMNS, user_id, ids)}
         raise_missing(user_id, [i for i in ids if i not in found])
         return [found[i] for i in ids]
 
@@ -225,7 +226,7 @@ class FactStore:
         now = time.time()
         with self._db.transaction("delete") as db:
             schema.bump_user_version(db, user_id)
-            existing = dict(_select_facts(db, "fact_id, text", user_id, ids))
+            existing = dict(select_facts(db, "fact_id, text", user_id, ids))
             raise_missing(user_id, [i for i in ids if i not in existing])
             db.executemany("DELETE FROM facts WHERE fact_id = ?", [(i,) for i in ids])
             history.record(db, user_id, [(i, event, existing[i], None) for i in ids], now)
@@ -250,6 +251,14 @@ class FactStore:
         with self._db.transaction("supersede") as db:
             schema.bump_user_version(db, user_id)
             return validity.supersede(db, user_id, ids, newer, at)
+
+    @store_verb
+    def set_pinned(self, *, user_id: str, fact_ids: Sequence[int], pinned: bool
+                   ) -> list[FactId]:
+        """Pin or unpin the user's current facts; returns those changed (pinning.py)."""
+        with self._db.transaction("set_pinned") as db:
+            schema.bump_user_version(db, user_id)
+            return pinning.set_pinned(db, user_id, check_fact_ids(fact_ids), bool(pinned))
 
     @retried
     def expired(self, now: float | None = None, limit: int = 1000,
@@ -422,11 +431,9 @@ class FactStore:
 
     @store_verb
     def user_version(self, user_id: str) -> int:
-        """A number that grows with every committed change of the user's facts; 0 if never written.
+        """Raised by every committed change of the user's facts, by any process; 0: none yet.
 
-        Every add_facts, update, delete and reset, by any process, raises it in its own
-        transaction. One key lookup: cheap enough to ask before serving a user whose facts this
-        process has cached.
+        One key lookup: cheap enough to ask before serving a user whose facts are cached.
         """
         with self._db.reading("user_version") as db:
             return schema.user_version(db, user_id)
@@ -442,9 +449,3 @@ class FactStore:
         self.close()
 
 
-def _select_facts(db: Database, columns: str, user_id: str,
-                  fact_ids: Sequence[int]) -> Iterator[tuple[Any, ...]]:
-    for start in range(0, len(fact_ids), _IDS_PER_QUERY):
-        chunk = fact_ids[start:start + _IDS_PER_QUERY]
-        yield from db.execute(f"SELECT {columns} FROM facts WHERE user_id = ? AND fact_id IN "
-                              f"({','.join('?' * len(chunk))})", (user_id, *chunk))

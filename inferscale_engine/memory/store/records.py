@@ -54,6 +54,8 @@ class StoredFact:
     """When it expires (None: never); an expired fact is never served."""
     pending: bool = False
     """Its embedding and KV are still being made (an asynchronous add)."""
+    pinned: bool = False
+    """In every prompt of the user, its KV never evicted (store/pinning.py)."""
 
     @property
     def since(self) -> float:
@@ -78,7 +80,7 @@ class StoredFact:
         return MemoryItem(self.fact_id, self.user_id, self.text, score, dict(self.metadata),
                           self.session_id, self.created_at, self.updated_at, self.agent_id,
                           self.run_id, self.valid_from, self.valid_to, self.superseded_by,
-                          self.expires_at)
+                          self.expires_at, self.pinned)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,10 +174,10 @@ def content_hash(text: str) -> str:
 def fact_from_row(row: tuple[Any, ...]) -> StoredFact:
     """A StoredFact from a row of the facts table."""
     (fact_id, user_id, session_id, text, tokens, embedding, metadata, created, updated,
-     valid_from, valid_to, superseded_by, expires_at, pending) = row
+     valid_from, valid_to, superseded_by, expires_at, pending, pinned) = row
     return StoredFact(FactId(fact_id), user_id, session_id, text,
                       tuple(np.frombuffer(tokens, dtype=TOKEN_DTYPE).tolist()), bytes(embedding),
                       json.loads(metadata), created, updated, valid_from=valid_from,
                       valid_to=valid_to,
                       superseded_by=None if superseded_by is None else FactId(superseded_by),
-                      expires_at=expires_at, pending=bool(pending))
+                      expires_at=expires_at, pending=bool(pending), pinned=bool(pinned))

@@ -12,7 +12,7 @@ import unicodedata
 from collections.abc import Callable
 
 from inferscale_engine.errors import StoreError
-from inferscale_engine.memory.store import history
+from inferscale_engine.memory.store import history, pinning
 from inferscale_engine.memory.store.sql.database import Database
 
 VERSION_KEY = "schema_version"
@@ -67,7 +67,7 @@ def _validity_v5(db: Database) -> None:
 # is an empty database. Append a step to change the schema, never edit one.
 _MIGRATIONS: list[Callable[[Database], None]] = [_create_v1, _nfc_user_ids_v2,
                                                  history.create_v3, _user_versions_v4,
-                                                 _validity_v5]
+                                                 _validity_v5, pinning.create_v6]
 
 
 def migrate(db: Database) -> None:

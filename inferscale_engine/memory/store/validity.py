@@ -46,8 +46,8 @@ def supersede(db: Database, user_id: str, ids: Sequence[int], by: FactId | None,
     now = time.time()
     end = at if at is not None else newer[1] if newer[1] is not None else now
     marked = [FactId(i) for i in ids if existing[i][1] is None]
-    db.executemany("UPDATE facts SET valid_to = ?, superseded_by = ?, updated_at = ? "
-                   "WHERE fact_id = ?", [(end, by, now, i) for i in marked])
+    db.executemany("UPDATE facts SET valid_to = ?, superseded_by = ?, updated_at = ?, "
+                   "pinned = 0 WHERE fact_id = ?", [(end, by, now, i) for i in marked])
     history.record(db, user_id, [(i, "SUPERSEDE", existing[i][0], newer[0]) for i in marked],
                    now)
     return marked

@@ -1,6 +1,6 @@
-"""The FactStore's verbs: the decorator (user id checked, call retried), the not-found answer.
+"""The FactStore's verbs: the decorator (user id checked, call retried).
 
-raise_missing is the one answer of a verb asked for facts the user does not have.
+The not-found answer of a verb asked for facts the user does not have is lookup.raise_missing.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, cast
 
 from inferscale_engine.checks import check_user_id
-from inferscale_engine.errors import FactNotFoundError
 from inferscale_engine.memory.store.sql.database import retried
 
 _P = ParamSpec("_P")
@@ -36,10 +35,3 @@ def store_verb(call: Callable[_P, _R]) -> Callable[_P, _R]:
         return once_more(*args, **kwargs)
     return cast(Callable[_P, _R], checked)
 
-
-def raise_missing(user_id: str, missing: list[int]) -> None:
-    """Raise FactNotFoundError naming `missing` (nothing when it is empty)."""
-    if missing:
-        raise FactNotFoundError(f"user {user_id!r} has no fact with id(s) "
-                                f"{list(dict.fromkeys(missing))}: deleted, never added, or "
-                                "another user's; list the user's facts with get_all()")

@@ -115,7 +115,8 @@ async def memories(request: Request, user_id: str | None = Query(default=None)
     return {"user_id": user_id, "memories": [
         {"id": int(r.fact_id), "memory": r.text, "created_at": r.created_at,
          "updated_at": r.updated_at, "session_id": r.session_id, "agent_id": r.agent_id,
-         "run_id": r.run_id, "expires_at": r.expires_at, "metadata": r.metadata,
+         "run_id": r.run_id, "expires_at": r.expires_at, "pinned": r.pinned,
+         "metadata": r.metadata,
          "tokens": len(r.token_ids),
          "tiers": list(tiers.get(r.fact_id, ()))} for r in records]}
 

@@ -155,3 +155,18 @@ def test_the_users_held_are_bounded_and_a_released_one_is_read_again(engine, sha
         assert kv.plan_status == "inject" and kv.num_injected_tokens > 0  # read again
         assert sorted(served_texts(memory, "ann", FACTS[1])) == sorted(FACTS[:2])
         assert memory.stats().num_served_users == 2
+
+
+def test_a_pin_set_by_another_replica_is_followed(engine, shared):
+    url, other = shared
+    with replica(engine, url) as memory:
+        first, second = other.add("pia", FACTS[:2])
+        assert memory.handle_for(user_id="pia", query=None, k=2).fact_ids == ()
+        other.store.set_pinned(user_id="pia", fact_ids=[second], pinned=True)
+        assert memory.pinned(user_id="pia") == [second]
+        assert memory.handle_for(user_id="pia", query=None, k=2).fact_ids == (second,)
+        other.store.set_pinned(user_id="pia", fact_ids=[second], pinned=False)
+        other.store.set_pinned(user_id="pia", fact_ids=[first], pinned=True)
+        assert memory.pinned(user_id="pia") == [first]
+        other.store.delete(user_id="pia", fact_ids=[first])
+        assert memory.pinned(user_id="pia") == []

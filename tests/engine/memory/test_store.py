@@ -48,7 +48,7 @@ from inferscale_engine.memory.store.fact_store import FactStore
 from inferscale_engine.memory.store.records import StoredFact, Turn
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -402,11 +402,11 @@ def test_migration_hook_upgrades_once_and_newer_schema_is_refused(target, monkey
         add(fact_store, "u", ["before upgrade"])
     calls = []
 
-    def add_pinned(db) -> None:
+    def add_priority(db) -> None:
         calls.append(1)
-        db.execute("ALTER TABLE facts ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0")
+        db.execute("ALTER TABLE facts ADD COLUMN priority INTEGER NOT NULL DEFAULT 0")
 
-    monkeypatch.setattr(schema, "_MIGRATIONS", [*schema._MIGRATIONS, add_pinned])
+    monkeypatch.setattr(schema, "_MIGRATIONS", [*schema._MIGRATIONS, add_priority])
     with FactStore(target) as fact_store:
         assert fact_store.schema_version == SCHEMA_VERSION + 1
         assert [f.text for f in fact_store.get_all(user_id="u")] == ["before upgrade"]
@@ -784,3 +784,29 @@ def test_shared_and_path_name_the_database(backend, target):
         assert fact_store.shared is (backend == "postgres")
         assert fact_store.path == target
         assert isinstance(fact_store, FactStore)
+
+
+# ---- pinned facts --------------------------------------------------------------------------
+def test_pinned_is_stored_set_per_current_fact_and_cleared_by_supersede(store):
+    plain, kept = add(store, "ann", ["Ann has a cat.", "Ann is vegetarian."])
+    (pinned,) = add(store, "ann", ["Ann's name is Ann Lee."], pinned=True)
+    (theirs,) = add(store, "bo", ["Bo has a dog."])
+    (due,) = add(store, "ann", ["Ann's flight is today."], expires_at=1.0)
+    flags = {f.fact_id: f.pinned for f in store.get_all(user_id="ann")}
+    assert flags == {plain: False, kept: False, pinned: True, due: False}
+    assert store.get(user_id="ann", fact_ids=[pinned])[0].to_item().pinned
+    before = store.user_version("ann")
+    assert store.set_pinned(user_id="ann", fact_ids=[kept, pinned], pinned=True) == [kept]
+    assert store.user_version("ann") > before
+    assert store.set_pinned(user_id="ann", fact_ids=[kept], pinned=True) == []  # again: none
+    for foreign in ([plain, theirs], [10**9], [due]):  # another user's, unknown, expired
+        with pytest.raises(FactNotFoundError):
+            store.set_pinned(user_id="ann", fact_ids=foreign, pinned=True)
+    assert not store.get(user_id="ann", fact_ids=[plain])[0].pinned  # all or nothing
+    (newer,) = add(store, "ann", ["Ann is vegan."])
+    assert store.supersede(user_id="ann", fact_ids=[kept], by=newer) == [kept]
+    assert not store.get(user_id="ann", fact_ids=[kept])[0].pinned
+    with pytest.raises(FactNotFoundError):
+        store.set_pinned(user_id="ann", fact_ids=[kept], pinned=True)
+    assert store.set_pinned(user_id="ann", fact_ids=[pinned], pinned=False) == [pinned]
+    assert not any(f.pinned for f in store.get_all(user_id="ann"))

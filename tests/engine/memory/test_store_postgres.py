@@ -341,7 +341,7 @@ def test_text_is_stored_as_written_and_nul_escaped(postgres_url):
 
     with FactStore(postgres_url) as fact_store:
         add(fact_store, "u", ["plain text é 🧠", "with\x00nul"])
-        assert fact_store.schema_version == 5
+        assert fact_store.schema_version == 6
     with psycopg.connect(postgres_url) as raw:
         texts = [r[0] for r in raw.execute("SELECT text FROM facts ORDER BY fact_id")]
         tables = {r[0] for r in raw.execute(

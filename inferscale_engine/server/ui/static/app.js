@@ -251,7 +251,9 @@
     const reload = (message) => memoriesTab(user, fill, opened, refused, message);
     const rows = [];
     for (const m of data.memories) {
-      const textCell = h("td", { class: "text" }, m.memory);
+      const textCell = h("td", { class: "text" }, m.pinned ? h("span", { class: "badge pinned",
+        title: "Pinned: in every answer of this user, before the retrieved memories; its KV " +
+          "stays in the GPU slab" }, "\u{1F4CC} pinned") : null, m.memory);
       const sub = h("tr", { class: "sub", hidden: true }, h("td", { colspan: 9 }));
       const historyButton = h("button", { class: "link", onclick: async () => {
         if (!sub.hidden) { sub.hidden = true; return; }
