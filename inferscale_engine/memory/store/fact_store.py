@@ -50,9 +50,8 @@ class FactStore:
     """Durable facts and turns of every user, in SQLite or PostgreSQL. Thread-safe.
 
     Fact ids are unique forever (AUTOINCREMENT, identity columns): a deleted id is never
-    reused, so a stale handle or KV entry can never name a newer fact. Several processes may
-    share one PostgreSQL database (`shared`); user_version() tells them a user changed. Open
-    one with open_store (store/__init__.py).
+    reused, so a stale handle or KV entry can never name a newer fact. Processes may share a
+    PostgreSQL database (`shared`; user_version() says a user changed): open_store opens one.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: str | None = None,
