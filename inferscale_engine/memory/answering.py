@@ -160,8 +160,12 @@ class Answering:
                 self.counters["pending_served_as_text"] += len(pending)
         if not pending or mode != "kv":
             return layout
-        base = layout or self._engine.config.layout
-        return dataclasses.replace(base, text_facts=base.text_facts | pending)
+        if layout is not None:
+            return dataclasses.replace(layout, text_facts=layout.text_facts | pending)
+        base = self._engine.config.layout  # the default's r is at most the handle's size
+        assert handle is not None
+        return dataclasses.replace(base, text_facts=pending, repair_facts=min(
+            base.repair_facts, len(handle.fact_ids)))
 
     def _check_handle(self, handle: MemoryHandle | None, user_id: str | None) -> None:
         if handle is not None and not isinstance(handle, MemoryHandle):

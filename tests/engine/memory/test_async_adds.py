@@ -91,6 +91,21 @@ def test_a_pending_fact_is_served_as_text_then_as_kv(module_engine, tmp_path):
         assert memory.counters["pending_served_as_text"] == before + 3  # no text any more
 
 
+def test_a_user_whose_only_fact_is_pending_is_answered_with_the_default_layout(
+        module_engine, tmp_path):
+    embedder = GatedEmbedder()
+    with Memory(module_engine, tmp_path / "m.db", embedder, progress_bar=False) as memory:
+        (added,) = memory.add(user_id="solo", texts=[FACTS[0]], wait=False)
+        answer = memory.generate(user_id="solo", query="What does Alice like?", k=5,
+                                 sampling=greedy(2))  # the default repairs 2 of 1 fact
+        assert answer.finished and answer.num_repaired_facts == 1
+        prepared = memory.prepare(user_id="solo", query="What does Alice like?", k=5,
+                                  messages=[{"role": "user", "content": "What does Alice like?"}])
+        assert prepared.handle.fact_ids == (added.fact_id,)
+        embedder.gate.set()
+        assert memory.wait_adds(WAIT_S)
+
+
 def test_a_restart_mid_queue_loses_nothing(module_engine, tmp_path):
     db = tmp_path / "m.db"
     embedder = GatedEmbedder()
