@@ -39,7 +39,7 @@ class Editing:
         self._add = add
         """Memory.add: what supersede adds the newer fact with."""
         self._pinning = pinning
-        """Checks an update of a pinned fact against the caps."""
+        """Checks an update of a pinned fact against the caps; pins a supersede's newer fact."""
 
     def add_turns(self, *, user_id: str, session_id: str | None,
                   messages: Sequence[Mapping[str, str]]) -> list[int]:
@@ -86,7 +86,9 @@ class Editing:
         With `text`, a new fact is added (in the old fact's agent and run scope; metadata None:
         the old fact's) and the old one is marked superseded by it: it stays in the store
         (history SUPERSEDE; as-of reads find it) and leaves what search and answers serve.
-        Without `text`, the fact just stops being true (at `timestamp`, default now).
+        Without `text`, the fact just stops being true (at `timestamp`, default now). A pinned
+        fact's newer fact is pinned in its place (InvalidRequestError, nothing changed, if its
+        text would pass the pin caps).
 
         Returns:
             The new fact's AddResult (event 'UPDATE', supersedes=(fact_id,)); None without
@@ -106,6 +108,9 @@ class Editing:
                                     f"({old.superseded_by})")
         new = None
         if text is not None:
+            if old.pinned:  # the newer fact keeps the pin: checked before anything changes
+                with self._scopes.user(uid) as uid:
+                    self._pinning.check_update(uid, old, self._tokenize(text))
             (new,) = self._add(user_id=uid, texts=[text], dedupe=False, timestamp=at,
                                metadata=old.metadata if metadata is None else metadata,
                                agent_id=old.agent_id, run_id=old.run_id)
@@ -117,6 +122,8 @@ class Editing:
             self.counters["superseded"] += len(done)
         if new is None:
             return None
+        if old.pinned and done:
+            self._pinning.pin(user_id=uid, fact_ids=[new.fact_id])
         return AddResult(new.fact_id, new.text, "UPDATE", supersedes=tuple(done))
 
     def delete(self, *, user_id: str, fact_ids: Sequence[int]) -> None:

@@ -103,8 +103,11 @@ def test_superseded_expired_and_deleted_pinned_facts_are_no_longer_served(memory
                                             expiration_date=time.time() + 3600)]
     assert memory.pinned(user_id="ann") == [a, b, c]
     new = memory.supersede(user_id="ann", fact_id=a, text="Ann moved to Porto.")
-    assert new is not None and memory.pinned(user_id="ann") == [b, c]
+    assert new is not None and memory.pinned(user_id="ann") == [b, c, new.fact_id]
     assert not memory.records(user_id="ann", include_superseded=True)[0].pinned
+    assert memory.get(user_id="ann", fact_id=new.fact_id).pinned  # the newer one keeps it
+    assert memory.supersede(user_id="ann", fact_id=new.fact_id) is None  # no longer true
+    assert memory.pinned(user_id="ann") == [b, c]
     memory.delete(user_id="ann", fact_ids=[b])
     assert memory.pinned(user_id="ann") == [c]
     memory._served.expire_due(now=time.time() + 7200)  # c's expiry has passed
@@ -150,6 +153,12 @@ def test_bad_pinned_input_and_full_caps_are_refused_with_nothing_stored(tiny_mod
                           text="Ann is vegetarian and cooks every Sunday for all her friends.")
         assert memory.get(user_id="ann", fact_id=pin).text == "Ann is vegetarian."
         assert not memory.get(user_id="ann", fact_id=long).pinned
+        before = len(memory.records(user_id="ann", include_superseded=True))
+        with pytest.raises(InvalidRequestError, match="cap of 24"):  # its newer fact would be
+            memory.supersede(user_id="ann", fact_id=pin,       # pinned: over the cap
+                             text="Ann is vegetarian and cooks every Sunday for all her friends.")
+        assert memory.pinned(user_id="ann") == [pin]  # nothing changed
+        assert len(memory.records(user_id="ann", include_superseded=True)) == before
         with pytest.raises(FactNotFoundError):
             memory.pin(user_id="ann", fact_ids=[10**6])
 
