@@ -242,8 +242,8 @@ class Answering:
                 pending)
             pinned = self._pins(user_id, exclude)
         recent = [*recent, *pending]
-        return serve_handle(user_id, query, k, recent, exclude, lambda text, n: self._search(
-            user_id=user_id, query=text, k=n).handle, pinned)
+        return serve_handle(user_id, query, k, recent, exclude, lambda text, n, skip: self._search(
+            user_id=user_id, query=text, k=n, exclude=skip).handle, pinned)
 
     @contextmanager
     def interactive(self) -> Iterator[None]:

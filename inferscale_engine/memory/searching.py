@@ -56,7 +56,7 @@ class Searching:
     def search(self, *, user_id: str, query: str, k: int = 5,
                filter: Mapping[str, Any] | None = None, agent_id: str | None = None,
                run_id: str | None = None, as_of: Any = None,
-               search_mode: str | None = None) -> SearchResult:
+               search_mode: str | None = None, exclude: Sequence[int] = ()) -> SearchResult:
         """The user's k facts most similar to `query`, best first, and their handle.
 
         search_mode: 'vector' (cosine) or 'hybrid' (keyword matches fused with the cosine choose
@@ -67,6 +67,7 @@ class Searching:
         among the facts true then, superseded ones included (ranked by cosine). With the
         Memory's reranker, the rerank_candidates best are scored by it and its k best returned,
         ordered by and scored with its scores (a read as of a date is not reranked).
+        exclude: fact ids left out before the k are chosen (k others are returned).
         """
         user = self._scopes.user(user_id)
         query = checks.check_text(query, "query", InvalidRequestError)
@@ -76,19 +77,23 @@ class Searching:
         narrow = wanted is not None or scope != (None, None)
         at = checks.check_time(as_of, "as_of")
         mode = hybrid.check_search_mode(search_mode or self._search_mode)
+        skip = frozenset(checks.check_fact_ids(exclude, "exclude"))
         vector = self._embed([query])[0]
         wanted_k, k = k, max(k, self._rerank_candidates) if self._reranker and k else k
         with user as uid:
             if at is not None:
                 hits = [(self._served[r.fact_id], s) for r, s in supersession.search_as_of(
-                    self._store, self._served, uid, vector, at, k if not narrow else 2**31)
-                    if filters.selected(r, wanted, scope)][:wanted_k]
+                    self._store, self._served, uid, vector, at,
+                    k + len(skip) if not narrow else 2**31)
+                    if filters.selected(r, wanted, scope) and r.fact_id not in skip][:wanted_k]
                 return SearchResult(tuple(hits), retrieval.handle_of(uid, hits))
-            ranked, found_by = retrieval.ranked(self._index, uid, vector, k, narrow,
+            ranked, found_by = retrieval.ranked(self._index, uid, vector, k + len(skip) if k
+                                                else 0, narrow,
                                                 query if mode == "hybrid" else None)
+            ranked = [(f, s) for f, s in ranked if f not in skip]  # before the k are cut
             if not narrow:
                 hits = hybrid.by_score([(self._served[fact_id], score)
-                                        for fact_id, score in ranked])
+                                        for fact_id, score in ranked[:k]])
             else:
                 stored = self._store.get(user_id=uid, fact_ids=[f for f, _ in ranked])
         if narrow:  # the filter is evaluated outside the lock; a delete may come between

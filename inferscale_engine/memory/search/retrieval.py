@@ -60,15 +60,16 @@ def handle_of(user_id: str, hits: Sequence[Hit]) -> MemoryHandle:
 
 
 def serve_handle(user_id: str, query: str | None, k: int, recent: Sequence[int],
-                 exclude: Sequence[int], search: Callable[[str, int], MemoryHandle],
+                 exclude: Sequence[int],
+                 search: Callable[[str, int, frozenset[FactId]], MemoryHandle],
                  pinned: Sequence[FactId] = ()) -> MemoryHandle:
     """The facts one request is served with: pinned, top-k, then recent (the one rule).
 
     `pinned` first (the user's pinned facts, outside k), then the user's k facts most similar
     to `query` that are neither pinned nor in `recent` nor in `exclude` (k new facts, not
     fewer), best first, then `recent` in its order (a fact listed twice keeps its first
-    place). A blank or None query: pinned and `recent` only. `search(query, n)` is the user's
-    top-n handle.
+    place). A blank or None query: pinned and `recent` only. `search(query, n, skip)` is the
+    user's top-n handle among the facts not in `skip`.
     """
     first = list(dict.fromkeys(pinned))
     ids = [FactId(f) for f in dict.fromkeys(checks.check_fact_ids(recent, "recent"))
@@ -76,7 +77,7 @@ def serve_handle(user_id: str, query: str | None, k: int, recent: Sequence[int],
     skip = {*first, *ids, *checks.check_fact_ids(exclude, "exclude")}
     if not (k and query is not None and checks.has_visible(query)):
         return MemoryHandle(user_id, (*first, *ids))
-    found = search(query, k + len(skip))
+    found = search(query, k, frozenset(FactId(f) for f in skip))
     top = [(f, s) for f, s in zip(found.fact_ids, found.scores, strict=True)
            if f not in skip][:k]
     scores = tuple(s for _, s in top) if not (ids or first) else ()  # the order is relevance

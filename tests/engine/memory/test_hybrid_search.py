@@ -9,7 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inferscale_engine.errors import ConfigError, InvalidRequestError, RetrievalError
+from inferscale_engine.errors import (
+    ConfigError,
+    InvalidFactError,
+    InvalidRequestError,
+    RetrievalError,
+)
 from tests.conftest import engine_config
 from tests.engine.memory.memory_support import HashEmbedder
 from tests.fake_runner import FakeRunner
@@ -223,3 +228,20 @@ def test_a_failing_reranker_leaves_the_cosine_order_and_is_counted(engine, tmp_p
     with pytest.raises(ConfigError, match="rerank_candidates"):
         Memory(engine, tmp_path / "c.db", HashEmbedder(), progress_bar=False,
                reranker=broken, rerank_candidates=0)
+
+
+def test_excluded_facts_are_left_out_before_the_k_are_chosen(memory):
+    memory.add(user_id="ann", texts=DISTRACTORS)
+    (target,) = memory.add(user_id="ann", texts=[TARGET])
+    three = memory.search(user_id="ann", query=QUERY, k=3).handle.fact_ids
+    first = three[0]
+    two = memory.search(user_id="ann", query=QUERY, k=2, exclude=[first]).handle.fact_ids
+    assert first not in two and len(two) == 2
+    assert set(two) == set(three) - {first}  # the same choice, one fewer
+    assert target.fact_id in memory.search(user_id="ann", query=QUERY, k=3,
+                                           exclude=[first]).handle.fact_ids
+    # a request's recent facts are skipped the same way: k new facts, keywords' choice kept
+    handle = memory.handle_for(user_id="ann", query=QUERY, k=2, recent=[first])
+    assert handle.fact_ids[-1] == first and set(handle.fact_ids[:2]) == set(two)
+    with pytest.raises(InvalidFactError, match="exclude"):
+        memory.search(user_id="ann", query=QUERY, k=2, exclude=["x"])
