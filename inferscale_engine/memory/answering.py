@@ -154,8 +154,9 @@ class Answering:
         among the repaired facts (Layout.text_facts); in text mode every fact is text anyway.
         """
         with self._lock:
-            pending = frozenset(f for f in handle.fact_ids if self._served.num_pending([f])
-                                ) if handle is not None else frozenset()
+            pending = self._served.pending_among(
+                checks.check_user_id(handle.user_id, HandleError), handle.fact_ids
+            ) if handle is not None else frozenset()
             if pending:
                 self.counters["pending_served_as_text"] += len(pending)
         if not pending or mode != "kv":

@@ -74,9 +74,10 @@ class RegisteredFacts:
         self._staged: set[int] = set()
         """Ids of facts an add has stored but not yet registered (Memory registers them in
         chunks); a delete or update meanwhile takes them out, so they are never served."""
-        self._pending: dict[FactId, Fact] = {}
-        """Facts of asynchronous adds registered with the engine without KV or an index entry:
-        served as text only, until finish()."""
+        self._pending: dict[str, dict[FactId, Fact]] = {}
+        """Per user, facts of asynchronous adds registered with the engine without KV or an
+        index entry: served as text only, until finish(). Per user, so that a request reads
+        its own user's and not a bulk add's of someone else."""
         self.expiry = ExpiryClock()
         """When served facts expire (expire_due forgets them; memory/expiry.py)."""
 
@@ -183,39 +184,48 @@ class RegisteredFacts:
 
     def register_pending(self, user_id: str, stored: Sequence[StoredFact]) -> None:
         """Register facts of an asynchronous add with the engine only (no KV, not indexed)."""
-        facts = [f.to_fact() for f in stored if f.fact_id not in self._pending
+        mine = self._pending.get(user_id, {})
+        facts = [f.to_fact() for f in stored if f.fact_id not in mine
                  and f.fact_id not in self._facts]
         if facts:
             self._engine.add_tokenized_facts(facts, None, encode=False)
-            self._pending.update((f.fact_id, f) for f in facts)
+            self._pending.setdefault(user_id, {}).update((f.fact_id, f) for f in facts)
 
     def pending_of(self, user_id: str, max_tokens: int | None = None) -> list[FactId]:
         """The user's pending facts, oldest first; with max_tokens, the newest that fit it."""
-        ids = sorted(i for i, f in self._pending.items() if f.user_id == user_id)
+        mine = self._pending.get(user_id, {})
+        ids = sorted(mine)
         if max_tokens is None:
             return ids
         kept: list[FactId] = []
         for fact_id in reversed(ids):
-            max_tokens -= len(self._pending[fact_id].token_ids)
+            max_tokens -= len(mine[fact_id].token_ids)
             if max_tokens < 0:
                 break
             kept.append(fact_id)
         return kept[::-1]
 
-    def num_pending(self, fact_ids: Iterable[int]) -> int:
-        """How many of these facts are pending (served as text only)."""
-        return sum(1 for i in fact_ids if i in self._pending)
+    def pending_among(self, user_id: str, fact_ids: Iterable[int]) -> frozenset[FactId]:
+        """Those of the user's facts that are pending (served as text only)."""
+        mine = self._pending.get(user_id, {})
+        return frozenset(FactId(i) for i in fact_ids if i in mine)
+
+    def _unpend(self, user_id: str, fact_ids: Iterable[FactId]) -> None:
+        mine = self._pending[user_id]
+        for fact_id in fact_ids:
+            del mine[fact_id]
+        if not mine:  # a user with no pending facts holds no entry
+            del self._pending[user_id]
 
     def finish(self, user_id: str, stored: Sequence[StoredFact], encode: bool) -> None:
         """Pending facts embedded: registered again with their context, KV and index entry.
 
         Facts deleted meanwhile (no longer pending here) are skipped.
         """
-        chunk = [f for f in stored if f.fact_id in self._pending]
+        chunk = [f for f in stored if f.fact_id in self._pending.get(user_id, {})]
         if chunk:
             self._engine.delete(user_id, [f.fact_id for f in chunk])
-            for f in chunk:
-                del self._pending[f.fact_id]
+            self._unpend(user_id, [f.fact_id for f in chunk])
             self.register(user_id, chunk, encode)
 
     def stage(self, fact_ids: Iterable[int]) -> None:
@@ -247,11 +257,10 @@ class RegisteredFacts:
     def forget(self, user_id: str, fact_ids: Sequence[int]) -> None:
         """Drop deleted facts from the engine (freeing their KV) and from the index."""
         self._staged.difference_update(fact_ids)
-        pending = [FactId(i) for i in fact_ids if i in self._pending]
+        pending = list(self.pending_among(user_id, fact_ids))
         if pending:
             self._engine.delete(user_id, pending)
-            for fact_id in pending:
-                del self._pending[fact_id]
+            self._unpend(user_id, pending)
         self.expiry.drop(fact_ids)
         known = [FactId(i) for i in fact_ids if i in self._facts]
         if known:
@@ -276,7 +285,8 @@ class RegisteredFacts:
     def release_all(self) -> None:
         """Forget every fact, freeing its KV in a shared engine (Memory.close; disk kept)."""
         by_user: dict[str, list[FactId]] = defaultdict(list)
-        for fact in [*self._facts.values(), *self._pending.values()]:
+        for fact in [*self._facts.values(), *(f for mine in self._pending.values()
+                                               for f in mine.values())]:
             by_user[fact.user_id].append(fact.fact_id)
         try:
             for user_id, ids in by_user.items():
@@ -336,7 +346,7 @@ class RegisteredFacts:
         self._engine.unpin(user_id, [i for i in pinned if not current[i].pinned])
         self.pin(user_id, sorted(i for i in served if current[i].pinned and i not in pinned))
         fresh = [f for i, f in current.items() if i not in self._facts and i not in self._staged
-                 and i not in self._pending]
+                 and i not in self._pending.get(user_id, {})]
         self.register_pending(user_id, [f for f in fresh if f.pending])
         self.register(user_id, [f for f in fresh if not f.pending], encode=False)
         self._versions[user_id] = version

@@ -71,13 +71,16 @@ class HostResidency:
                 continue
             needed = self._allocator.pages_needed(len(record.fact.token_ids))
             if needed > self._allocator.num_free_pages:
-                droppable = [r for f, r in self._lru.items() if f not in self._held]
-                if needed > self._allocator.num_free_pages + sum(
-                        len(r.host_pages or ()) for r in droppable):
-                    continue  # no room even after dropping every unheld copy
-                for oldest in droppable:
-                    if needed <= self._allocator.num_free_pages:
+                victims, room = [], self._allocator.num_free_pages
+                for fact_id, oldest in self._lru.items():  # oldest first, until there is room
+                    if room >= needed:
                         break
+                    if fact_id not in self._held:
+                        victims.append(oldest)
+                        room += len(oldest.host_pages or ())
+                if room < needed:
+                    continue  # no room even after dropping every unheld copy
+                for oldest in victims:
                     assert oldest.host_key is not None
                     del self._lru[oldest.fact.fact_id]
                     dropped.append(oldest.host_key)
