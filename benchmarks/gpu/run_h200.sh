@@ -75,6 +75,8 @@ shutil.copytree('.device/minilm', '/tmp/minilm', dirs_exist_ok=True)
 transformers.BertModel(transformers.BertConfig.from_pretrained('/tmp/minilm')).save_pretrained('/tmp/minilm')
 print('random-init MiniLM in /tmp/minilm')" 2>&1 | tail -1
 }
+# records are tagged with the card they ran on (h100 / h200), whatever this script's name
+gpu=$(python3 -c "import torch; n = torch.cuda.get_device_name(0); print('h100' if 'H100' in n else 'h200' if 'H200' in n else 'gpu')")
 python3 -c "import torch, triton, vllm; print('torch', torch.__version__, 'triton', triton.__version__, 'vllm', vllm.__version__, torch.cuda.get_device_name(0))"
 for step in "$@"; do
   echo "=== $step"
@@ -89,41 +91,41 @@ for step in "$@"; do
       python3 benchmarks/gpu/overlap_probe.py --reps 15 2>&1 | tail -10
       python3 benchmarks/gpu/overlap_probe.py --reps 15 --inject-tokens 160000 --tokens 7300 --groups 4,8,32 --tag n128 2>&1 | tail -6 ;;
     ttft)
-      python3 benchmarks/ttft.py --model llama-3.1-8b --multiprocessing --embedder none --tag h200-mp1 --plot --warmup 2 2>&1 | grep -vE "$quiet" | tail -9
-      python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50 --embedder none --tag h200-mp0 --warmup 2 2>&1 | grep -vE "$quiet" | tail -5 ;;
+      python3 benchmarks/ttft.py --model llama-3.1-8b --multiprocessing --embedder none --tag $gpu-mp1 --plot --warmup 2 2>&1 | grep -vE "$quiet" | tail -9
+      python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50 --embedder none --tag $gpu-mp0 --warmup 2 2>&1 | grep -vE "$quiet" | tail -5 ;;
     client)  # where the client's time per throughput batch goes: cProfile at N=64, vLLM stats on, then off
       for stats in false true; do
-        python3 benchmarks/throughput.py --model llama-3.1-8b --multiprocessing --tag h200-client-nostats-$stats --concurrency 64 --repeats ${REPEATS:-4} --profile-client --vllm-arg disable_log_stats=$stats 2>&1 | grep -vE "$quiet" | tail -8
+        python3 benchmarks/throughput.py --model llama-3.1-8b --multiprocessing --tag $gpu-client-nostats-$stats --concurrency 64 --repeats ${REPEATS:-4} --profile-client --vllm-arg disable_log_stats=$stats 2>&1 | grep -vE "$quiet" | tail -8
       done ;;
     aligned)  # kv vs resident with each request's preamble + facts ending on a block boundary
       # (resident then computes exactly the tokens kv computes), next to the unaligned draw
       # (DRAWS, MODES; BLOCK_SIZE=64 for vLLM blocks of 64 tokens, the draw aligned to them)
       for a in ${DRAWS:-unaligned aligned}; do
-        timeout ${TIMEOUT:-280} python3 benchmarks/throughput.py --model llama-3.1-8b --multiprocessing --modes ${MODES:-kv,resident} --concurrency ${CONC:-32,64,128} --repeats ${REPEATS:-6} --tag h200-$a${BLOCK_SIZE:+-bs$BLOCK_SIZE} $([ $a = aligned ] && echo --align-blocks) ${BLOCK_SIZE:+--vllm-arg block_size=$BLOCK_SIZE} 2>&1 | grep -vE "$quiet" | tail -8
+        timeout ${TIMEOUT:-280} python3 benchmarks/throughput.py --model llama-3.1-8b --multiprocessing --modes ${MODES:-kv,resident} --concurrency ${CONC:-32,64,128} --repeats ${REPEATS:-6} --tag $gpu-$a${BLOCK_SIZE:+-bs$BLOCK_SIZE} $([ $a = aligned ] && echo --align-blocks) ${BLOCK_SIZE:+--vllm-arg block_size=$BLOCK_SIZE} 2>&1 | grep -vE "$quiet" | tail -8
       done ;;
     floor)  # the connector API's floor: kv with our per-request work removed piece by piece
       for m in ${MODELS:-llama-3.1-8b}; do
-        timeout ${TIMEOUT:-400} python3 benchmarks/gpu/floor_probe.py --model $m --k ${KS:-0,25,50,100} --requests ${REPEATS:-25} ${VARIANTS:+--variants $VARIANTS} --tag h200 2>&1 | grep -vE "$quiet" | grep -E "^\||^==|WARN|wrote"
+        timeout ${TIMEOUT:-400} python3 benchmarks/gpu/floor_probe.py --model $m --k ${KS:-0,25,50,100} --requests ${REPEATS:-25} ${VARIANTS:+--variants $VARIANTS} --tag $gpu 2>&1 | grep -vE "$quiet" | grep -E "^\||^==|WARN|wrote"
       done ;;
-    throughput) python3 benchmarks/throughput.py --model llama-3.1-8b --multiprocessing --tag h200 --concurrency 1,8,32,64,128 --repeats ${REPEATS:-6} 2>&1 | grep -vE "$quiet" | tail -12 ;;
+    throughput) python3 benchmarks/throughput.py --model llama-3.1-8b --multiprocessing --tag $gpu --concurrency 1,8,32,64,128 --repeats ${REPEATS:-6} 2>&1 | grep -vE "$quiet" | tail -12 ;;
     ceiling) random_minilm
-      python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,10,20,25,50,100 --modes text,kv,resident,kv-user2,kv-user4,text-user2,text-user4 --embedder /tmp/minilm --tag h200-ceiling --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -12
-      python3 benchmarks/ttft.py --model qwen3-8b --ks 0,10,25,50,100 --embedder /tmp/minilm --tag h200-ceiling --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -9 ;;
+      python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,10,20,25,50,100 --modes text,kv,resident,kv-user2,kv-user4,text-user2,text-user4 --embedder /tmp/minilm --tag $gpu-ceiling --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -12
+      python3 benchmarks/ttft.py --model qwen3-8b --ks 0,10,25,50,100 --embedder /tmp/minilm --tag $gpu-ceiling --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -9 ;;
     profile)  # cProfile of kv and of resident requests at k=100 (timings distorted: read the tops)
-      python3 benchmarks/ttft.py --model llama-3.1-8b --ks 100 --modes kv,resident --embedder none --tag h200-profile --warmup 4 --profile 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/profile.log"; tail -4 "$INFERSCALE_RESULTS/profile.log" ;;
+      python3 benchmarks/ttft.py --model llama-3.1-8b --ks 100 --modes kv,resident --embedder none --tag $gpu-profile --warmup 4 --profile 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/profile.log"; tail -4 "$INFERSCALE_RESULTS/profile.log" ;;
     ceiling2)  # issue 13 "must show": both models, k=0..100, 15 timed requests per point
       random_minilm
-      python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,10,25,50,100 --modes text,kv,resident,kv-user2 --embedder /tmp/minilm --tag h200-ceiling2 --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -9
-      python3 benchmarks/ttft.py --model qwen3-8b --ks 0,10,25,50,100 --embedder /tmp/minilm --tag h200-ceiling2 --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -9 ;;
+      python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,10,25,50,100 --modes text,kv,resident,kv-user2 --embedder /tmp/minilm --tag $gpu-ceiling2 --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -9
+      python3 benchmarks/ttft.py --model qwen3-8b --ks 0,10,25,50,100 --embedder /tmp/minilm --tag $gpu-ceiling2 --plot --warmup 4 2>&1 | grep -vE "$quiet" | tail -9 ;;
     ttft_llama)  # the issue-13 TTFT table for Llama-3.1-8B only (no retrieval timing), MODELS overrides
       # (KS, TAG; EXTRA: more ttft.py arguments, e.g. --predecessor mixed or --facts locomo).
       # Synthetic 30-token facts unless EXTRA says otherwise, also where LoCoMo data was carried
       # (the pooled history is synthetic; 2026-12-04 two runs took LoCoMo by mistake)
       for m in ${MODELS:-llama-3.1-8b}; do
-        timeout 400 python3 benchmarks/ttft.py --model $m --ks ${KS:-0,10,25,50,100} --embedder none --tag h200-${TAG:-fair} --plot --warmup 4 --facts synthetic ${EXTRA:-} 2>&1 | grep -vE "$quiet" | tail -9
+        timeout 400 python3 benchmarks/ttft.py --model $m --ks ${KS:-0,10,25,50,100} --embedder none --tag $gpu-${TAG:-fair} --plot --warmup 4 --facts synthetic ${EXTRA:-} 2>&1 | grep -vE "$quiet" | tail -9
       done ;;
     fullgraph)  # vLLM's FULL CUDA graphs for mixed batches too (FA3 supports them), every mode
-      timeout 500 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50,100 --embedder none --tag h200-fullgraph --warmup 4 --vllm-arg 'compilation_config={"cudagraph_mode": "FULL"}' 2>&1 | grep -vE "$quiet" | tail -6 ;;
+      timeout 500 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50,100 --embedder none --tag $gpu-fullgraph --warmup 4 --vllm-arg 'compilation_config={"cudagraph_mode": "FULL"}' 2>&1 | grep -vE "$quiet" | tail -6 ;;
     probe)  # per-phase host time of kv vs resident (medians per request) + profiler tops
       timeout 400 python3 benchmarks/gpu/ceiling_probe.py --model llama-3.1-8b --k 50,100 --requests 20 --profiled 2 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/probe.log"; grep -A40 "== .*k=" "$INFERSCALE_RESULTS/probe.log" | grep -E "==|connector|planner|schedule |execute_model|sample" ;;
     probe_variants)  # the same at k=100 under process settings: gc frozen / off, 1 torch thread
@@ -135,36 +137,36 @@ for step in "$@"; do
       timeout 400 python3 benchmarks/gpu/ceiling_probe.py --model llama-3.1-8b --k 50 --batch ${N:-64} --max-tokens 16 --timeline --requests 4 --profiled 0 --max-model-len 4096 --slab-mib 8192 ${BLOCK_SIZE:+--block-size $BLOCK_SIZE} --tag timeline${N:-64}${BLOCK_SIZE:+-bs$BLOCK_SIZE} 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/timeline${N:-64}.log"; grep -E "^== |^-- |^  +[0-9]|round" "$INFERSCALE_RESULTS/timeline${N:-64}.log" | head -120 ;;
     tail)  # issue 13: what swings throughput between starts. N=64, 10 timed repeats, MP=1 then
       # MP=0; each batch's engine-core first/last token vs its wall (the decode tail's split)
-      timeout 280 python3 benchmarks/throughput.py --model llama-3.1-8b --multiprocessing --tag h200-tail-mp1 --concurrency 64 --repeats 10 2>&1 | grep -vE "$quiet" | tail -9
-      timeout 280 python3 benchmarks/throughput.py --model llama-3.1-8b --tag h200-tail-mp0 --concurrency 64 --repeats 10 2>&1 | grep -vE "$quiet" | tail -9 ;;
+      timeout 280 python3 benchmarks/throughput.py --model llama-3.1-8b --multiprocessing --tag $gpu-tail-mp1 --concurrency 64 --repeats 10 2>&1 | grep -vE "$quiet" | tail -9
+      timeout 280 python3 benchmarks/throughput.py --model llama-3.1-8b --tag $gpu-tail-mp0 --concurrency 64 --repeats 10 2>&1 | grep -vE "$quiet" | tail -9 ;;
     throughput_mp0)  # the throughput batches with vLLM's engine core in this process (MP=0)
-      timeout 500 python3 benchmarks/throughput.py --model llama-3.1-8b --tag h200-mp0${BLOCK_SIZE:+-bs$BLOCK_SIZE} --concurrency 32,64 --repeats 3 ${BLOCK_SIZE:+--vllm-arg block_size=$BLOCK_SIZE} 2>&1 | grep -vE "$quiet" | tail -4 ;;
+      timeout 500 python3 benchmarks/throughput.py --model llama-3.1-8b --tag $gpu-mp0${BLOCK_SIZE:+-bs$BLOCK_SIZE} --concurrency 32,64 --repeats 3 ${BLOCK_SIZE:+--vllm-arg block_size=$BLOCK_SIZE} 2>&1 | grep -vE "$quiet" | tail -4 ;;
     probe_bs)  # host phases per request at k=50,100 with vLLM blocks of 16 and of 64 tokens, one start
       for bs in 16 64; do
         timeout 280 python3 benchmarks/gpu/ceiling_probe.py --model llama-3.1-8b --k 50,100 --requests 20 --profiled 0 --block-size $bs --tag bs$bs 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/probe-bs$bs.log"; grep -A40 "== " "$INFERSCALE_RESULTS/probe-bs$bs.log" | grep -E "==|allocate|cache_full|computed_blocks|schedule |execute_model|start_load|runner"
       done ;;
     sync)  # vLLM's async scheduling off (on by default in vLLM 0.26), Llama, k=0,50,100
-      timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50,100 --embedder none --tag h200-sync --warmup 4 --vllm-arg async_scheduling=false 2>&1 | grep -vE "$quiet" | tail -6 ;;
+      timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50,100 --embedder none --tag $gpu-sync --warmup 4 --vllm-arg async_scheduling=false 2>&1 | grep -vE "$quiet" | tail -6 ;;
     bs64)  # vLLM blocks of 64 tokens, Llama, k=0,50,100
-      timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50,100 --embedder none --tag h200-bs64 --warmup 4 --block-size 64 2>&1 | grep -vE "$quiet" | tail -6 ;;
+      timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50,100 --embedder none --tag $gpu-bs64 --warmup 4 --block-size 64 2>&1 | grep -vE "$quiet" | tail -6 ;;
     throughput_async)  # every mode through vLLM's AsyncLLM (as `inferscale serve` runs)
-      timeout 500 python3 benchmarks/throughput.py --model llama-3.1-8b --async-engine --tag h200-async --concurrency 1,8,32,64,128 --repeats 2 2>&1 | grep -vE "$quiet" | tail -9 ;;
+      timeout 500 python3 benchmarks/throughput.py --model llama-3.1-8b --async-engine --tag $gpu-async --concurrency 1,8,32,64,128 --repeats 2 2>&1 | grep -vE "$quiet" | tail -9 ;;
     async)
-      timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50,100 --embedder none --tag h200-async --warmup 4 --vllm-arg async_scheduling=true 2>&1 | grep -vE "$quiet" | tail -8 ;;
+      timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50,100 --embedder none --tag $gpu-async --warmup 4 --vllm-arg async_scheduling=true 2>&1 | grep -vE "$quiet" | tail -8 ;;
     search_probe) random_minilm  # where a search's time goes: tokenize / embed / scan, float32 vs float16 scan
-      timeout 500 python3 benchmarks/gpu/search_probe.py --device cuda --sizes 10000,100000,300000,1000000 --embedder /tmp/minilm --queries 200 --tag h200 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/search_probe.log"; grep -B2 -A4 "facts, k=" "$INFERSCALE_RESULTS/search_probe.log"; grep -A22 "by self_device" "$INFERSCALE_RESULTS/search_probe.log" | head -50 ;;
+      timeout 500 python3 benchmarks/gpu/search_probe.py --device cuda --sizes 10000,100000,300000,1000000 --embedder /tmp/minilm --queries 200 --tag $gpu 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/search_probe.log"; grep -B2 -A4 "facts, k=" "$INFERSCALE_RESULTS/search_probe.log"; grep -A22 "by self_device" "$INFERSCALE_RESULTS/search_probe.log" | head -50 ;;
     memory1m) random_minilm
-      timeout 500 python3 benchmarks/memory_ops.py --model tiny --device cuda --sizes 10000,1000000 --real-embed-up-to 0 --skip-encode --k 50 --queries 300 --batch 20000 --embedder /tmp/minilm --tag h200 2>&1 | grep -vE "$quiet" | tail -8 ;;
-    qwen3) python3 benchmarks/ttft.py --model qwen3-8b --multiprocessing --embedder none --tag h200-mp1 --plot --warmup 2 2>&1 | grep -vE "$quiet" | tail -9 ;;
+      timeout 500 python3 benchmarks/memory_ops.py --model tiny --device cuda --sizes 10000,1000000 --real-embed-up-to 0 --skip-encode --k 50 --queries 300 --batch 20000 --embedder /tmp/minilm --tag $gpu 2>&1 | grep -vE "$quiet" | tail -8 ;;
+    qwen3) python3 benchmarks/ttft.py --model qwen3-8b --multiprocessing --embedder none --tag $gpu-mp1 --plot --warmup 2 2>&1 | grep -vE "$quiet" | tail -9 ;;
     minilm) random_minilm
       INFERSCALE_TEST_EMBEDDER=/tmp/minilm python3 -m pytest tests/gpu/test_query_graphs.py -q -s -p no:cacheprovider 2>&1 | grep -E "^\[gpu|passed|failed|^E " ;;
     final)
       for m in ${MODELS:-llama-3.1-8b qwen3-8b}; do
-        python3 benchmarks/ttft.py --model $m --embedder /tmp/minilm --tag h200-final --plot 2>&1 | grep -vE "$quiet" | tail -9
+        python3 benchmarks/ttft.py --model $m --embedder /tmp/minilm --tag $gpu-final --plot 2>&1 | grep -vE "$quiet" | tail -9
       done ;;
     ingest)
       for m in llama-3.1-8b qwen3-8b; do
-        python3 benchmarks/ingest.py --model $m --facts 4000 --batch 512 --slab-mib 20480 --windows 0,64,64r512,256,256r512 --tag h200 2>&1 | grep -vE "$quiet" | tail -6
+        python3 benchmarks/ingest.py --model $m --facts 4000 --batch 512 --slab-mib 20480 --windows 0,64,64r512,256,256r512 --tag $gpu 2>&1 | grep -vE "$quiet" | tail -6
       done ;;
     families)
       stage_moe || echo "(Mixtral / Qwen3-MoE will fail without them)"
@@ -174,7 +176,7 @@ for step in "$@"; do
     families_ttft)
       stage_moe || echo "(Mixtral / Qwen3-MoE will fail without them)"
       for m in $families; do
-        timeout 420 python3 benchmarks/ttft.py --model $m --ks 50 --embedder none --tag h200-family --warmup 3 --repeats 10 --slab-mib 6144 --cudagraph-sizes $graphs 2>&1 | grep -vE "$quiet" | tail -4
+        timeout 420 python3 benchmarks/ttft.py --model $m --ks 50 --embedder none --tag $gpu-family --warmup 3 --repeats 10 --slab-mib 6144 --cudagraph-sizes $graphs 2>&1 | grep -vE "$quiet" | tail -4
       done ;;
     server)
       # The bundle lacks the HTTP server's pure-Python deps (uvicorn, h11, click, jmespath,
@@ -182,32 +184,32 @@ for step in "$@"; do
       # uvicorn h11 click jmespath supervisor -d .device/uv).
       for w in .device/uv/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site; done
       random_minilm
-      timeout 590 python3 benchmarks/server_ttft.py --model llama-3.1-8b --embedder /tmp/minilm --tag h200 --cudagraph-sizes $graphs 2>&1 | grep -vE "$quiet" | tail -12 ;;
+      timeout 590 python3 benchmarks/server_ttft.py --model llama-3.1-8b --embedder /tmp/minilm --tag $gpu --cudagraph-sizes $graphs 2>&1 | grep -vE "$quiet" | tail -12 ;;
     serve_overhead)  # issue 46: plain `vllm serve` vs `inferscale serve`, TTFT over HTTP, paired
       for w in .device/uv/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site; done
       random_minilm
       # three servers share the GPU (plain, no-op connector, ours): a quarter of it each + our slab
-      timeout 590 python3 benchmarks/serve_overhead.py --model llama-3.1-8b --embedder /tmp/minilm --k ${K:-50} --requests ${REQUESTS:-30} --slab-mib ${SLAB_MIB:-7680} --gpu-memory-utilization ${GPU_UTIL:-0.25} --tag h200 --cudagraph-sizes $graphs 2>&1 | grep -vE "$quiet" | tail -24 ;;
+      timeout 590 python3 benchmarks/serve_overhead.py --model llama-3.1-8b --embedder /tmp/minilm --k ${K:-50} --requests ${REQUESTS:-30} --slab-mib ${SLAB_MIB:-7680} --gpu-memory-utilization ${GPU_UTIL:-0.25} --tag $gpu --cudagraph-sizes $graphs 2>&1 | grep -vE "$quiet" | tail -24 ;;
     tp2)  # needs nvidia-h200-x2; TP settings that started on 2 H200s (notes/environment.md)
       export VLLM_ALLREDUCE_USE_SYMM_MEM=0
       timeout 400 python3 -m pytest tests/invariants/test_tensor_parallel.py -q -s -p no:cacheprovider 2>&1 | grep -E "TP=2|passed|failed|^E " | head -12
-      timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --tensor-parallel-size 2 --ks 0,25,50,100 --embedder none --warmup 4 --vllm-arg disable_custom_all_reduce=true --tag h200-tp2 2>&1 | grep -vE "$quiet" | tail -8
-      timeout 500 python3 benchmarks/throughput.py --model llama-3.1-8b --tensor-parallel-size 2 --multiprocessing --concurrency 1,8,32,64 --repeats 2 --vllm-arg disable_custom_all_reduce=true --tag h200-tp2 2>&1 | grep -vE "$quiet" | tail -10 ;;
+      timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --tensor-parallel-size 2 --ks 0,25,50,100 --embedder none --warmup 4 --vllm-arg disable_custom_all_reduce=true --tag $gpu-tp2 2>&1 | grep -vE "$quiet" | tail -8
+      timeout 500 python3 benchmarks/throughput.py --model llama-3.1-8b --tensor-parallel-size 2 --multiprocessing --concurrency 1,8,32,64 --repeats 2 --vllm-arg disable_custom_all_reduce=true --tag $gpu-tp2 2>&1 | grep -vE "$quiet" | tail -10 ;;
     tiers)  # the tier scale benchmark: fact KV many times the slab, Zipf users, k=50, and vLLM's
       # own CPU offloading as the peer (USERS, FACTS, SLAB_MIB, HOST_MIB, REQUESTS, ARMS (all five
       # take ~12 min: split them over two calls); the disk tier writes under /tmp)
-      timeout 590 python3 benchmarks/tiers.py --model llama-3.1-8b --users ${USERS:-80} --facts-per-user ${FACTS:-50} --k 50 --slab-mib ${SLAB_MIB:-1280} --host-tier-mib ${HOST_MIB:-4096} --requests ${REQUESTS:-1500} --warmup 200 --kv-cache-gib 16 --cudagraph-sizes $graphs --arms ${ARMS:-resident,host,offload,disk,reencode} --disk-folder /tmp/inferscale-tiers --plot --tag h200 2>&1 | grep -vE "$quiet" | tail -16 ;;
+      timeout 590 python3 benchmarks/tiers.py --model llama-3.1-8b --users ${USERS:-80} --facts-per-user ${FACTS:-50} --k 50 --slab-mib ${SLAB_MIB:-1280} --host-tier-mib ${HOST_MIB:-4096} --requests ${REQUESTS:-1500} --warmup 200 --kv-cache-gib 16 --cudagraph-sizes $graphs --arms ${ARMS:-resident,host,offload,disk,reencode} --disk-folder /tmp/inferscale-tiers --plot --tag $gpu 2>&1 | grep -vE "$quiet" | tail -16 ;;
     promote)  # host-tier promotion per call vs the host link (benchmarks/gpu/promote_probe.py);
       # REFERENCE=.device/old/old_tiers.py times another version's connector/worker_tiers.py beside it
-      timeout 300 python3 benchmarks/gpu/promote_probe.py --calls ${CALLS:-40} ${REFERENCE:+--reference $REFERENCE} --tag h200 2>&1 | grep -vE "$quiet" | tail -5 ;;
+      timeout 300 python3 benchmarks/gpu/promote_probe.py --calls ${CALLS:-40} ${REFERENCE:+--reference $REFERENCE} --tag $gpu 2>&1 | grep -vE "$quiet" | tail -5 ;;
     fp8)  # TTFT text / kv / resident with vLLM's fp8 KV cache, Llama-3.1-8B, k=0..100
-      timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --kv-cache-dtype fp8 --ks ${KS:-0,25,50,100} --embedder none --warmup 4 --facts synthetic --plot --tag h200-fp8 2>&1 | grep -vE "$quiet" | tail -8 ;;
+      timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --kv-cache-dtype fp8 --ks ${KS:-0,25,50,100} --embedder none --warmup 4 --facts synthetic --plot --tag $gpu-fp8 2>&1 | grep -vE "$quiet" | tail -8 ;;
     ab_old)  # kv/resident at k=50,100: this tree vs OLD (a `git archive` of another commit's
       # inferscale_engine and benchmarks, e.g. 43ae860 with its run-time-compiled C helpers, in
       # .device/old), alternating old, new, new, old on one machine
       for side in old new new old; do
         dir=$PWD; [ $side = old ] && dir=$PWD/${OLD:-.device/old}
-        (cd "$dir" && PYTHONPATH=/tmp/site:$dir timeout 280 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 50,100 --embedder none --warmup 4 --repeats ${REPEATS:-20} --facts synthetic --tag h200-ab-$side 2>&1 | grep -vE "$quiet" | tail -4)
+        (cd "$dir" && PYTHONPATH=/tmp/site:$dir timeout 280 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 50,100 --embedder none --warmup 4 --repeats ${REPEATS:-20} --facts synthetic --tag $gpu-ab-$side 2>&1 | grep -vE "$quiet" | tail -4)
       done ;;
     *) echo "unknown step $step" ;;
   esac
