@@ -71,6 +71,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "order the facts were added, the repaired ones by relevance; time: "
                         "every fact in the order it was added, the newest nearest the question "
                         "(answers kept apart per layout; the stores are shared)")
+    parser.add_argument("--hide-older-versions", default="now",
+                        choices=("now", "always", "never"),
+                        help="Memory's hide_older_versions (search/versions.py): answers kept "
+                        "apart per value, the stores shared")
     parser.add_argument("--tag", default="")
     args = parser.parse_args(argv)
     if unknown := set(args.arms.split(",")) - set(INGEST):
@@ -148,8 +152,10 @@ def run_arm(engine: Any, args: argparse.Namespace, arm: str, users: list[Scenari
 
     layout = LAYOUTS[args.layout]
     done_marker = folder / f"{arm}.ingested.json"
-    answers_path = folder / (f"{arm}.jsonl" if args.layout == "rank" else
-                             f"{arm}.{args.layout}.jsonl")
+    variant = "".join([f".{args.layout}" if args.layout != "rank" else "",
+                       f".versions-{args.hide_older_versions}"
+                       if args.hide_older_versions != "now" else ""])
+    answers_path = folder / f"{arm}{variant}.jsonl"
     answers = ([json.loads(line) for line in answers_path.read_text().splitlines() if line]
                if answers_path.exists() else [])
     asked = {(a["question_id"], a["mode"]) for a in answers}
@@ -157,7 +163,8 @@ def run_arm(engine: Any, args: argparse.Namespace, arm: str, users: list[Scenari
         (folder / f"{arm}.db").unlink(missing_ok=True)
     threshold = float(arm[3:]) if arm.startswith("tau") else None
     with Memory(engine, folder / f"{arm}.db", args.embedder, progress_bar=False,
-                supersede_threshold=threshold) as memory:
+                supersede_threshold=threshold,
+                hide_older_versions=args.hide_older_versions) as memory:
         if not done_marker.exists():
             done_marker.write_text(json.dumps(ingest(memory, arm, users)))
         ingested = json.loads(done_marker.read_text())

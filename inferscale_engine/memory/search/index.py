@@ -171,6 +171,12 @@ class UserIndex:
         rows = [self._row_of[f] for f in fact_ids]
         return (self._embeddings[torch.tensor(rows, device=self.device)] @ query).tolist()
 
+    def pairwise(self, fact_ids: Sequence[int]) -> list[list[float]]:
+        """The cosines of the (indexed) facts with each other, [n][n], in order."""
+        rows = self._embeddings[torch.tensor([self._row_of[f] for f in fact_ids],
+                                             dtype=torch.long, device=self.device)]
+        return (rows @ rows.T).tolist()
+
     def _search_half(self, query: torch.Tensor, norm: torch.Tensor, k: int, candidates: int
                      ) -> list[tuple[FactId, float]] | None:
         """The top k from a float16 scan, or None when it cannot prove them (scan in float32).
@@ -331,6 +337,15 @@ class RetrievalIndex:
             if fact_ids and (index is None or any(f not in index._row_of for f in fact_ids)):
                 raise FactNotFoundError(f"not all of {list(fact_ids)} are {user_id!r}'s")
             return index.scores(query_embedding, fact_ids) if index and fact_ids else []
+
+    @_verb
+    def pairwise(self, *, user_id: str, fact_ids: Sequence[int]) -> list[list[float]]:
+        """The cosines of the user's facts `fact_ids` with each other, [n][n], in order."""
+        with self._lock:
+            index = self._users.get(user_id)
+            if fact_ids and (index is None or any(f not in index._row_of for f in fact_ids)):
+                raise FactNotFoundError(f"not all of {list(fact_ids)} are {user_id!r}'s")
+            return index.pairwise(fact_ids) if index and fact_ids else []
 
     def nearest(self, *, user_id: str, embedding: Any) -> tuple[FactId, float] | None:
         """The user's most similar fact, or None."""

@@ -66,9 +66,10 @@ def serve_handle(user_id: str, query: str | None, k: int, recent: Sequence[int],
     """The facts one request is served with: pinned, top-k, then recent (the one rule).
 
     `pinned` first (the user's pinned facts, outside k), then the user's k facts most similar
-    to `query` that are neither pinned nor in `recent` nor in `exclude` (k new facts, not
-    fewer), best first, then `recent` in its order (a fact listed twice keeps its first
-    place). A blank or None query: pinned and `recent` only. `search(query, n, skip)` is the
+    to `query` that are neither pinned nor in `recent` nor in `exclude` (k new facts; fewer
+    only where older versions are left out, search/versions.py), best first, then `recent` in
+    its order (a fact listed twice keeps its first place). A blank or None query: pinned and
+    `recent` only. `search(query, n, skip)` is the
     user's top-n handle among the facts not in `skip`.
     """
     first = list(dict.fromkeys(pinned))
