@@ -6,6 +6,8 @@ conversation, through the public API (Memory.add, Memory.search) with the defaul
 facts come from, averaged, at k = 5, 10, 20. No model runs: the Engine is driven by
 tests/fake_runner.py and no KV is encoded (retrieval does not read it). --weights sweeps the
 hybrid keyword weight (search/hybrid.py KEYWORD_WEIGHT): the dev fold only (locomo_protocol).
+The default search leaves older versions out of questions about now (search/versions.py);
+the hybrid mode is also measured without that (hide_older_versions=never).
 
 Latency: one user's RetrievalIndex of N facts (the dev fold's facts, cycled and numbered, their
 MiniLM vectors jittered), each mode's ranking (search/retrieval.py ranked) plus the query's
@@ -36,8 +38,10 @@ from benchmarks.locomo_protocol import fold  # noqa: E402
 KS = (5, 10, 20)
 
 
-def recall(memory: Any, conversations: list[Conversation], mode: str) -> dict[str, float]:
-    """Mean gold-evidence recall at each k of `mode` over the questions with evidence."""
+def recall(memory: Any, conversations: list[Conversation], mode: str,
+           versions: str | None = None) -> dict[str, float]:
+    """Mean gold-evidence recall at each k of `mode` over the questions with evidence
+    (versions: Memory.search's hide_older_versions; None: the default)."""
     per_k: dict[int, list[float]] = {k: [] for k in KS}
     for conv in conversations:
         sources = {r.fact_id: f.source_ids for r, f in conv_facts(memory, conv)}
@@ -46,7 +50,8 @@ def recall(memory: Any, conversations: list[Conversation], mode: str) -> dict[st
                 continue
             for k in KS:  # one search per k: hybrid's k chosen facts are not a prefix
                 hits = memory.search(user_id=conv.sample_id, query=q.question, k=k,
-                                     search_mode=mode).handle.fact_ids
+                                     search_mode=mode, hide_older_versions=versions
+                                     ).handle.fact_ids
                 covered = {s for f in hits for s in sources[f]}
                 per_k[k].append(sum(e in covered for e in q.evidence) / len(q.evidence))
     print(f"{mode}: {len(per_k[KS[0]])} questions", flush=True)
@@ -143,6 +148,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             hybrid.KEYWORD_WEIGHT = weight
             results[f"hybrid w={weight}"] = recall(memory, conversations, "hybrid")
         hybrid.KEYWORD_WEIGHT = default
+        results["hybrid, hide_older_versions=never"] = recall(memory, conversations, "hybrid",
+                                                              "never")
     for name, row in results.items():
         if isinstance(row, dict):
             print(name, " ".join(f"{k} {v:.1%}" for k, v in row.items() if k.startswith("R@")),
