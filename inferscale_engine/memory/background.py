@@ -10,6 +10,11 @@
              encoded and the facts indexed, in chunks that yield to interactive calls (gate.py)
     resume   at start-up, facts still pending in the store are queued again: nothing
              acknowledged is lost to a restart
+    infer    add(infer=True, wait=False): the user's messages are stored as pending rows
+             (INFER_KEY; served as text meanwhile); the worker runs add(infer=True) on them
+             (`infer`: extraction, decisions, applied with the Memory's own verbs), then
+             deletes the rows; their AddStatus says INFER with what was done. A failure leaves
+             them pending, retried at the next start
 
 The embedding is deferred too: all-MiniLM-L6-v2 costs milliseconds per fact on a CPU, so a
 100-fact add would not return in milliseconds. Until a fact is embedded it cannot be ranked:
@@ -24,7 +29,7 @@ import logging
 import threading
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -46,7 +51,14 @@ from inferscale_engine.memory.registration import RegisteredFacts
 from inferscale_engine.memory.scope import Scopes, UserScope
 from inferscale_engine.memory.search.index import RetrievalIndex
 from inferscale_engine.memory.store import FactStore, StoredFact
-from inferscale_engine.memory.store.reserved import context_metadata, stored_context
+from inferscale_engine.memory.store.reserved import (
+    AGENT_KEY,
+    INFER_KEY,
+    RUN_KEY,
+    context_metadata,
+    public_metadata,
+    stored_context,
+)
 from inferscale_engine.memory.types import AddResult, AddStatus
 
 logger = logging.getLogger(__name__)
@@ -65,6 +77,13 @@ class _Job:
     dedupe: bool
     contexts_later: bool
     """Their contexts need their embeddings ('similar' contexts of facts added as texts)."""
+    infer: bool = False
+    """The rows are user messages of add(infer=True, wait=False) (module docstring)."""
+
+
+Infer = Callable[..., list[AddResult]]
+"""add(infer=True) of one user's messages: (user_id, messages, metadata, agent_id, run_id,
+timestamp, expiration_date) as keywords -> its results."""
 
 
 class BackgroundAdds:
@@ -79,14 +98,14 @@ class BackgroundAdds:
                  embed: Callable[[list[str]], torch.Tensor], dim: Callable[[], int],
                  config: EngineConfig, context_turns: int, dedupe_threshold: float | None,
                  encode: bool, max_queued_facts: int = DEFAULT_MAX_QUEUED_FACTS,
-                 workers: int = 1) -> None:
+                 workers: int = 1, infer: Infer | None = None) -> None:
         self._max_queued = checks.check_int(max_queued_facts, "max_queued_facts", 1,
                                             InvalidRequestError)
         self._num_workers = checks.check_int(workers, "add_workers", 1, InvalidRequestError)
         self._store, self._served, self._index, self._scopes = store, served, index, scopes
         self._gate, self._counters, self._embed, self._dim = gate, counters, embed, dim
         self._config, self._context_turns = config, context_turns
-        self._threshold, self._encode = dedupe_threshold, encode
+        self._threshold, self._encode, self._infer = dedupe_threshold, encode, infer
         self._jobs: deque[_Job] = deque()
         self._cond = threading.Condition()
         self._queued = 0
@@ -99,8 +118,12 @@ class BackgroundAdds:
 
     # ---- the caller's side ----------------------------------------------------------------
     def submit(self, user: UserScope, request: ingest.AddInput,
-               tokenize: Callable[[str], tuple[int, ...]], dedupe: bool) -> list[AddResult]:
+               tokenize: Callable[[str], tuple[int, ...]], dedupe: bool,
+               infer: bool = False) -> list[AddResult]:
         """Store an add's facts as pending and queue the rest; one PENDING result per fact.
+
+        infer=True: the facts are user messages (request.metadata holds INFER_KEY) for the
+        served model to read (module docstring).
 
         Raises:
             AddQueueFullError: max_queued_facts facts are waiting; nothing is stored.
@@ -112,9 +135,10 @@ class BackgroundAdds:
             stand_in = torch.zeros(self._dim() if num_facts else 1)
             facts = [ingest.NewFact(text, turn, ids, stand_in) for text, turn, ids in
                      zip(request.texts, request.turn_of, token_ids, strict=True)]
-            later = request.turns is None and self._config.context_source == "similar"
+            later = (request.turns is None and self._config.context_source == "similar"
+                     and not infer)
             with user as uid:
-                if not later:
+                if not later and not infer:
                     ingest.contexts(facts, request, uid, self._sources())
                 stored = ingest.store(facts, request, uid, self._store, pending=True)
                 self._served.register_pending(uid, stored)
@@ -125,7 +149,7 @@ class BackgroundAdds:
             raise
         if facts:
             self._enqueue(_Job(uid, [s.fact_id for s in stored], request.session_id, dedupe,
-                               later))
+                               later, infer))
         return [AddResult(f.fact_id, f.text, "ADD", turn=f.turn, status="PENDING")
                 for f in facts if f.fact_id is not None]
 
@@ -139,13 +163,24 @@ class BackgroundAdds:
         (fact_id,) = checks.check_fact_ids([fact_id], "fact_id")
         with self._cond:
             known = self._statuses.get(FactId(fact_id))
-        if known is not None and known[0] == user.user_id and known[1].event == "DUPLICATE":
+        if known is not None and known[0] == user.user_id and known[1].event in (
+                "DUPLICATE", "INFER") and known[1].status == "SUCCEEDED":
             return known[1]  # its row is deleted: the status is all that says how it went
         with user as uid:  # the store says whether it exists (a user may delete it any time)
             (stored,) = self._store.get(user_id=uid, fact_ids=[fact_id])
         if known is not None and known[0] == user.user_id:
             return known[1]
         return AddStatus(stored.fact_id, "PENDING" if stored.pending else "SUCCEEDED")
+
+    def owner(self, fact_id: int) -> str | None:
+        """The user of a finished event whose row was deleted (DUPLICATE, INFER), or None.
+
+        Any other id is None here: the store knows the owners of the rows it holds.
+        """
+        with self._cond:
+            known = self._statuses.get(FactId(fact_id))
+        return known[0] if known is not None and known[1].event in ("DUPLICATE", "INFER") \
+            else None
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every queued add is done (or `timeout` s passed); True if all are."""
@@ -159,17 +194,18 @@ class BackgroundAdds:
 
     def resume(self) -> None:
         """Queue the facts a previous process left pending (start-up): one job per user."""
-        by_user: dict[tuple[str, bool], list[StoredFact]] = {}
+        by_user: dict[tuple[str, bool, bool], list[StoredFact]] = {}
         for fact in self._store.pending_facts():
-            later = (stored_context(fact.metadata) is None
+            infer = INFER_KEY in fact.metadata
+            later = (stored_context(fact.metadata) is None and not infer
                      and self._config.context_source == "similar")
-            by_user.setdefault((fact.user_id, later), []).append(fact)
-        for (user_id, later), facts in by_user.items():
+            by_user.setdefault((fact.user_id, later, infer), []).append(fact)
+        for (user_id, later, infer), facts in by_user.items():
             with self._scopes.open():
                 self._served.register_pending(user_id, facts)
             with self._cond:
                 self._queued += len(facts)  # never refused: they are stored already
-            self._enqueue(_Job(user_id, [f.fact_id for f in facts], None, True, later))
+            self._enqueue(_Job(user_id, [f.fact_id for f in facts], None, True, later, infer))
             self._counters["resumed_adds"] += len(facts)
 
     def close(self, timeout_s: float = 60.0) -> None:
@@ -213,6 +249,9 @@ class BackgroundAdds:
                 self._statuses.pop(gone, None)
         if not stored or self._closed:
             return
+        if job.infer:
+            self._run_infer(job, uid, stored)
+            return
         vectors = self._embed([f.text for f in stored])  # outside the lock
         if self._closed:  # the facts stay pending in the store: resumed at the next start
             return
@@ -243,6 +282,31 @@ class BackgroundAdds:
             for lost in set(done) - kept:
                 self._statuses.pop(FactId(lost), None)
         self._mark(job, [f.fact_id for f in finished], "SUCCEEDED")
+
+    def _run_infer(self, job: _Job, user_id: str, stored: Sequence[StoredFact]) -> None:
+        """add(infer=True) of the stored user messages, then their rows deleted."""
+        if self._infer is None:
+            raise InvalidRequestError("this Memory runs no inferred adds")
+        first = stored[0]
+        results = self._infer(
+            user_id=user_id, messages=[{"role": "user", "content": f.text} for f in stored],
+            metadata=public_metadata(first.metadata) or None,
+            agent_id=first.metadata.get(AGENT_KEY), run_id=first.metadata.get(RUN_KEY),
+            timestamp=first.valid_from, expiration_date=first.expires_at)
+        with self._scopes.user(job.user_id) as uid:
+            ids = [f.fact_id for f in self._rows(uid, [f.fact_id for f in stored])]
+            if ids:
+                self._store.delete(user_id=uid, fact_ids=ids)
+                self._served.forget(uid, ids)
+                self._served.wrote(self._store, uid)
+        self._counters["inferred_adds"] += 1
+        done = AddStatus(FactId(0), "SUCCEEDED", "INFER", inferred=tuple(results))
+        with self._cond:
+            for fact_id in job.fact_ids:
+                if fact_id in ids:
+                    self._set(job.user_id, replace(done, fact_id=fact_id))
+                else:  # deleted by the user meanwhile: the store's answer (not found)
+                    self._statuses.pop(fact_id, None)
 
     def _drop_duplicates(self, job: _Job, user_id: str, stored: Sequence[StoredFact],
                          facts: Sequence[ingest.NewFact]) -> None:

@@ -18,6 +18,7 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -57,6 +58,7 @@ from inferscale_engine.memory.searching import (
     Searching,
 )
 from inferscale_engine.memory.store import FactStore, open_store
+from inferscale_engine.memory.store.reserved import INFER_KEY
 from inferscale_engine.memory.transfers import Transfers
 from inferscale_engine.memory.types import AddResult, MemoryStats
 from inferscale_engine.runtime.engine import Engine
@@ -178,7 +180,8 @@ class Memory:
                 gate=self._gate, counters=self.counters, embed=self._embed_in_chunks,
                 dim=lambda: self._embedder.dim, config=engine.config,
                 context_turns=context_turns, dedupe_threshold=self._dedupe_threshold,
-                encode=encode_on_add, max_queued_facts=max_queued_facts, workers=add_workers)
+                encode=encode_on_add, max_queued_facts=max_queued_facts, workers=add_workers,
+                infer=lambda **call: infer_add(self, **call))
             self._background.resume()  # facts a previous process left pending
             self._expiry = Expiry(self._store, self._scopes, self.counters, on_expiry,
                                   expiry_sweep_s)
@@ -244,7 +247,10 @@ class Memory:
         EngineConfig.context_source. The steps are ingest.py's.
 
         wait=False returns once facts and turns are stored (results 'PENDING'); embedding,
-        duplicate check and KV follow in a queue (background.py, add_status, wait_adds).
+        duplicate check and KV follow in a queue (background.py, add_status, wait_adds). With
+        infer=True it stores the user's messages (served as text meanwhile) and the model's
+        extraction and decisions run in the queue; each message's add_status then says
+        'INFER' and lists what was done, and the message rows are deleted.
         pinned=True pins the facts (and stored facts they repeat): in every answer of the user,
         before the retrieved facts, outside k, their KV never evicted (pinning.py).
 
@@ -255,11 +261,19 @@ class Memory:
             InvalidRequestError: pinned=True over a cap (pinning.py); nothing stored.
         """
         user = self._user(user_id)
-        if infer and not wait:
-            raise InvalidRequestError("add(infer=True) needs wait=True (the default)")
         if pinned is True and (infer or not wait):
             raise InvalidRequestError("add(pinned=True) needs wait=True and infer=False: a "
                                       "pinned fact is served as KV from the moment it is added")
+        if infer and not wait:  # the user's messages stored now, the model reads them later
+            checks.check_session(session_id)
+            said = [piece for m in ingest.infer_messages(texts, messages) if m["role"] == "user"
+                    and checks.has_visible(m["content"])
+                    for piece in self._answering.split_text(m["content"])]
+            request = ingest.AddInput.checked(said, None, None, metadata, agent_id, run_id,
+                                              timestamp, expiration_date)
+            request = replace(request, metadata={**(request.metadata or {}), INFER_KEY: True})
+            return self._background.submit(user, request, self._engine.tokenize_fact, False,
+                                           infer=True) if said else []
         if infer:  # texts are read as the user's messages
             checks.check_session(session_id)
             return infer_add(self, user_id=user.user_id, metadata=metadata, agent_id=agent_id,
@@ -311,6 +325,7 @@ class Memory:
     search = forward("_searching", Searching.search)
     add_status = forward("_background", BackgroundAdds.status)
     wait_adds = forward("_background", BackgroundAdds.wait)
+    event_owner = forward("_background", BackgroundAdds.owner)
     add_turns = forward("_editing", Editing.add_turns)
     update = forward("_editing", Editing.update)
     supersede = forward("_editing", Editing.supersede)

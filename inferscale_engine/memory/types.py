@@ -86,10 +86,13 @@ class AddStatus:
     (still stored and served as text; retried at the next start)."""
     event: str = "ADD"
     """'ADD', or 'DUPLICATE': the background check found it repeats `duplicate_of`, and its
-    row was deleted (history: ADD, then DELETE)."""
+    row was deleted (history: ADD, then DELETE), or 'INFER': a message of add(infer=True,
+    wait=False), whose row was deleted once the model's decisions were applied (`inferred`)."""
     duplicate_of: FactId | None = None
     error: str | None = None
     """What failed (FAILED only)."""
+    inferred: tuple[AddResult, ...] = ()
+    """INFER: what the add's model calls did (add(infer=True)'s results: ADD, UPDATE, ...)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -149,7 +149,7 @@ async def add(request: Request, body: AddBody) -> dict[str, Any]:
 async def event(request: Request, event_id: str) -> dict[str, Any]:
     """An asynchronous add's status (PENDING, RUNNING, SUCCEEDED, FAILED)."""
     fact_id = _memory_id(event_id)
-    user_id = await _owned(request, fact_id)
+    user_id = await _owned(request, fact_id, event=True)
     return event_record(await _call(_memory(request).add_status, user_id=user_id,
                                     fact_id=fact_id))
 

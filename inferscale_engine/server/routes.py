@@ -158,13 +158,16 @@ def _filter_pool(request: Request, filter: Any) -> Executor | None:
     return request.app.state.inferscale.filter_pool if filter else None
 
 
-async def _owned(request: Request, memory_id: int) -> str:
+async def _owned(request: Request, memory_id: int, event: bool = False) -> str:
     """The owner of a memory id, if this key may reach it.
 
+    event=True: also of an asynchronous add's event whose row is gone (background.py).
     404 when there is none AND when the key may not see it: the answer tells nothing about
     other tenants' ids (neither that they exist nor whose they are).
     """
     owner = await _call(_memory(request).owner_of, fact_id=memory_id)
+    if owner is None and event:
+        owner = _memory(request).event_owner(memory_id)
     principal = _principal(request)
     if owner is None or (principal is not None and not principal.allows(owner)):
         raise HttpError(404, f"no memory with id {memory_id}", "not_found_error")
@@ -239,18 +242,20 @@ async def add(request: Request, body: AddBody) -> dict[str, Any]:
 @router.get("/events/{event_id}")
 async def event(request: Request, event_id: int) -> dict[str, Any]:
     """The status of one fact's asynchronous add (its event id is its fact id)."""
-    user_id = await _owned(request, event_id)
+    user_id = await _owned(request, event_id, event=True)
     return event_record(await _call(_memory(request).add_status, user_id=user_id,
                                     fact_id=event_id))
 
 
 def event_record(status: Any) -> dict[str, Any]:
     """An AddStatus as JSON (mem0's event fields where they fit)."""
+    results = ([{"id": str(r.fact_id), "event": r.event, "data": {"memory": r.text}}
+                for r in status.inferred] if status.event == "INFER" else
+               [{"id": str(status.fact_id), "event": status.event,
+                 **({"duplicate_of": str(status.duplicate_of)}
+                    if status.duplicate_of is not None else {})}])
     return {"id": str(status.fact_id), "event_type": "ADD", "status": status.status,
-            "results": [{"id": str(status.fact_id), "event": status.event,
-                         **({"duplicate_of": str(status.duplicate_of)}
-                            if status.duplicate_of is not None else {})}],
-            **({"error": status.error} if status.error else {})}
+            "results": results, **({"error": status.error} if status.error else {})}
 
 
 @router.get("")

@@ -67,6 +67,29 @@ def test_mem0_async_mode_and_its_event(http, user_a):
     assert event["status"] == "SUCCEEDED" and event["event_type"] == "ADD"
 
 
+def test_mem0_clients_default_add_infers_in_the_background(http, user_a):
+    """mem0's client sends infer=True with async_mode=True: the message is stored at once,
+    the served model reads it in the background, and the event says what it did."""
+    token = {"Authorization": f"Token {KEYS['a']}"}
+    response = http.post("/v3/memories/add/", headers=token, json={
+        "messages": [{"role": "user", "content": "I moved to Porto in May."}],
+        "user_id": user_a, "infer": True, "async_mode": True})
+    assert response.status_code == 200, response.text
+    (result,) = response.json()["results"]
+    assert result["status"] == "PENDING" and result["memory"] == "I moved to Porto in May."
+    event = _event(http, f"/v1/event/{result['event_id']}/")
+    assert event["status"] == "SUCCEEDED", event
+    listed = http.get("/v1/memories", params={"user_id": user_a}, headers=auth("a")).json()
+    stored = {str(r["id"]) for r in listed["results"]}
+    assert result["id"] not in stored  # the message row is gone: the model's facts stay
+    for change in event["results"]:
+        assert change["event"] in ("ADD", "UPDATE", "DELETE", "NONE")
+        if change["event"] in ("ADD", "UPDATE"):
+            assert change["id"] in stored
+    assert http.get(f"/v1/event/{result['event_id']}/",
+                    headers={"Authorization": f"Token {KEYS['b']}"}).status_code == 404
+
+
 def test_a_chat_borne_add_is_served_at_once_then_from_kv(http, model, user_a):
     headers = {**auth("a"), "X-User-Id": user_a}
     fact = "My violin teacher is called Ottilie."

@@ -52,6 +52,10 @@ def scoped(metadata: dict[str, Any] | None, agent_id: str | None, run_id: str | 
 
 
 
+INFER_KEY = "inferscale.infer"
+"""Metadata key of a user message stored for add(infer=True, wait=False): a pending row the
+background worker reads the served model's facts from, then deletes (memory/background.py)."""
+
 SOURCE_KEY = "inferscale.source"
 """Metadata key of an imported fact: the identity of the record it was imported from
 (store/transfer.py), which makes a second import of the same record add nothing."""

@@ -212,7 +212,10 @@ def test_a_fact_deleted_while_it_is_embedded_is_not_found_and_never_served(modul
 
 def test_bad_input_to_an_asynchronous_add_stores_nothing(fresh_memory):
     with pytest.raises(InvalidRequestError, match="wait=True"):
-        fresh_memory.add(user_id="u", texts=["I live in Oslo."], infer=True, wait=False)
+        fresh_memory.add(user_id="u", texts=["I live in Oslo."], infer=True, wait=False,
+                         pinned=True)
+    with pytest.raises(InvalidRequestError):  # a message with no role
+        fresh_memory.add(user_id="u", messages=[{"content": "x"}], infer=True, wait=False)
     with pytest.raises(InvalidRequestError):
         fresh_memory.add(user_id="u", texts=["x"], messages=[], wait=False)
     with pytest.raises(FactNotFoundError):
