@@ -13,7 +13,12 @@ import time
 
 import pytest
 
-from inferscale_engine.errors import AddQueueFullError, FactNotFoundError, InvalidRequestError
+from inferscale_engine.errors import (
+    AddQueueFullError,
+    FactNotFoundError,
+    InvalidRequestError,
+    InvalidTurnError,
+)
 from inferscale_engine.memory import Memory
 from inferscale_engine.memory.store.fact_store import FactStore
 from tests.conftest import FACTS, greedy
@@ -39,6 +44,20 @@ class GatedEmbedder(HashEmbedder):
             self.entered.set()
             assert self.gate.wait(WAIT_S), "the test never opened the gate"
         return super().encode(texts)
+
+
+def close_mid_job(memory: Memory, embedder: GatedEmbedder) -> None:
+    """Close `memory` while its queue's running job waits at the embedder's gate: the gate
+    opens only once the Memory is closing, so that job ends with its facts still pending."""
+    def open_gate_once_closing() -> None:
+        while not memory._background._closed:
+            time.sleep(0.01)
+        embedder.gate.set()
+
+    opener = threading.Thread(target=open_gate_once_closing)
+    opener.start()
+    memory.close()
+    opener.join()
 
 
 def _in_prompt(token_ids: list[int], fact_ids: tuple[int, ...]) -> bool:
@@ -116,16 +135,7 @@ def test_a_restart_mid_queue_loses_nothing(module_engine, tmp_path):
         {"role": "user", "content": FACTS[2]}, {"role": "assistant", "content": FACTS[3]}],
         session_id="s", wait=False)
     ids = [r.fact_id for r in running + queued]
-
-    def open_gate_once_closing() -> None:  # the running job ends with the Memory closing
-        while not memory._background._closed:
-            time.sleep(0.01)
-        embedder.gate.set()
-
-    opener = threading.Thread(target=open_gate_once_closing)
-    opener.start()
-    memory.close()
-    opener.join()
+    close_mid_job(memory, embedder)
     with FactStore(db) as store:
         assert [(f.fact_id, f.pending) for f in store.pending_facts()] == [(i, True) for i in ids]
         assert len(store.recent_turns(user_id="u", session_id="s")) == 2
@@ -214,7 +224,7 @@ def test_bad_input_to_an_asynchronous_add_stores_nothing(fresh_memory):
     with pytest.raises(InvalidRequestError, match="wait=True"):
         fresh_memory.add(user_id="u", texts=["I live in Oslo."], infer=True, wait=False,
                          pinned=True)
-    with pytest.raises(InvalidRequestError):  # a message with no role
+    with pytest.raises(InvalidTurnError):  # a message with no role
         fresh_memory.add(user_id="u", messages=[{"content": "x"}], infer=True, wait=False)
     with pytest.raises(InvalidRequestError):
         fresh_memory.add(user_id="u", texts=["x"], messages=[], wait=False)

@@ -7,9 +7,6 @@ then gone, their status naming what was done, and nothing lost to a restart.
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 
 from inferscale_engine.errors import FactNotFoundError
@@ -18,7 +15,7 @@ from inferscale_engine.memory.infer import EVENTS
 from inferscale_engine.memory.store.fact_store import FactStore
 from tests.conftest import FACTS
 from tests.engine.memory.memory_support import HashEmbedder
-from tests.engine.memory.test_async_adds import WAIT_S, GatedEmbedder
+from tests.engine.memory.test_async_adds import WAIT_S, GatedEmbedder, close_mid_job
 
 pytestmark = pytest.mark.vllm
 
@@ -77,16 +74,7 @@ def test_a_restart_before_the_model_ran_loses_no_message(module_engine, tmp_path
     memory.add(user_id="u", texts=[FACTS[1]], wait=False)  # the running job, held
     assert embedder.entered.wait(WAIT_S)
     ids = [r.fact_id for r in memory.add(user_id="u", messages=CHAT, infer=True, wait=False)]
-
-    def open_gate_once_closing() -> None:
-        while not memory._background._closed:
-            time.sleep(0.01)
-        embedder.gate.set()
-
-    opener = threading.Thread(target=open_gate_once_closing)
-    opener.start()
-    memory.close()
-    opener.join()
+    close_mid_job(memory, embedder)
     with FactStore(db) as store:
         assert set(ids) <= {f.fact_id for f in store.pending_facts()}
     with Memory(module_engine, db, HashEmbedder(), progress_bar=False) as memory:
