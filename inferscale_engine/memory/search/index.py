@@ -8,20 +8,26 @@ one remove update both, so the two never disagree on a user's facts.
 from __future__ import annotations
 
 import functools
-import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ParamSpec, TypeVar, cast
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
 from inferscale_engine.checks import check_half_scan_min_rows, check_user_id
 from inferscale_engine.errors import ConfigError, FactNotFoundError, RetrievalError
 from inferscale_engine.facts import FactId
 from inferscale_engine.memory.search.embedder import resolve_device
 from inferscale_engine.memory.search.lexical import LexicalIndex
+from inferscale_engine.memory.search.vectors import (
+    as_matrix,
+    fetch,
+    index_fact_ids,
+    is_valid_norm,
+    query_vector,
+    raise_if_invalid,
+    to_tensor,
+)
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -95,10 +101,10 @@ class UserIndex:
             RetrievalError: duplicate ids in the call, or embeddings of the wrong shape, with
                 NaN/inf or all zeros. Nothing changes.
         """
-        ids = _check_fact_ids(fact_ids)
+        ids = index_fact_ids(fact_ids)
         if len(set(ids)) != len(ids):
             raise RetrievalError(f"fact_ids {ids} repeat an id; pass each fact once")
-        vectors = _as_matrix(embeddings, len(ids), self.dim, self.device)
+        vectors = as_matrix(embeddings, len(ids), self.dim, self.device)
         replaced = [i for i, fact_id in enumerate(ids) if fact_id in self._row_of]
         if replaced:
             rows = torch.tensor([self._row_of[ids[i]] for i in replaced], device=self.device)
@@ -120,7 +126,7 @@ class UserIndex:
         Raises:
             FactNotFoundError: an id is not indexed; nothing is removed.
         """
-        ids = list(dict.fromkeys(_check_fact_ids(fact_ids)))
+        ids = list(dict.fromkeys(index_fact_ids(fact_ids)))
         missing = [f for f in ids if f not in self._row_of]
         if missing:
             raise FactNotFoundError(f"fact id(s) {missing} are not in this user's index")
@@ -144,9 +150,9 @@ class UserIndex:
         """
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise RetrievalError(f"k={k!r} must be an int >= 0")
-        query, norm = _query(query_embedding, self.dim, self.device)
+        query, norm = query_vector(query_embedding, self.dim, self.device)
         if k == 0 or not self._row_fact_ids:
-            _raise_if_invalid(_is_valid_norm(float(norm)), "query_embedding")
+            raise_if_invalid(is_valid_norm(float(norm)), "query_embedding")
             return []
         k = min(k, len(self))
         candidates = 2 * k + 64
@@ -157,8 +163,8 @@ class UserIndex:
         scores = self._embeddings[:len(self)] @ query  # [len]
         top = torch.topk(scores, min(k + 1, len(self)))  # sorted; one more shows a tie at the cut
         # Scores, rows and the query's norm in one transfer (the only device sync of a search).
-        values, rows, (query_norm,) = _fetch((top.values, top.indices), norm)
-        _raise_if_invalid(_is_valid_norm(query_norm), "query_embedding")
+        values, rows, (query_norm,) = fetch((top.values, top.indices), norm)
+        raise_if_invalid(is_valid_norm(query_norm), "query_embedding")
         if len(values) == k or values[k] < values[k - 1]:  # the usual case: no tie at the cut
             return self._ranked(zip(values[:k], map(int, rows[:k])), k)
         tied = torch.nonzero(scores >= values[k - 1]).squeeze(1)  # every row tying at the cut
@@ -166,15 +172,14 @@ class UserIndex:
 
     def scores(self, query_embedding: Any, fact_ids: Sequence[int]) -> list[float]:
         """The cosine of the query [dim] with each of the (indexed) facts, in order."""
-        query, norm = _query(query_embedding, self.dim, self.device)
-        _raise_if_invalid(_is_valid_norm(float(norm)), "query_embedding")
+        query, norm = query_vector(query_embedding, self.dim, self.device)
+        raise_if_invalid(is_valid_norm(float(norm)), "query_embedding")
         rows = [self._row_of[f] for f in fact_ids]
         return (self._embeddings[torch.tensor(rows, device=self.device)] @ query).tolist()
 
     def pairwise(self, fact_ids: Sequence[int]) -> list[list[float]]:
         """The cosines of the (indexed) facts with each other, [n][n], in order."""
-        rows = self._embeddings[torch.tensor([self._row_of[f] for f in fact_ids],
-                                             dtype=torch.long, device=self.device)]
+        rows = self._embeddings[torch.tensor([self._row_of[f] for f in fact_ids])]
         return (rows @ rows.T).tolist()
 
     def _search_half(self, query: torch.Tensor, norm: torch.Tensor, k: int, candidates: int
@@ -189,8 +194,8 @@ class UserIndex:
         assert self._half is not None
         rough = torch.topk(self._half[:len(self)] @ query.half(), candidates)  # sorted
         exact = self._embeddings[rough.indices] @ query  # [candidates] float32
-        scores, rows, (lowest, query_norm) = _fetch((exact, rough.indices), rough.values[-1], norm)
-        _raise_if_invalid(_is_valid_norm(query_norm), "query_embedding")
+        scores, rows, (lowest, query_norm) = fetch((exact, rough.indices), rough.values[-1], norm)
+        raise_if_invalid(is_valid_norm(query_norm), "query_embedding")
         ranked = self._ranked(zip(scores, map(int, rows)), candidates)
         return ranked[:k] if lowest + _HALF_SCORE_ERROR < ranked[k - 1][1] else None
 
@@ -211,7 +216,7 @@ class UserIndex:
         Most similar first. Near-duplicate detection of a whole batch: one [chunk, len] matmul
         per chunk of rows instead of a search per row.
         """
-        vectors = _as_matrix(embeddings, len(embeddings), self.dim, self.device)
+        vectors = as_matrix(embeddings, len(embeddings), self.dim, self.device)
         if not self._row_fact_ids:
             return [[] for _ in range(len(vectors))]
         out: list[list[tuple[FactId, float]]] = []
@@ -279,10 +284,10 @@ class RetrievalIndex:
     def add(self, *, user_id: str, fact_ids: Sequence[int], embeddings: Any,
             texts: Sequence[str] | None = None) -> None:
         """Index (or re-index) facts; embeddings [len(fact_ids), dim], texts for keywords."""
-        ids = _check_fact_ids(fact_ids)
+        ids = index_fact_ids(fact_ids)
         if texts is not None and len(texts) != len(ids):
             raise RetrievalError(f"{len(texts)} texts for {len(ids)} fact_ids; pass one each")
-        vectors = _to_tensor(embeddings, self._device, "embeddings")
+        vectors = to_tensor(embeddings, self._device, "embeddings")
         if not ids and not vectors.numel():
             return
         with self._lock:
@@ -306,7 +311,7 @@ class RetrievalIndex:
             index = self._users.get(user_id)
             if index is None:
                 raise FactNotFoundError(f"user {user_id!r} has no indexed facts")
-            ids = _check_fact_ids(fact_ids)
+            ids = index_fact_ids(fact_ids)
             index.remove(ids)
             self._keywords.remove(user_id, ids)
             if not len(index):
@@ -333,19 +338,22 @@ class RetrievalIndex:
                ) -> list[float]:
         """The query's cosine with each fact of `fact_ids`, in order (all the user's)."""
         with self._lock:
-            index = self._users.get(user_id)
-            if fact_ids and (index is None or any(f not in index._row_of for f in fact_ids)):
-                raise FactNotFoundError(f"not all of {list(fact_ids)} are {user_id!r}'s")
-            return index.scores(query_embedding, fact_ids) if index and fact_ids else []
+            index = self._holding(user_id, fact_ids)
+            return index.scores(query_embedding, fact_ids) if index else []
 
     @_verb
     def pairwise(self, *, user_id: str, fact_ids: Sequence[int]) -> list[list[float]]:
         """The cosines of the user's facts `fact_ids` with each other, [n][n], in order."""
         with self._lock:
-            index = self._users.get(user_id)
-            if fact_ids and (index is None or any(f not in index._row_of for f in fact_ids)):
-                raise FactNotFoundError(f"not all of {list(fact_ids)} are {user_id!r}'s")
-            return index.pairwise(fact_ids) if index and fact_ids else []
+            index = self._holding(user_id, fact_ids)
+            return index.pairwise(fact_ids) if index else []
+
+    def _holding(self, user_id: str, fact_ids: Sequence[int]) -> UserIndex | None:
+        """The user's index if it holds every fact of `fact_ids` (None: no facts asked)."""
+        index = self._users.get(user_id)
+        if fact_ids and (index is None or any(f not in index._row_of for f in fact_ids)):
+            raise FactNotFoundError(f"not all of {list(fact_ids)} are {user_id!r}'s")
+        return index if fact_ids else None
 
     def nearest(self, *, user_id: str, embedding: Any) -> tuple[FactId, float] | None:
         """The user's most similar fact, or None."""
@@ -384,80 +392,3 @@ class RetrievalIndex:
                 return sum(len(index) for index in self._users.values())
             index = self._users.get(user_id)
             return len(index) if index is not None else 0
-
-
-def _check_fact_ids(fact_ids: object) -> list[int]:
-    if hasattr(fact_ids, "tolist"):  # numpy array or torch tensor
-        fact_ids = fact_ids.tolist()
-    if isinstance(fact_ids, str | bytes) or not isinstance(fact_ids, Iterable):
-        raise RetrievalError(f"fact_ids must be a list of ints, got {fact_ids!r:.80}")
-    ids = []
-    for fact_id in fact_ids:
-        if isinstance(fact_id, bool) or not isinstance(fact_id, int | np.integer):
-            raise RetrievalError(f"fact_ids hold {fact_id!r:.40}, not an int; pass the ids "
-                                 "add_facts returned")
-        ids.append(int(fact_id))
-    return ids
-
-
-def _to_tensor(embeddings: Any, device: torch.device, what: str) -> torch.Tensor:
-    try:
-        if isinstance(embeddings, list | tuple) and embeddings and all(
-                isinstance(e, torch.Tensor) for e in embeddings):
-            embeddings = torch.stack([e.to(device, torch.float32) for e in embeddings])
-        elif not isinstance(embeddings, torch.Tensor):
-            embeddings = np.asarray(embeddings, dtype=np.float32)
-        return torch.as_tensor(embeddings, dtype=torch.float32, device=device)
-    except (TypeError, ValueError, RuntimeError) as exc:
-        raise RetrievalError(f"{what} is not a float matrix ({exc})") from None
-
-
-def _as_matrix(embeddings: Any, num_rows: int, dim: int, device: torch.device,
-               what: str = "embeddings") -> torch.Tensor:
-    """Validated, L2-normalized float32 [num_rows, dim] on `device`."""
-    matrix = _shaped(_to_tensor(embeddings, device, what), (num_rows, dim), what)
-    norms = matrix.norm(dim=1)
-    _raise_if_invalid(bool(torch.isfinite(norms).all() and (norms != 0).all()), what)
-    return F.normalize(matrix, dim=1)
-
-
-def _query(embedding: Any, dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """A query [dim] (or [1, dim]) L2-normalized, and its norm, without a device sync.
-
-    The norm (0-dim, on `device`) is read with the search's one transfer: the query is valid when
-    it is finite and not 0 (_is_valid_norm).
-    """
-    what = "query_embedding"
-    matrix = _to_tensor(embedding, device, what)
-    vector = _shaped(matrix.unsqueeze(0) if matrix.ndim == 1 else matrix, (1, dim), what)[0]
-    norm = vector.norm()
-    return vector / norm, norm
-
-
-def _is_valid_norm(norm: float) -> bool:
-    """A query's norm: NaN or inf when a component is, 0 for the zero vector."""
-    return math.isfinite(norm) and norm != 0
-
-
-def _shaped(matrix: torch.Tensor, shape: tuple[int, int], what: str) -> torch.Tensor:
-    if tuple(matrix.shape) != shape:
-        raise RetrievalError(f"{what} have shape {tuple(matrix.shape)}, expected {shape}; use "
-                             "the embedder this index was built with")
-    return matrix
-
-
-def _fetch(vectors: tuple[torch.Tensor, ...], *scalars: torch.Tensor
-           ) -> tuple[list[float], ...]:
-    """Equal-length 1-d tensors and 0-dim ones as lists of floats, in one transfer.
-
-    The search's only device sync; float64 holds every row index exactly.
-    """
-    flat = torch.cat((*(v.double() for v in vectors), *(s.double().view(1) for s in scalars)))
-    values = flat.tolist()
-    n = len(vectors[0])
-    return (*(values[i * n:(i + 1) * n] for i in range(len(vectors))), values[len(vectors) * n:])
-
-
-def _raise_if_invalid(valid: bool, what: str) -> None:
-    if not valid:
-        raise RetrievalError(f"{what} contain NaN, inf or an all-zero vector; check the embedder")
