@@ -118,7 +118,11 @@ class Searching:
         return self._result(uid, query, hits, found_by, wanted_k, older)  # reranker: unlocked
 
     def _older_versions(self, user_id: str, hits: list[retrieval.Hit]) -> tuple[FactId, ...]:
-        """The hits that are older versions of another hit (search/versions.py), counted."""
+        """The hits that are older versions of another hit (search/versions.py), counted.
+
+        Only the first versions.MAX_HITS are compared (a k x k product per read).
+        """
+        hits = hits[:versions.MAX_HITS]
         if len(hits) < 2:
             return ()
         ids = [f.fact_id for f, _ in hits]

@@ -325,7 +325,7 @@ class KVMemoryStore(BaseStore):
             for scope in scopes:  # cosine scores, as LangGraph's stores give (no keyword part)
                 found = memory.search(user_id=scope, query=op.query, k=2**31 - 1,
                                       filter={**wanted, INDEXED_FIELD: True},
-                                      search_mode="vector")
+                                      search_mode="vector", hide_older_versions="never")
                 for fact_id, score in zip(found.handle.fact_ids, found.handle.scores,
                                           strict=True):
                     if fact_id in item_of:  # best first: an item scores by its best field

@@ -79,6 +79,16 @@ def test_the_same_text_under_two_keys_is_two_items(store, ns):
     assert sorted(i.key for i in store.search(ns)) == ["a", "b"]
 
 
+def test_a_query_about_now_ranks_every_item(store, ns):
+    """A store's search ranks items; versions are its keys' business: the memory's rule of
+    leaving older versions out of questions about now (search/versions.py) is not applied."""
+    store.put(ns, "old", {"text": "Ann lives in the city of Denver."})
+    store.put(ns, "new", {"text": "Ann lives in the city of Lisbon now."})
+    found = store.search(ns, query="Which city does Ann live in now?")
+    assert sorted(i.key for i in found) == ["new", "old"]
+    assert all(i.score is not None for i in found)
+
+
 def test_search_ranks_filters_and_pages(store, ns):
     store.put(ns, "1", {"text": "Caroline plays the violin in an orchestra.", "year": 2019})
     store.put(ns, "2", {"text": "Caroline adopted a dog named Pepper.", "year": 2021})

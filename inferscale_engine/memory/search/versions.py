@@ -32,6 +32,9 @@ VERSION_SIMILARITY = 0.3
 """Cosine between two found facts from which the older may be a version of the newer."""
 VERSION_RELEVANCE_GAP = 0.15
 """How much less relevant to the query the newer fact may be and still count as its version."""
+MAX_HITS = 200
+"""Found facts compared with each other per read (the best first): a bound on the k x k
+product of a read with a large k; versions ranked below are kept."""
 
 _PRESENT = re.compile(
     r"\b(now|right now|currently|current|these days|nowadays|at the moment|at present|"
