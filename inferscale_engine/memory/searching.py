@@ -131,7 +131,7 @@ class Searching:
         except FactNotFoundError:  # one was deleted since it was found: keep them all
             return ()
         older = versions.older_versions([(f.fact_id, s) for f, s in hits], similarity,
-                                        self._served.since)
+                                        self._served.since, [f.text for f, _ in hits])
         self._counters["older_versions_left_out"] += len(older)
         return tuple(f for f in ids if f in older)
 

@@ -52,8 +52,23 @@ def check_hide_older_versions(value: object, *, setting: bool = False) -> str:
 
 
 def asks_about_now(query: str) -> bool:
-    """Whether the query asks about the present ('Which city do I live in now?')."""
-    return _PRESENT.search(query) is not None
+    """Whether the query's question asks about the present ('Which city do I live in now?').
+
+    The question is the query's last sentence ending in '?' (else its last line): a prompt a
+    framework renders around the user's words ("Current conversation: ... Human: ...?") is
+    judged by the user's question, not by the template.
+    """
+    return _PRESENT.search(_last_question(query)) is not None
+
+
+def _last_question(query: str) -> str:
+    """The last sentence of `query` that ends in '?', else its last non-blank line."""
+    end = query.rfind("?")
+    if end < 0:
+        lines = [line for line in query.splitlines() if line.strip()]
+        return lines[-1] if lines else ""
+    start = max(query.rfind(mark, 0, end) for mark in (".", "!", "?", "\n")) + 1
+    return query[start:end + 1]
 
 
 def applies(policy: str, query: str) -> bool:
@@ -62,22 +77,30 @@ def applies(policy: str, query: str) -> bool:
 
 
 def older_versions(hits: Sequence[tuple[FactId, float]], similarity: Sequence[Sequence[float]],
-                   since: Callable[[FactId], float | None]) -> set[FactId]:
+                   since: Callable[[FactId], float | None],
+                   texts: Sequence[str] | None = None) -> set[FactId]:
     """The hits that are older versions of another hit (module docstring).
 
     Args:
         hits: (fact id, cosine with the query) of the found facts.
         similarity: their pairwise cosines, [len(hits)][len(hits)].
         since: when a fact became true (None: unknown, never counted as newer or older).
+        texts: the hits' texts; a question ('...?', a turn a chat stored) asserts nothing, so
+            it is never the newer version of a fact.
     """
     times = [since(f) for f, _ in hits]
+    if texts is not None:  # a question is compared as the older side only
+        times_newer = [None if t.rstrip().endswith("?") else times[i]
+                       for i, t in enumerate(texts)]
+    else:
+        times_newer = times
     out: set[FactId] = set()
     for i, (fact, score) in enumerate(hits):
         ti = times[i]
         if ti is None:
             continue
         for j, (other, other_score) in enumerate(hits):
-            tj = times[j]
+            tj = times_newer[j]
             if j == i or tj is None or (tj, other) <= (ti, fact):  # not newer
                 continue
             if similarity[i][j] >= VERSION_SIMILARITY and \

@@ -63,6 +63,13 @@ def test_asks_about_now():
     for query in ("Which city do I live in?", "When did I move to Lisbon?",
                   "What did Caroline paint in 2022?", "Is it snowing?"):
         assert not versions.asks_about_now(query), query
+    # a framework's template around the user's words: the user's question decides
+    template = ("The following is a friendly conversation.\n\nCurrent conversation:\n"
+                "Human: Hi! Do you remember my dog's name?\nAI:")
+    assert not versions.asks_about_now(template)
+    assert versions.asks_about_now(template.replace("my dog's name", "my dog's name now"))
+    assert versions.asks_about_now("Context: nothing current.\nWhere do I work now")
+    assert not versions.asks_about_now("Where do I work now?\nThanks. Where did I grow up?")
 
 
 def test_older_versions_rule():
@@ -77,6 +84,10 @@ def test_older_versions_rule():
     assert versions.older_versions(hits, sim, times.get) == {FactId(1)}
     sim[0][1] = sim[1][0] = 0.29  # below VERSION_SIMILARITY
     assert versions.older_versions(hits, sim, times.get) == set()
+    # a question asserts nothing: never the newer version of a fact
+    sim[0][1] = sim[1][0] = 0.5
+    texts = ["My dog is Rex.", "What is my dog's name?", "x", "y"]
+    assert versions.older_versions(hits, sim, times.get, texts) == set()
     # the same time: the larger fact id is the newer (added later in one call)
     same = {FactId(1): 5.0, FactId(2): 5.0}
     pair = [(FactId(1), 0.5), (FactId(2), 0.5)]
