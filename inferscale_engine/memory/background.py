@@ -63,6 +63,8 @@ from inferscale_engine.memory.types import AddResult, AddStatus
 
 logger = logging.getLogger(__name__)
 
+_ROWLESS_EVENTS = ("DUPLICATE", "INFER")
+"""Events after which the fact's row is deleted: its kept status is all that is left."""
 _KEPT_STATUSES = 100_000
 """Statuses of finished facts kept for add_status (older ones are read from the store)."""
 
@@ -163,8 +165,7 @@ class BackgroundAdds:
         (fact_id,) = checks.check_fact_ids([fact_id], "fact_id")
         with self._cond:
             known = self._statuses.get(FactId(fact_id))
-        if known is not None and known[0] == user.user_id and known[1].event in (
-                "DUPLICATE", "INFER") and known[1].status == "SUCCEEDED":
+        if known is not None and known[0] == user.user_id and known[1].event in _ROWLESS_EVENTS:
             return known[1]  # its row is deleted: the status is all that says how it went
         with user as uid:  # the store says whether it exists (a user may delete it any time)
             (stored,) = self._store.get(user_id=uid, fact_ids=[fact_id])
@@ -179,8 +180,7 @@ class BackgroundAdds:
         """
         with self._cond:
             known = self._statuses.get(FactId(fact_id))
-        return known[0] if known is not None and known[1].event in ("DUPLICATE", "INFER") \
-            else None
+        return known[0] if known is not None and known[1].event in _ROWLESS_EVENTS else None
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every queued add is done (or `timeout` s passed); True if all are."""

@@ -264,8 +264,9 @@ class Memory:
         if pinned is True and (infer or not wait):
             raise InvalidRequestError("add(pinned=True) needs wait=True and infer=False: a "
                                       "pinned fact is served as KV from the moment it is added")
-        if infer and not wait:  # the user's messages stored now, the model reads them later
+        if infer:
             checks.check_session(session_id)
+        if infer and not wait:  # the user's messages stored now, the model reads them later
             said = [piece for m in ingest.infer_messages(texts, messages) if m["role"] == "user"
                     and checks.has_visible(m["content"])
                     for piece in self._answering.split_text(m["content"])]
@@ -275,7 +276,6 @@ class Memory:
             return self._background.submit(user, request, self._engine.tokenize_fact, False,
                                            infer=True) if said else []
         if infer:  # texts are read as the user's messages
-            checks.check_session(session_id)
             return infer_add(self, user_id=user.user_id, metadata=metadata, agent_id=agent_id,
                              run_id=run_id, messages=ingest.infer_messages(texts, messages),
                              timestamp=checks.check_time(timestamp, "timestamp",

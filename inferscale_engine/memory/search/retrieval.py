@@ -69,8 +69,8 @@ def serve_handle(user_id: str, query: str | None, k: int, recent: Sequence[int],
     to `query` that are neither pinned nor in `recent` nor in `exclude` (k new facts; fewer
     only where older versions are left out, search/versions.py), best first, then `recent` in
     its order (a fact listed twice keeps its first place). A blank or None query: pinned and
-    `recent` only. `search(query, n, skip)` is the
-    user's top-n handle among the facts not in `skip`.
+    `recent` only. `search(query, n, skip)` is the user's top-n handle among the facts not in
+    `skip`.
     """
     first = list(dict.fromkeys(pinned))
     ids = [FactId(f) for f in dict.fromkeys(checks.check_fact_ids(recent, "recent"))
