@@ -19,7 +19,9 @@ Arms (how facts are added; each answered in kv and text mode):
              consolidation); dated, as_of
 
 Per arm and mode: the share of answers naming the value true now (or at the date asked), the
-share naming a superseded value, for "now" and "as of" questions apart; the time each add took
+share naming a superseded value, for "now" and "as of" questions apart (--date-facts: every
+fact served with its date; --no-as-of: the "as of" questions asked without as_of=, so that only
+the dates in the facts tell the model which was true then); the time each add took
 per fact (p50 / p99) and the ingest total. This is the set the memory semantics are tuned on;
 they are judged on public knowledge-update data this repository does not hold.
 
@@ -75,6 +77,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         choices=("now", "always", "never"),
                         help="Memory's hide_older_versions (search/versions.py): answers kept "
                         "apart per value, the stores shared")
+    parser.add_argument("--date-facts", action="store_true",
+                        help="Memory(date_facts=True): each fact served as '[8 May 2023] ...' "
+                        "(answers kept apart; the stores shared, their token ids recomputed)")
+    parser.add_argument("--no-as-of", dest="as_of", action="store_false",
+                        help="ask the dated arms' 'as of' questions without as_of= (the date "
+                        "only in the question's words)")
     parser.add_argument("--tag", default="")
     args = parser.parse_args(argv)
     if unknown := set(args.arms.split(",")) - set(INGEST):
@@ -154,7 +162,9 @@ def run_arm(engine: Any, args: argparse.Namespace, arm: str, users: list[Scenari
     done_marker = folder / f"{arm}.ingested.json"
     variant = "".join([f".{args.layout}" if args.layout != "rank" else "",
                        f".versions-{args.hide_older_versions}"
-                       if args.hide_older_versions != "now" else ""])
+                       if args.hide_older_versions != "now" else "",
+                       ".dates" if args.date_facts else "",
+                       ".no-as-of" if not args.as_of else ""])
     answers_path = folder / f"{arm}{variant}.jsonl"
     answers = ([json.loads(line) for line in answers_path.read_text().splitlines() if line]
                if answers_path.exists() else [])
@@ -164,7 +174,8 @@ def run_arm(engine: Any, args: argparse.Namespace, arm: str, users: list[Scenari
     threshold = float(arm[3:]) if arm.startswith("tau") else None
     with Memory(engine, folder / f"{arm}.db", args.embedder, progress_bar=False,
                 supersede_threshold=threshold,
-                hide_older_versions=args.hide_older_versions) as memory:
+                hide_older_versions=args.hide_older_versions,
+                date_facts=args.date_facts) as memory:
         if not done_marker.exists():
             done_marker.write_text(json.dumps(ingest(memory, arm, users)))
         ingested = json.loads(done_marker.read_text())
@@ -175,7 +186,7 @@ def run_arm(engine: Any, args: argparse.Namespace, arm: str, users: list[Scenari
                     for mode in MODES:
                         if (question.question_id, mode) in asked:
                             continue
-                        as_of = question.as_of if arm in DATED else None
+                        as_of = question.as_of if arm in DATED and args.as_of else None
                         reply = memory.generate(user_id=scenario.user_id, query=question.text,
                                                 k=args.k, sampling=greedy, mode=mode,
                                                 as_of=as_of, layout=layout)

@@ -11,10 +11,13 @@ the hybrid mode is also measured without that (hide_older_versions=never).
 
 Latency: one user's RetrievalIndex of N facts (the dev fold's facts, cycled and numbered, their
 MiniLM vectors jittered), each mode's ranking (search/retrieval.py ranked) plus the query's
-embedding, on the CPU.
+embedding, on --device (the keyword index is SQLite's, on the CPU, whatever the device).
+--latency-only skips recall: it needs no model and no vLLM, and any MiniLM (a random-init one
+has the real one's cost) through --embedder.
 
   python benchmarks/retrieval_locomo.py                       # recall + latency
   python benchmarks/retrieval_locomo.py --weights 0.3,0.5,0.7,1.0 --sizes ""
+  python benchmarks/retrieval_locomo.py --latency-only --sizes 1000,100000,1000000 --device cuda
 
 Writes one JSON record (benchmarks/out by default).
 """
@@ -71,8 +74,8 @@ def conv_facts(memory: Any, conv: Conversation) -> list[tuple[Any, Any]]:
 
 
 def latency(embedder: Any, texts: list[str], queries: list[str], sizes: list[int],
-            repeats: int) -> dict[str, Any]:
-    """Per size and mode, ms per search (query embedding + ranking the top 20), on the CPU."""
+            repeats: int, device: str = "cpu") -> dict[str, Any]:
+    """Per size and mode, ms per search (query embedding + ranking the top 20)."""
     import torch
 
     from inferscale_engine.memory.search import retrieval
@@ -83,7 +86,8 @@ def latency(embedder: Any, texts: list[str], queries: list[str], sizes: list[int
         return out
     base = embedder.encode(texts).cpu()
     for size in sizes:
-        index = RetrievalIndex(device="cpu")
+        index = RetrievalIndex(device=device)
+        build = time.perf_counter()
         generator = torch.Generator().manual_seed(0)
         for lo in range(0, size, 4096):
             ids = list(range(lo, min(size, lo + 4096)))
@@ -91,16 +95,24 @@ def latency(embedder: Any, texts: list[str], queries: list[str], sizes: list[int
             rows = rows + 0.01 * torch.randn(rows.shape, generator=generator)
             index.add(user_id="bench", fact_ids=ids, embeddings=rows,
                       texts=[f"{texts[i % len(texts)]} ({i // len(texts)})" for i in ids])
+        print(f"{size} facts indexed in {time.perf_counter() - build:.0f} s", flush=True)
         for mode in ("vector", "hybrid"):
             times = []
+            for query in queries[:5]:  # warm-up (CUDA kernels, caches), not timed
+                retrieval.ranked(index, "bench", embedder.encode([query])[0], 20, False,
+                                 query if mode == "hybrid" else None)
             for _ in range(repeats):
                 for query in queries:
                     start = time.perf_counter()
                     vector = embedder.encode([query])[0]
                     retrieval.ranked(index, "bench", vector, 20, False,
                                      query if mode == "hybrid" else None)
+                    if device != "cpu":
+                        torch.cuda.synchronize()
                     times.append((time.perf_counter() - start) * 1e3)
+            times.sort()
             out[f"{size}/{mode}"] = {"p50_ms": statistics.median(times),
+                                     "p99_ms": times[min(len(times) - 1, int(0.99 * len(times)))],
                                      "mean_ms": statistics.mean(times), "n": len(times)}
             print(f"{size} facts, {mode}: p50 {out[f'{size}/{mode}']['p50_ms']:.1f} ms")
     return out
@@ -116,6 +128,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--queries", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--device", default="cpu", help="latency: where the index and the "
+                        "query embedder run (cpu, cuda)")
+    parser.add_argument("--embedder", default=None, help="default: the offline all-MiniLM-L6-v2")
+    parser.add_argument("--latency-only", action="store_true", help="no recall (no model)")
     parser.add_argument("--data", default=str(DEFAULT_DATA))
     parser.add_argument("--tag", default="")
     args = parser.parse_args(argv)
@@ -124,6 +140,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     import torch
 
+    from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL
+    from inferscale_engine.memory.search import hybrid
+    from inferscale_engine.memory.search.embedder import Embedder
+
+    torch.set_num_threads(args.threads)
+    conversations = fold(load_conversations(Path(args.data), facts=args.facts), args.fold)
+    results: dict[str, Any] = {"default_weight": hybrid.KEYWORD_WEIGHT}
+    if not args.latency_only:
+        recalls(args, conversations, results)
+    texts = [f.retrieval_text for c in conversations for f in c.facts]
+    queries = [q.question for c in conversations for q in c.questions][:args.queries]
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    embedder = Embedder(args.embedder or DEFAULT_EMBEDDING_MODEL, device=args.device)
+    record = {"benchmark": "retrieval_locomo", "config": vars(args),
+              "environment": environment(), "recall": results,
+              "latency": latency(embedder, texts, queries, sizes, args.repeats, args.device)}
+    write_tagged(f"retrieval-locomo-{args.facts}-{args.fold}", args.tag, record)
+    return record
+
+
+def recalls(args: argparse.Namespace, conversations: list[Conversation],
+            results: dict[str, Any]) -> None:
+    """Evidence recall of each search setting, into `results`."""
     from inferscale_engine.memory import Memory
     from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL
     from inferscale_engine.memory.search import hybrid
@@ -133,10 +172,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from tests.fake_runner import FakeRunner
     from tests.tiny_model import TinyModelSpec, tiny_model_path
 
-    torch.set_num_threads(args.threads)
-    embedder = Embedder(DEFAULT_EMBEDDING_MODEL, device="cpu")
-    conversations = fold(load_conversations(Path(args.data), facts=args.facts), args.fold)
-    results: dict[str, Any] = {"default_weight": hybrid.KEYWORD_WEIGHT}
+    embedder = Embedder(args.embedder or DEFAULT_EMBEDDING_MODEL, device="cpu")
     model = tiny_model_path(TinyModelSpec("qwen2"))
     with tempfile.TemporaryDirectory() as tmp, Engine(engine_config(
             model, max_model_len=4096, max_fact_tokens=2048), runner=FakeRunner) as engine, Memory(
@@ -154,14 +190,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if isinstance(row, dict):
             print(name, " ".join(f"{k} {v:.1%}" for k, v in row.items() if k.startswith("R@")),
                   f"(n={row['questions']})")
-    texts = [f.retrieval_text for c in conversations for f in c.facts]
-    queries = [q.question for c in conversations for q in c.questions][:args.queries]
-    sizes = [int(s) for s in args.sizes.split(",") if s]
-    record = {"benchmark": "retrieval_locomo", "config": vars(args),
-              "environment": environment(), "recall": results,
-              "latency": latency(embedder, texts, queries, sizes, args.repeats)}
-    write_tagged(f"retrieval-locomo-{args.facts}-{args.fold}", args.tag, record)
-    return record
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@
 # async_scheduling, Llama, k=0,50,100), profile (cProfile of kv and resident at k=100), memory1m (memory_ops.py: 1M facts of one user, index and
 # query embedder on the GPU), ceiling2 (the issue-13 TTFT table: both models, k=0..100, with
 # retrieval), ttft_llama (the same without retrieval, Llama only; MODELS= for others), fullgraph (ttft.py with cudagraph_mode FULL, Llama, k=0,50,100), probe
-# (ceiling_probe.py, per-phase medians at k=50,100), throughput_async (throughput.py through
+# (ceiling_probe.py, per-phase medians at k=50,100), search_latency (retrieval_locomo.py
+# --latency-only: vector vs hybrid search at 1k/100k/1M facts on the GPU and on this host's CPU;
+# needs no vLLM bundle, only .device/minilm and .device/locomo/locomo10.json), throughput_async (throughput.py through
 # vLLM's AsyncLLM), probe_batch (ceiling_probe.py --batch 64 at k=50: host time per throughput
 # prefill batch; BLOCK_SIZE=64 for vLLM blocks of 64 tokens), timeline (the same with 16-token
 # answers: every engine step of whole throughput batches, N=${N:-64}), tail (throughput at N=64,
@@ -155,6 +157,10 @@ for step in "$@"; do
       timeout 400 python3 benchmarks/ttft.py --model llama-3.1-8b --ks 0,50,100 --embedder none --tag $gpu-async --warmup 4 --vllm-arg async_scheduling=true 2>&1 | grep -vE "$quiet" | tail -8 ;;
     search_probe) random_minilm  # where a search's time goes: tokenize / embed / scan, float32 vs float16 scan
       timeout 500 python3 benchmarks/gpu/search_probe.py --device cuda --sizes 10000,100000,300000,1000000 --embedder /tmp/minilm --queries 200 --tag $gpu 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/search_probe.log"; grep -B2 -A4 "facts, k=" "$INFERSCALE_RESULTS/search_probe.log"; grep -A22 "by self_device" "$INFERSCALE_RESULTS/search_probe.log" | head -50 ;;
+    search_latency) random_minilm  # issue 55's table: vector vs hybrid at 1k/100k/1M facts, GPU and this host's CPU
+      for dev in cuda cpu; do
+        timeout 280 python3 benchmarks/retrieval_locomo.py --latency-only --device $dev --embedder /tmp/minilm --data .device/locomo/locomo10.json --sizes ${SIZES:-1000,100000,1000000} --queries 100 --repeats 3 --tag $gpu-$dev 2>&1 | grep -E "facts|wrote|Error|error"
+      done ;;
     memory1m) random_minilm
       timeout 500 python3 benchmarks/memory_ops.py --model tiny --device cuda --sizes 10000,1000000 --real-embed-up-to 0 --skip-encode --k 50 --queries 300 --batch 20000 --embedder /tmp/minilm --tag $gpu 2>&1 | grep -vE "$quiet" | tail -8 ;;
     qwen3) python3 benchmarks/ttft.py --model qwen3-8b --multiprocessing --embedder none --tag $gpu-mp1 --plot --warmup 2 2>&1 | grep -vE "$quiet" | tail -9 ;;

@@ -11,6 +11,7 @@
   scope.py         the one preamble of every verb: user checked, lock, open, synced
   editing.py       the part that changes stored facts (update, supersede, delete, reset, ...)
   supersession.py  facts that change: the newer supersedes the older; reads as of a date
+  dating.py        date_facts: each fact served with its date ('[8 May 2023] ...'), kv and text
   listing.py       the part that reads the store as it is (get, get_all, records, history)
   transfers.py     the part that moves a user's facts out and in (export, import_)
   exporting.py     the export: JSON Lines, a header then one fact per line, with history

@@ -81,6 +81,9 @@ class MemoryConfig:
     hide_older_versions: str = DEFAULT_HIDE_OLDER_VERSIONS
     """'now': a search whose query asks about the present leaves out older versions of the
     facts it found (search/versions.py); 'always': every present search; 'never'."""
+    date_facts: bool = False
+    """Serve each fact as '[8 May 2023] <text>' (the day it became true), in the KV and the
+    text prompt alike (dating.py)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine, EngineConfig):
@@ -110,6 +113,8 @@ class MemoryConfig:
         check_expiry(self.on_expiry, self.expiry_sweep_s)
         check_search_mode(self.search_mode, setting=True)
         check_hide_older_versions(self.hide_older_versions, setting=True)
+        if not isinstance(self.date_facts, bool):
+            raise ConfigError(f"date_facts={self.date_facts!r} must be True or False")
 
 
 def check_expiry(on_expiry: object, sweep_s: object) -> None:

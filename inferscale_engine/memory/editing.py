@@ -28,7 +28,7 @@ class Editing:
     """The verbs of Memory that change a user's stored facts or turns."""
 
     def __init__(self, store: FactStore, served: RegisteredFacts, scopes: Scopes,
-                 counters: Counter[str], tokenize: Callable[[str], tuple[int, ...]],
+                 counters: Counter[str], tokenize: Callable[[str, float | None], tuple[int, ...]],
                  embed: Callable[[list[str]], torch.Tensor], encode: bool,
                  records: Callable[..., list[StoredFact]],
                  add: Callable[..., list[AddResult]], pinning: Pinning) -> None:
@@ -64,10 +64,10 @@ class Editing:
         (fact_id,) = checks.check_fact_ids([fact_id], "fact_id")
         text = checks.check_text(text, "text")
         metadata = checks.check_metadata(metadata)
-        token_ids = self._tokenize(text)
         vector = self._embed([text])[0]
         with user as uid:
             (old,) = self._store.get(user_id=uid, fact_ids=[fact_id])
+            token_ids = self._tokenize(text, old.since)  # the fact keeps its date
             self._pinning.check_update(uid, old, token_ids)
             new = self._store.update(user_id=uid, fact_id=fact_id, text=text,
                                      token_ids=token_ids, embedding=vector,
@@ -110,7 +110,7 @@ class Editing:
         if text is not None:
             if old.pinned:  # the newer fact keeps the pin: checked before anything changes
                 with self._scopes.user(uid) as uid:
-                    self._pinning.check_update(uid, old, self._tokenize(text))
+                    self._pinning.check_update(uid, old, self._tokenize(text, at))
             (new,) = self._add(user_id=uid, texts=[text], dedupe=False, timestamp=at,
                                metadata=old.metadata if metadata is None else metadata,
                                agent_id=old.agent_id, run_id=old.run_id)

@@ -41,6 +41,7 @@ from inferscale_engine.memory.config import (
     check_expiry,
     check_startup,
 )
+from inferscale_engine.memory.dating import FactDates
 from inferscale_engine.memory.editing import Editing
 from inferscale_engine.memory.expiry import Expiry, expiration_time
 from inferscale_engine.memory.gate import InteractiveGate
@@ -86,7 +87,8 @@ class Memory:
                  search_mode: str = hybrid.DEFAULT_SEARCH_MODE,
                  reranker: Reranker | None = None,
                  rerank_candidates: int = DEFAULT_RERANK_CANDIDATES,
-                 hide_older_versions: str = versions.DEFAULT_HIDE_OLDER_VERSIONS) -> None:
+                 hide_older_versions: str = versions.DEFAULT_HIDE_OLDER_VERSIONS,
+                 date_facts: bool = False) -> None:
         """Open the store and make every stored fact searchable and servable.
 
         Args:
@@ -116,6 +118,8 @@ class Memory:
                 rerank_candidates best facts of a search are reordered by it (searching.py).
             hide_older_versions: 'now' (default), 'always' or 'never': whether a search leaves
                 out older versions of the facts it found (search/versions.py).
+            date_facts: serve each fact as '[8 May 2023] <text>', its date written into the
+                KV and the text prompt alike (dating.py); stored and returned texts are as added.
 
         Raises:
             ConfigError: a bad option, or another open Memory owns the engine's fact ids.
@@ -151,7 +155,9 @@ class Memory:
             """Large adds yield to searches and answers between chunks (gate.py)."""
             self._closed = False
             self.counters: Counter[str] = Counter()
-            self._served = RegisteredFacts(engine, self._index, self.counters, max_served_users)
+            self._dates = FactDates(engine.tokenize_fact, date_facts)
+            self._served = RegisteredFacts(engine, self._index, self.counters, max_served_users,
+                                           self._dates)
             """What search may return: facts registered with the engine and indexed."""
             self._scopes = Scopes(self._lock, self._check_open, self._served, self._store)
             self._user, self._open = self._scopes.user, self._scopes.open
@@ -167,10 +173,10 @@ class Memory:
                                         hide_older_versions)
             self._listing = Listing(self._store, self._scopes)
             self._editing = Editing(self._store, self._served, self._scopes, self.counters,
-                                    engine.tokenize_fact, self._embed, encode_on_add,
+                                    self._dates.tokens, self._embed, encode_on_add,
                                     self._listing.records, self.add, self._pinning)
             self._transfers = Transfers(self._store, self._served, self._scopes, self._gate,
-                                        self.counters, engine.tokenize_fact,
+                                        self.counters, self._dates.tokens,
                                         self._embed_in_chunks, encode_on_add,
                                         lambda: self._expiry.start())
             self._served.register_stored(self._store, self._embedder.name, self._embed,
@@ -209,7 +215,8 @@ class Memory:
                          max_queued_facts=config.max_queued_facts,
                          on_expiry=config.on_expiry, expiry_sweep_s=config.expiry_sweep_s,
                          search_mode=config.search_mode,
-                         hide_older_versions=config.hide_older_versions)
+                         hide_older_versions=config.hide_older_versions,
+                         date_facts=config.date_facts)
         except BaseException:
             engine.close()
             raise
@@ -273,8 +280,8 @@ class Memory:
             request = ingest.AddInput.checked(said, None, None, metadata, agent_id, run_id,
                                               timestamp, expiration_date)
             request = replace(request, metadata={**(request.metadata or {}), INFER_KEY: True})
-            return self._background.submit(user, request, self._engine.tokenize_fact, False,
-                                           infer=True) if said else []
+            return self._background.submit(user, request, self._dates.tokenizer(
+                request.valid_from), False, infer=True) if said else []
         if infer:  # texts are read as the user's messages
             return infer_add(self, user_id=user.user_id, metadata=metadata, agent_id=agent_id,
                              run_id=run_id, messages=ingest.infer_messages(texts, messages),
@@ -284,8 +291,10 @@ class Memory:
         request = ingest.AddInput.checked(texts, messages, session_id, metadata, agent_id, run_id,
                                           timestamp, expiration_date, pinned)
         if not wait:
-            return self._background.submit(user, request, self._engine.tokenize_fact, dedupe)
-        facts = ingest.new_facts(request, self._engine.tokenize_fact, self._embed_in_chunks)
+            return self._background.submit(user, request, self._dates.tokenizer(
+                request.valid_from), dedupe)
+        facts = ingest.new_facts(request, self._dates.tokenizer(request.valid_from),
+                                 self._embed_in_chunks)
         with user as uid:
             ingest.duplicates(facts, self._index, uid,
                               self._dedupe_threshold if dedupe else None, self._served.text_of)

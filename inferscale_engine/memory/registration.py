@@ -30,7 +30,6 @@ import time
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from functools import partial
 
 import torch
 from tqdm import tqdm
@@ -38,6 +37,7 @@ from tqdm import tqdm
 from inferscale_engine.errors import EngineClosedError, InvalidFactError, InvalidRequestError
 from inferscale_engine.facts import Fact, FactId
 from inferscale_engine.memory.config import DEFAULT_MAX_SERVED_USERS, check_max_served_users
+from inferscale_engine.memory.dating import FactDates
 from inferscale_engine.memory.expiry import ExpiryClock, unexpired
 from inferscale_engine.memory.gate import InteractiveGate
 from inferscale_engine.memory.search.index import RetrievalIndex
@@ -59,8 +59,11 @@ class RegisteredFacts:
     """Fact ids -> Facts that are registered with the engine and in the index."""
 
     def __init__(self, engine: Engine, index: RetrievalIndex, counters: Counter[str],
-                 max_users: int = DEFAULT_MAX_SERVED_USERS) -> None:
+                 max_users: int = DEFAULT_MAX_SERVED_USERS, dates: FactDates | None = None
+                 ) -> None:
         self._engine = engine
+        self.dates = dates or FactDates(engine.tokenize_fact, False)
+        """How facts are written for the model (dating.py): the engine serves that text."""
         self._index = index
         self._counters = counters
         self._max_users = check_max_served_users(max_users)
@@ -110,7 +113,8 @@ class RegisteredFacts:
     def prompt_line(self, fact_id: FactId) -> tuple[str, int] | None:
         """(text, tokens of its prompt line) of a served fact, or None."""
         fact = self._facts.get(fact_id)
-        return (fact.text, len(fact.token_ids)) if fact is not None else None
+        return (self.dates.text(fact.text, self._since.get(fact_id)), len(fact.token_ids)
+                ) if fact is not None else None
 
     def register(self, user_id: str, stored: Sequence[StoredFact], encode: bool) -> None:
         """Register durable facts with the engine (encoding their KV if asked), index them.
@@ -123,10 +127,11 @@ class RegisteredFacts:
         if not stored:
             return
         facts = [f.to_fact() for f in stored]
+        served = [self.dates.served(fact, f.since) for fact, f in zip(facts, stored, strict=True)]
         contexts = [stored_context(f.metadata) for f in stored]
         ids = [f.fact_id for f in stored]
         try:
-            self._engine.add_tokenized_facts(facts, contexts, encode=encode)
+            self._engine.add_tokenized_facts(served, contexts, encode=encode)
         except EngineClosedError:
             raise
         except InvalidFactError as exc:
@@ -142,7 +147,7 @@ class RegisteredFacts:
             logger.warning("encoding %d facts of %r failed (%s); their KV will be built on "
                            "first use", len(ids), user_id, exc)
             self._counters["encode_failures"] += len(ids)
-            self._engine.add_tokenized_facts(facts, contexts, encode=False)
+            self._engine.add_tokenized_facts(served, contexts, encode=False)
         self._index.add(user_id=user_id, fact_ids=ids, embeddings=torch.stack(
             [torch.from_numpy(f.embedding_array().copy()) for f in stored]),
             texts=[f.text for f in facts])
@@ -175,7 +180,7 @@ class RegisteredFacts:
         fresh = [f for f in stored if f.fact_id not in self._facts]
         if not fresh:
             return
-        self._engine.add_tokenized_facts([f.to_fact() for f in fresh],
+        self._engine.add_tokenized_facts([self.dates.served(f.to_fact(), f.since) for f in fresh],
                                          [stored_context(f.metadata) for f in fresh],
                                          encode=False)
         self._facts.update((f.fact_id, f.to_fact()) for f in fresh)
@@ -185,10 +190,12 @@ class RegisteredFacts:
     def register_pending(self, user_id: str, stored: Sequence[StoredFact]) -> None:
         """Register facts of an asynchronous add with the engine only (no KV, not indexed)."""
         mine = self._pending.get(user_id, {})
-        facts = [f.to_fact() for f in stored if f.fact_id not in mine
-                 and f.fact_id not in self._facts]
+        fresh = [f for f in stored if f.fact_id not in mine and f.fact_id not in self._facts]
+        facts = [f.to_fact() for f in fresh]
         if facts:
-            self._engine.add_tokenized_facts(facts, None, encode=False)
+            self._engine.add_tokenized_facts(
+                [self.dates.served(fact, f.since) for fact, f in zip(facts, fresh, strict=True)],
+                None, encode=False)
             self._pending.setdefault(user_id, {}).update((f.fact_id, f) for f in facts)
 
     def pending_of(self, user_id: str, max_tokens: int | None = None) -> list[FactId]:
@@ -378,13 +385,16 @@ class RegisteredFacts:
              embed: Callable[[list[str]], torch.Tensor], encode: bool,
              progress_bar: bool | None) -> None:
         """Register every stored fact, per user in batches; first recompute stale data."""
-        current = fingerprint(self._engine.config, self._engine.tokenizer, embedder_name)
+        current = fingerprint(self._engine.config, self._engine.tokenizer, embedder_name,
+                              self.dates.on)
         total = store.count()
         stale = stale_parts(store.fingerprint(), current) if total else set()
         if store.shared and not stale and not encode:  # each user is read on first use (sync)
             store.set_fingerprint(json.dumps(current, sort_keys=True))
             return
-        tokenize = partial(self._engine.tokenize_fact, check_length=False)
+        def tokenize(fact: StoredFact) -> tuple[int, ...]:
+            return self.dates.tokens(fact.text, fact.since, check_length=False)
+
         pending: dict[str, list[StoredFact]] = defaultdict(list)
         with tqdm(total=total, unit="fact", disable=None if progress_bar is None else (
                 not progress_bar), desc="InferScale: " + ("encoding" if encode else "loading")

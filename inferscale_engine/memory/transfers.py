@@ -40,7 +40,7 @@ class Transfers:
 
     def __init__(self, store: FactStore, served: RegisteredFacts, scopes: Scopes,
                  gate: InteractiveGate, counters: Counter[str],
-                 tokenize: Callable[[str], tuple[int, ...]],
+                 tokenize: Callable[[str, float | None], tuple[int, ...]],
                  embed: Callable[[list[str]], torch.Tensor], encode: bool,
                  on_expiry: Callable[[], None]) -> None:
         self._store, self._served, self._scopes, self._gate = store, served, scopes, gate
@@ -104,7 +104,8 @@ class Transfers:
         token_ids = []
         for record in records:
             try:
-                token_ids.append(self._tokenize(record.text))
+                token_ids.append(self._tokenize(record.text, record.created_at if (
+                    record.valid_from is None) else record.valid_from))
             except InferScaleError as exc:
                 raise InvalidRequestError(f"{record.where}: {exc}; nothing was "
                                           "imported") from None

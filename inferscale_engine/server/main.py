@@ -127,6 +127,9 @@ def our_parser() -> argparse.ArgumentParser:
                         help="leave older versions of a found fact out of a request whose "
                              "question asks about the present (now), of every request "
                              "(always: facts that are profile slots), or of none (never)")
+    parser.add_argument("--date-facts", action="store_true",
+                        help="serve each fact with the day it became true ('[8 May 2023] ...'), "
+                             "written into its KV and its text alike")
     parser.add_argument("--on-expiry", choices=ON_EXPIRY, default="hide",
                         help="an expired fact is never served; its row is kept hidden (hide, "
                              "as mem0) or deleted by the sweeper (delete, as LangGraph's TTL)")
@@ -286,6 +289,7 @@ def open_memory(config: EngineConfig, ours: argparse.Namespace, client: Any,
                                            max_queued_facts=ours.max_queued_facts,
                                            search_mode=ours.search_mode,
                                            hide_older_versions=ours.hide_older_versions,
+                                           date_facts=ours.date_facts,
                                            on_expiry=ours.on_expiry,
                                            expiry_sweep_s=ours.expiry_sweep_s),
                               runner=lambda _config, _connector: AsyncRunner(client, loop))

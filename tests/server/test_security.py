@@ -250,12 +250,12 @@ def test_serve_takes_the_model_first_and_passes_vllms_flags_through(tiny_models)
     assert parse(["--model", model])[0].model == model
     assert parse([])[0].model == "small"
     memory_flags = parse([model, "--search-mode", "vector", "--on-expiry", "delete",
-                          "--expiry-sweep-s", "none"])[0]
-    assert (memory_flags.search_mode, memory_flags.on_expiry, memory_flags.expiry_sweep_s) == (
-        "vector", "delete", None)
+                          "--expiry-sweep-s", "none", "--date-facts"])[0]
+    assert (memory_flags.search_mode, memory_flags.on_expiry, memory_flags.expiry_sweep_s,
+            memory_flags.date_facts) == ("vector", "delete", None, True)
     defaults = parse([model])[0]
-    assert (defaults.search_mode, defaults.on_expiry, defaults.expiry_sweep_s) == (
-        "hybrid", "hide", 60.0)
+    assert (defaults.search_mode, defaults.on_expiry, defaults.expiry_sweep_s,
+            defaults.date_facts) == ("hybrid", "hide", 60.0, False)
     with pytest.raises(ConfigError, match="two models"):
         parse([model, "--model", "/elsewhere"])
 

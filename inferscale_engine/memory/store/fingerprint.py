@@ -18,11 +18,15 @@ from inferscale_engine.prompting.prompt import FACT_FORMAT
 from inferscale_engine.protocol.plan import PLAN_VERSION
 
 
-def fingerprint(config: EngineConfig, tokenizer: Any, embedder_name: str) -> dict[str, Any]:
-    """What stored token ids, embeddings and KV were made with (JSON-compatible)."""
+def fingerprint(config: EngineConfig, tokenizer: Any, embedder_name: str,
+                fact_dates: bool = False) -> dict[str, Any]:
+    """What stored token ids, embeddings and KV were made with (JSON-compatible).
+
+    fact_dates: whether token ids hold each fact's date (Memory's date_facts).
+    """
     return {"plan_version": PLAN_VERSION, "model": config.model, "dtype": config.dtype,
             "tokenizer": tokenizer_digest(tokenizer), "fact_format": FACT_FORMAT,
-            "embedder": embedder_name}
+            "fact_dates": fact_dates, "embedder": embedder_name}
 
 
 def stale_parts(stored: str | None, current: dict[str, Any]) -> set[str]:
@@ -37,7 +41,8 @@ def stale_parts(stored: str | None, current: dict[str, Any]) -> set[str]:
     if not isinstance(old, dict):
         return {"tokens", "embeddings"}
     parts = set()
-    if any(old.get(key) != current[key] for key in ("tokenizer", "fact_format")):
+    if any(old.get(key) != current[key] for key in ("tokenizer", "fact_format")) or (
+            old.get("fact_dates", False) != current.get("fact_dates", False)):
         parts.add("tokens")
     if old.get("embedder") != current["embedder"]:
         parts.add("embeddings")
@@ -45,13 +50,16 @@ def stale_parts(stored: str | None, current: dict[str, Any]) -> set[str]:
 
 
 def refresh(store: FactStore, batch: list[StoredFact], stale: set[str],
-            tokenize: Callable[[str], tuple[int, ...]],
+            tokenize: Callable[[StoredFact], tuple[int, ...]],
             embed: Callable[[list[str]], Any]) -> list[StoredFact]:
-    """Recompute (in the store) the stale token ids and/or embeddings of a batch of facts."""
+    """Recompute (in the store) the stale token ids and/or embeddings of a batch of facts.
+
+    tokenize: a stored fact's token ids as they are served now.
+    """
     vectors = embed([f.text for f in batch]) if "embeddings" in stale else None
     out = []
     for i, old in enumerate(batch):
-        token_ids = tokenize(old.text) if "tokens" in stale else old.token_ids
+        token_ids = tokenize(old) if "tokens" in stale else old.token_ids
         out.append(store.update(user_id=old.user_id, fact_id=old.fact_id, text=old.text,
                                 token_ids=token_ids,
                                 embedding=old.embedding if vectors is None else vectors[i]))
