@@ -7,7 +7,9 @@ facts come from, averaged, at k = 5, 10, 20. No model runs: the Engine is driven
 tests/fake_runner.py and no KV is encoded (retrieval does not read it). --weights sweeps the
 hybrid keyword weight (search/hybrid.py KEYWORD_WEIGHT): the dev fold only (locomo_protocol).
 The default search leaves older versions out of questions about now (search/versions.py);
-the hybrid mode is also measured without that (hide_older_versions=never).
+the hybrid mode is also measured without that (hide_older_versions=never), and with --recency
+weights (Memory(recency_weight=...), search/recency.py). Facts are added a session at a time
+with the session's date as their timestamp.
 
 Latency: one user's RetrievalIndex of N facts (the dev fold's facts, cycled and numbered, their
 MiniLM vectors jittered), each mode's ranking (search/retrieval.py ranked) plus the query's
@@ -17,6 +19,7 @@ has the real one's cost) through --embedder.
 
   python benchmarks/retrieval_locomo.py                       # recall + latency
   python benchmarks/retrieval_locomo.py --weights 0.3,0.5,0.7,1.0 --sizes ""
+  python benchmarks/retrieval_locomo.py --recency 0.1,0.3,1.0 --sizes ""
   python benchmarks/retrieval_locomo.py --latency-only --sizes 1000,100000,1000000 --device cuda
 
 Writes one JSON record (benchmarks/out by default).
@@ -25,10 +28,13 @@ Writes one JSON record (benchmarks/out by default).
 from __future__ import annotations
 
 import argparse
+import itertools
+import re
 import statistics
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +72,22 @@ _ADDED: dict[str, list[Any]] = {}
 
 
 def conv_facts(memory: Any, conv: Conversation) -> list[tuple[Any, Any]]:
-    """The conversation's facts added (once) as its user's, with their AddResults."""
+    """The conversation's facts added (once) as its user's, a session at a time with the
+    session's date as their timestamp, with their AddResults."""
     if conv.sample_id not in _ADDED:
-        _ADDED[conv.sample_id] = memory.add(user_id=conv.sample_id, dedupe=False,
-                                            texts=[f.retrieval_text for f in conv.facts])
+        added: list[Any] = []
+        for day, group in itertools.groupby(conv.facts, key=session_day):
+            added += memory.add(user_id=conv.sample_id, dedupe=False, timestamp=day,
+                                texts=[f.retrieval_text for f in group])
+        _ADDED[conv.sample_id] = added
     return list(zip(_ADDED[conv.sample_id], conv.facts, strict=True))
+
+
+def session_day(fact: Any) -> datetime | None:
+    """The date a LoCoMo fact's text starts with ('[8 May 2023] ...'), None if none."""
+    match = re.match(r"\[(\d{1,2} \w+ \d{4})\]", fact.text)
+    return (datetime.strptime(match.group(1), "%d %B %Y").replace(tzinfo=UTC)
+            if match else None)
 
 
 def latency(embedder: Any, texts: list[str], queries: list[str], sizes: list[int],
@@ -124,6 +141,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--fold", default="dev", choices=("dev", "test"),
                         help="test: the held-out conversations, once per chosen setting")
     parser.add_argument("--weights", default="", help="also sweep these hybrid keyword weights")
+    parser.add_argument("--recency", default="", help="also measure hybrid search with these "
+                        "recency weights (Memory(recency_weight=...), dev fold only)")
+    parser.add_argument("--recency-half-life", type=float, default=30.0, help="days")
     parser.add_argument("--sizes", default="1000,100000", help="latency sizes ('' = none)")
     parser.add_argument("--queries", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=3)
@@ -135,8 +155,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--data", default=str(DEFAULT_DATA))
     parser.add_argument("--tag", default="")
     args = parser.parse_args(argv)
-    if args.fold == "test" and args.weights:
-        parser.error("--weights tunes on the dev fold only; the test fold measures the default")
+    if args.fold == "test" and (args.weights or args.recency):
+        parser.error("--weights and --recency tune on the dev fold only; the test fold "
+                     "measures the default")
 
     import torch
 
@@ -174,18 +195,24 @@ def recalls(args: argparse.Namespace, conversations: list[Conversation],
 
     embedder = Embedder(args.embedder or DEFAULT_EMBEDDING_MODEL, device="cpu")
     model = tiny_model_path(TinyModelSpec("qwen2"))
+    options = dict(dedupe_threshold=None, encode_on_add=False, startup="lazy",
+                   progress_bar=False, device="cpu")
     with tempfile.TemporaryDirectory() as tmp, Engine(engine_config(
-            model, max_model_len=4096, max_fact_tokens=2048), runner=FakeRunner) as engine, Memory(
-            engine, f"{tmp}/m.db", embedder, dedupe_threshold=None, encode_on_add=False,
-            startup="lazy", progress_bar=False, device="cpu") as memory:
-        results["vector"] = recall(memory, conversations, "vector")
-        default = hybrid.KEYWORD_WEIGHT
-        for weight in [default] + [float(w) for w in args.weights.split(",") if w]:
-            hybrid.KEYWORD_WEIGHT = weight
-            results[f"hybrid w={weight}"] = recall(memory, conversations, "hybrid")
-        hybrid.KEYWORD_WEIGHT = default
-        results["hybrid, hide_older_versions=never"] = recall(memory, conversations, "hybrid",
-                                                              "never")
+            model, max_model_len=4096, max_fact_tokens=2048), runner=FakeRunner) as engine:
+        with Memory(engine, f"{tmp}/m.db", embedder, **options) as memory:
+            results["vector"] = recall(memory, conversations, "vector")
+            default = hybrid.KEYWORD_WEIGHT
+            for weight in [default] + [float(w) for w in args.weights.split(",") if w]:
+                hybrid.KEYWORD_WEIGHT = weight
+                results[f"hybrid w={weight}"] = recall(memory, conversations, "hybrid")
+            hybrid.KEYWORD_WEIGHT = default
+            results["hybrid, hide_older_versions=never"] = recall(memory, conversations,
+                                                                  "hybrid", "never")
+        for weight in [float(w) for w in args.recency.split(",") if w]:  # the same store
+            with Memory(engine, f"{tmp}/m.db", embedder, recency_weight=weight,
+                        recency_half_life_days=args.recency_half_life, **options) as memory:
+                results[f"hybrid + recency {weight}, half-life {args.recency_half_life:g} d"] = (
+                    recall(memory, conversations, "hybrid"))
     for name, row in results.items():
         if isinstance(row, dict):
             print(name, " ".join(f"{k} {v:.1%}" for k, v in row.items() if k.startswith("R@")),

@@ -14,6 +14,11 @@ from inferscale_engine.checks import check_half_scan_min_rows
 from inferscale_engine.config import EngineConfig
 from inferscale_engine.errors import ConfigError
 from inferscale_engine.memory.search.hybrid import DEFAULT_SEARCH_MODE, check_search_mode
+from inferscale_engine.memory.search.recency import (
+    DEFAULT_HALF_LIFE_DAYS,
+    DEFAULT_RECENCY_WEIGHT,
+    check_recency,
+)
 from inferscale_engine.memory.search.versions import (
     DEFAULT_HIDE_OLDER_VERSIONS,
     check_hide_older_versions,
@@ -84,6 +89,11 @@ class MemoryConfig:
     date_facts: bool = False
     """Serve each fact as '[8 May 2023] <text>' (the day it became true), in the KV and the
     text prompt alike (dating.py)."""
+    recency_weight: float = DEFAULT_RECENCY_WEIGHT
+    """A present search chooses by relevance + recency_weight * 0.5 ** (age / half-life): newer
+    facts first among relevant ones (search/recency.py); 0: off."""
+    recency_half_life_days: float = DEFAULT_HALF_LIFE_DAYS
+    """Days over which the recency bonus halves."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine, EngineConfig):
@@ -113,6 +123,7 @@ class MemoryConfig:
         check_expiry(self.on_expiry, self.expiry_sweep_s)
         check_search_mode(self.search_mode, setting=True)
         check_hide_older_versions(self.hide_older_versions, setting=True)
+        check_recency(self.recency_weight, self.recency_half_life_days)
         if not isinstance(self.date_facts, bool):
             raise ConfigError(f"date_facts={self.date_facts!r} must be True or False")
 

@@ -88,7 +88,8 @@ class Memory:
                  reranker: Reranker | None = None,
                  rerank_candidates: int = DEFAULT_RERANK_CANDIDATES,
                  hide_older_versions: str = versions.DEFAULT_HIDE_OLDER_VERSIONS,
-                 date_facts: bool = False) -> None:
+                 date_facts: bool = False, recency_weight: float = 0.0,
+                 recency_half_life_days: float = 30.0) -> None:
         """Open the store and make every stored fact searchable and servable.
 
         Args:
@@ -120,6 +121,8 @@ class Memory:
                 out older versions of the facts it found (search/versions.py).
             date_facts: serve each fact as '[8 May 2023] <text>', its date written into the
                 KV and the text prompt alike (dating.py); stored and returned texts are as added.
+            recency_weight, recency_half_life_days: a present search chooses by relevance plus
+                recency_weight * 0.5 ** (age / half-life) (search/recency.py); 0: off.
 
         Raises:
             ConfigError: a bad option, or another open Memory owns the engine's fact ids.
@@ -170,7 +173,8 @@ class Memory:
             self._searching = Searching(self._store, self._served, self._index, self._scopes,
                                         self._gate, self._embed, self._search_mode,
                                         self.counters, reranker, rerank_candidates,
-                                        hide_older_versions)
+                                        hide_older_versions, recency_weight,
+                                        recency_half_life_days)
             self._listing = Listing(self._store, self._scopes)
             self._editing = Editing(self._store, self._served, self._scopes, self.counters,
                                     self._dates.tokens, self._embed, encode_on_add,
@@ -216,7 +220,8 @@ class Memory:
                          on_expiry=config.on_expiry, expiry_sweep_s=config.expiry_sweep_s,
                          search_mode=config.search_mode,
                          hide_older_versions=config.hide_older_versions,
-                         date_facts=config.date_facts)
+                         date_facts=config.date_facts, recency_weight=config.recency_weight,
+                         recency_half_life_days=config.recency_half_life_days)
         except BaseException:
             engine.close()
             raise

@@ -22,7 +22,7 @@ from inferscale_engine.memory import supersession
 from inferscale_engine.memory.gate import InteractiveGate, interactive_call
 from inferscale_engine.memory.registration import RegisteredFacts
 from inferscale_engine.memory.scope import Scopes
-from inferscale_engine.memory.search import filters, hybrid, retrieval, versions
+from inferscale_engine.memory.search import filters, hybrid, recency, retrieval, versions
 from inferscale_engine.memory.search.index import RetrievalIndex
 from inferscale_engine.memory.store import FactStore, reserved
 from inferscale_engine.memory.types import SearchResult
@@ -43,7 +43,12 @@ class Searching:
                  embed: Callable[[list[str]], torch.Tensor], search_mode: str,
                  counters: Counter[str], reranker: Reranker | None = None,
                  rerank_candidates: int = DEFAULT_RERANK_CANDIDATES,
-                 hide_older_versions: str = versions.DEFAULT_HIDE_OLDER_VERSIONS) -> None:
+                 hide_older_versions: str = versions.DEFAULT_HIDE_OLDER_VERSIONS,
+                 recency_weight: float = recency.DEFAULT_RECENCY_WEIGHT,
+                 recency_half_life_days: float = recency.DEFAULT_HALF_LIFE_DAYS) -> None:
+        self._recency = recency.bonus_of(served.since, *recency.check_recency(
+            recency_weight, recency_half_life_days))
+        """Newer facts' bonus in what a present search chooses (None: off; recency.py)."""
         self._versions = versions.check_hide_older_versions(hide_older_versions, setting=True)
         self._store, self._served, self._index, self._scopes = store, served, index, scopes
         self._gate, self._embed, self._search_mode = gate, embed, search_mode
@@ -98,7 +103,8 @@ class Searching:
                 return SearchResult(tuple(hits), retrieval.handle_of(uid, hits))
             ranked, found_by = retrieval.ranked(self._index, uid, vector, k + len(skip) if k
                                                 else 0, narrow,
-                                                query if mode == "hybrid" else None)
+                                                query if mode == "hybrid" else None,
+                                                self._recency)
             ranked = [(f, s) for f, s in ranked if f not in skip]  # before the k are cut
             if not narrow:
                 hits = hybrid.by_score([(self._served[fact_id], score)

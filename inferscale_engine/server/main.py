@@ -130,6 +130,11 @@ def our_parser() -> argparse.ArgumentParser:
     parser.add_argument("--date-facts", action="store_true",
                         help="serve each fact with the day it became true ('[8 May 2023] ...'), "
                              "written into its KV and its text alike")
+    parser.add_argument("--recency-weight", type=float, default=0.0,
+                        help="newer facts get up to this much added to their relevance when a "
+                             "request's facts are chosen (0: off)")
+    parser.add_argument("--recency-half-life-days", type=float, default=30.0,
+                        help="days over which the recency bonus halves")
     parser.add_argument("--on-expiry", choices=ON_EXPIRY, default="hide",
                         help="an expired fact is never served; its row is kept hidden (hide, "
                              "as mem0) or deleted by the sweeper (delete, as LangGraph's TTL)")
@@ -290,6 +295,8 @@ def open_memory(config: EngineConfig, ours: argparse.Namespace, client: Any,
                                            search_mode=ours.search_mode,
                                            hide_older_versions=ours.hide_older_versions,
                                            date_facts=ours.date_facts,
+                                           recency_weight=ours.recency_weight,
+                                           recency_half_life_days=ours.recency_half_life_days,
                                            on_expiry=ours.on_expiry,
                                            expiry_sweep_s=ours.expiry_sweep_s),
                               runner=lambda _config, _connector: AsyncRunner(client, loop))

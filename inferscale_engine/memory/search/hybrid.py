@@ -15,10 +15,12 @@ were chosen on the LoCoMo dev fold (benchmarks/retrieval_locomo.py, docs/benchma
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from inferscale_engine.errors import ConfigError, InvalidRequestError
 from inferscale_engine.facts import FactId
+from inferscale_engine.memory.search.recency import RECENCY_CANDIDATES, Bonus, raised
 
 if TYPE_CHECKING:  # this module imports no torch: MemoryConfig reads its modes
     from inferscale_engine.memory.search.index import RetrievalIndex
@@ -46,8 +48,8 @@ def check_search_mode(value: object, setting: bool = False) -> str:
 
 
 def fuse(vector_hits: list[tuple[FactId, float]], keyword_hits: list[tuple[FactId, float]],
-         cosines: dict[FactId, float], k: int, weight: float = KEYWORD_WEIGHT
-         ) -> list[tuple[FactId, float]]:
+         cosines: dict[FactId, float], k: int, weight: float = KEYWORD_WEIGHT,
+         bonus: Mapping[FactId, float] | None = None) -> list[tuple[FactId, float]]:
     """The k best of the candidates by cosine + weight * bm25 / max bm25, each with its cosine.
 
     In fused order, best first (by_score then orders a final selection by cosine).
@@ -56,6 +58,7 @@ def fuse(vector_hits: list[tuple[FactId, float]], keyword_hits: list[tuple[FactI
         vector_hits: (fact id, cosine), the vector top-k (or more).
         keyword_hits: (fact id, BM25 > 0), best first.
         cosines: the cosine of each keyword hit not among vector_hits.
+        bonus: raises the fused score of the facts it names (recency.py raised).
     """
     cosine = dict(vector_hits)
     cosine.update((f, cosines[f]) for f, _ in keyword_hits if f not in cosine)
@@ -64,6 +67,9 @@ def fuse(vector_hits: list[tuple[FactId, float]], keyword_hits: list[tuple[FactI
         top = keyword_hits[0][1]
         for fact_id, bm25 in keyword_hits:
             fused[fact_id] += weight * bm25 / top
+    for fact_id, extra in (bonus or {}).items():
+        if fact_id in fused:
+            fused[fact_id] = raised(fused[fact_id], extra)
     chosen = sorted(fused, key=lambda f: (-fused[f], f))[:k]
     return [(f, cosine[f]) for f in chosen]
 
@@ -88,24 +94,28 @@ def signals(ranked: list[tuple[FactId, float]], keyword_ids: frozenset[FactId],
 
 
 def hybrid_search(index: RetrievalIndex, user_id: str, query: str, vector: object, k: int,
-                  everything: bool = False
+                  everything: bool = False, recency: Bonus | None = None
                   ) -> tuple[list[tuple[FactId, float]], dict[FactId, str]]:
     """The user's k best facts for `query` (its embedding `vector`) by the fused score.
 
     (fact id, cosine) in fused order: the caller narrows and cuts to k, then orders by cosine
     (by_score); and per fact, the signal that found it. everything=True ranks every indexed
     fact (a filter will narrow them afterwards). The weight is read at each call
-    (benchmarks/retrieval_locomo.py sweeps it).
+    (benchmarks/retrieval_locomo.py sweeps it). With `recency` (recency.py), the vector
+    candidates are widened to RECENCY_CANDIDATES and each candidate's bonus is fused too.
     """
     count = index.count(user_id=user_id)
     n = count if everything else min(k, count)
-    vector_hits = index.search(user_id=user_id, query_embedding=vector, k=n)
+    wide = n if recency is None else min(count, max(n, RECENCY_CANDIDATES))
+    vector_hits = index.search(user_id=user_id, query_embedding=vector, k=wide)
     keyword_hits = index.keyword_search(user_id=user_id, query=query,
                                         k=max(KEYWORD_CANDIDATES, 2 * n))
     seen = {f for f, _ in vector_hits}
     missing = [f for f, _ in keyword_hits if f not in seen]
     cosines = dict(zip(missing, index.scores(user_id=user_id, query_embedding=vector,
                                              fact_ids=missing), strict=True))
-    ranked = fuse(vector_hits, keyword_hits, cosines, n, KEYWORD_WEIGHT)
+    bonus = None if recency is None else recency(
+        list(dict.fromkeys([*(f for f, _ in vector_hits), *missing])))
+    ranked = fuse(vector_hits, keyword_hits, cosines, n, KEYWORD_WEIGHT, bonus)
     top_k = frozenset(f for f, _ in vector_hits[:k])
     return ranked, signals(ranked, frozenset(f for f, _ in keyword_hits), top_k)

@@ -17,6 +17,7 @@ from inferscale_engine.facts import Fact, FactId, MemoryHandle
 from inferscale_engine.memory.search import filters
 from inferscale_engine.memory.search.hybrid import hybrid_search, signals
 from inferscale_engine.memory.search.index import RetrievalIndex
+from inferscale_engine.memory.search.recency import RECENCY_CANDIDATES, Bonus, rechosen
 
 _DUPLICATE_CANDIDATES = 8
 """Most similar indexed facts compared by text per new fact."""
@@ -30,17 +31,22 @@ Hit = tuple[Fact, float]
 
 
 def ranked(index: RetrievalIndex, user_id: str, vector: torch.Tensor, k: int, narrow: bool,
-           keywords: str | None = None
+           keywords: str | None = None, recency: Bonus | None = None
            ) -> tuple[list[tuple[FactId, float]], dict[FactId, str]]:
     """The user's k best (fact id, cosine), and per fact the signal that found it.
 
     Every indexed fact when a filter will `narrow`; signals: hybrid.SIGNALS. With
-    `keywords` (the query's text), hybrid search (hybrid.py), else cosine alone.
+    `keywords` (the query's text), hybrid search (hybrid.py), else cosine alone. With
+    `recency`, newer facts get its bonus in the choice (recency.py).
     """
     if keywords is not None:
-        return hybrid_search(index, user_id, keywords, vector, k, everything=narrow)
-    found = index.search(user_id=user_id, query_embedding=vector,
-                         k=k if not narrow else index.count(user_id=user_id))
+        return hybrid_search(index, user_id, keywords, vector, k, everything=narrow,
+                             recency=recency)
+    count = index.count(user_id=user_id)
+    wide = count if narrow else k if recency is None else min(count, max(k, RECENCY_CANDIDATES))
+    found = index.search(user_id=user_id, query_embedding=vector, k=wide)
+    if recency is not None:
+        found = rechosen(found, recency, wide if narrow else k)
     return found, signals(found, frozenset(), None)
 
 
