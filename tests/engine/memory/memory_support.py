@@ -45,6 +45,23 @@ class HashEmbedder(Embedder):
         return F.normalize(vectors, dim=-1)
 
 
+class TableEmbedder(Embedder):
+    """Each text of a table a fixed 3-d direction (cosines chosen by the test); any other
+    text the last axis."""
+
+    def __init__(self, vectors: dict[str, list[float]]) -> None:
+        super().__init__("test-table-embedder", device="cpu")
+        self.vectors = vectors
+
+    @property
+    def dim(self) -> int:
+        return 3
+
+    def encode(self, texts):
+        return F.normalize(torch.tensor([self.vectors.get(t, [0.0, 0.0, 1.0]) for t in texts]),
+                           dim=-1)
+
+
 def crash_texts(count: int) -> list[str]:
     """`count` distinct short facts (at most 16 tokens each, as formatted: one slab page)."""
     from tests.tiny_model import _NAMES, _PLACES, _THINGS

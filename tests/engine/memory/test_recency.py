@@ -10,35 +10,24 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-import torch
-import torch.nn.functional as F
 
 from inferscale_engine.errors import ConfigError
 from inferscale_engine.memory.search import recency
-from inferscale_engine.memory.search.embedder import Embedder
 from tests.conftest import engine_config
+from tests.engine.memory.memory_support import TableEmbedder
 from tests.fake_runner import FakeRunner
 
 OLD, NEW, FAR = "I play the cello.", "I play the oboe.", "The weather is mild."
 QUERY = "Which instrument do I play?"
 
 
-class TableEmbedder(Embedder):
-    """OLD a little closer to the query than NEW; FAR orthogonal to it."""
+TABLE = {OLD: [0.8, 0.6, 0.0], NEW: [0.7, 0.71, 0.0], FAR: [0.0, 0.0, 1.0],
+         QUERY: [1.0, 0.0, 0.0]}
+"""OLD a little closer to the query than NEW; FAR orthogonal to it."""
 
-    VECTORS = {OLD: [0.8, 0.6, 0.0], NEW: [0.7, 0.71, 0.0], FAR: [0.0, 0.0, 1.0],
-               QUERY: [1.0, 0.0, 0.0]}
 
-    def __init__(self) -> None:
-        super().__init__("test-recency-embedder", device="cpu")
-
-    @property
-    def dim(self) -> int:
-        return 3
-
-    def encode(self, texts):
-        return F.normalize(torch.tensor([self.VECTORS.get(t, [0.0, 0.0, 1.0]) for t in texts]),
-                           dim=-1)
+def table_embedder():
+    return TableEmbedder(TABLE)
 
 
 @pytest.fixture()
@@ -52,7 +41,7 @@ def engine(tiny_models):
 def filled(engine, path, **options):
     from inferscale_engine.memory import Memory
 
-    memory = Memory(engine, path, TableEmbedder(), progress_bar=False, dedupe_threshold=None,
+    memory = Memory(engine, path, table_embedder(), progress_bar=False, dedupe_threshold=None,
                     **options)
     memory.add(user_id="u", texts=[FAR], timestamp=datetime(2022, 6, 1, tzinfo=UTC))
     memory.add(user_id="u", texts=[OLD], timestamp=datetime(2023, 1, 1, tzinfo=UTC))
@@ -101,7 +90,7 @@ def test_bad_recency_settings_are_refused(engine, tmp_path, tiny_models, weight,
     from inferscale_engine.memory import Memory, MemoryConfig
 
     with pytest.raises(ConfigError, match="recency"):
-        Memory(engine, tmp_path / "m.db", TableEmbedder(), recency_weight=weight,
+        Memory(engine, tmp_path / "m.db", table_embedder(), recency_weight=weight,
                recency_half_life_days=half_life)
     with pytest.raises(ConfigError, match="recency"):
         MemoryConfig(engine=engine_config(tiny_models["qwen2"]), recency_weight=weight,

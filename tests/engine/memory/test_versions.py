@@ -7,37 +7,27 @@ real default embedder on the kind of facts it exists for.
 from __future__ import annotations
 
 import pytest
-import torch
-import torch.nn.functional as F
 
 from inferscale_engine.errors import ConfigError, InvalidRequestError
 from inferscale_engine.facts import FactId
 from inferscale_engine.memory.search import versions
 from inferscale_engine.memory.search.embedder import Embedder
 from tests.conftest import engine_config
+from tests.engine.memory.memory_support import TableEmbedder
 from tests.fake_runner import FakeRunner
 
 OLD, NEW, OTHER = "I live in Denver.", "My new apartment is in Lisbon.", "I like green tea."
 NOW, PLAIN = "Which city do I live in now?", "Which city do I live in?"
 
 
-class TableEmbedder(Embedder):
-    """Each known text a fixed direction: OLD and NEW at cosine 0.6, both close to the
+TABLE = {OLD: [1.0, 0.0, 0.0], NEW: [0.6, 0.8, 0.0], OTHER: [0.0, 0.0, 1.0],
+         NOW: [0.8, 0.6, 0.0], PLAIN: [0.8, 0.6, 0.0]}
+"""Each known text a fixed direction: OLD and NEW at cosine 0.6, both close to the
     questions, OTHER orthogonal to everything."""
 
-    VECTORS = {OLD: [1.0, 0.0, 0.0], NEW: [0.6, 0.8, 0.0], OTHER: [0.0, 0.0, 1.0],
-               NOW: [0.8, 0.6, 0.0], PLAIN: [0.8, 0.6, 0.0]}
 
-    def __init__(self) -> None:
-        super().__init__("test-table-embedder", device="cpu")
-
-    @property
-    def dim(self) -> int:
-        return 3
-
-    def encode(self, texts):
-        return F.normalize(torch.tensor([self.VECTORS.get(t, [0.0, 0.0, 1.0]) for t in texts]),
-                           dim=-1)
+def table_embedder():
+    return TableEmbedder(TABLE)
 
 
 @pytest.fixture()
@@ -51,7 +41,7 @@ def engine(tiny_models):
 def open_memory(engine, path, embedder=None, **options):
     from inferscale_engine.memory import Memory
 
-    return Memory(engine, path, embedder or TableEmbedder(), progress_bar=False,
+    return Memory(engine, path, embedder or table_embedder(), progress_bar=False,
                   dedupe_threshold=None, **options)
 
 
