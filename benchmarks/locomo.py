@@ -3,7 +3,8 @@ paired-bootstrap intervals against the text arms. The protocol (locomo_protocol.
   --split dev    conv-26 and conv-30, every question of categories 1-4: tune here
   --split test   the other eight; a category-stratified seeded sample (--test-questions)
   --conversations conv-26,...   ad-hoc runs (split: null in the record)
-Per conversation, each question retrieves k facts (all-MiniLM-L6-v2 cosine top-k) and every arm
+Per conversation, each question retrieves k facts (all-MiniLM-L6-v2 cosine top-k; --search-mode
+hybrid: Memory's default search, cosine fused with keyword BM25) and every arm
 (locomo_arms.py) answers from the SAME facts: text arms prefill them, kv arms inject their KV
 encoded with context window W (Context-Window Encoding, locomo_data.py). Greedy decoding, short
 answers. Metrics and tables: locomo_report.py. Text answers are cached across runs
@@ -16,6 +17,7 @@ goes through common.write_record; --summarize-only rebuilds it from the JSONL wi
   python benchmarks/locomo.py --model small --split dev
   python benchmarks/locomo.py --model medium --split test --test-questions 400
   python benchmarks/locomo.py --model small --split dev --arms text,text-user4,kv-w64,kv-w64-user4
+  python benchmarks/locomo.py --model small --split dev --search-mode hybrid --tag hybrid
 """
 
 from __future__ import annotations
@@ -53,8 +55,8 @@ SYSTEM_PROMPT = (
 USER_BLOCK_HEADER = "More memories:\n"
 """Header of the repaired facts' block in the user turn (the arms' -userR layouts), worded for
 SYSTEM_PROMPT; every dev and test run so far used it (EngineConfig.user_block_header)."""
-RESULT_KEYS = ("model", "dtype", "facts", "context", "k", "max_tokens", "logprobs", "hints",
-               "system_prompt", "embedder")
+RESULT_KEYS = ("model", "dtype", "facts", "context", "k", "search_mode", "max_tokens",
+               "logprobs", "hints", "system_prompt", "embedder")
 """Settings every answer depends on: a results file holds one combination (arms may differ)."""
 
 
@@ -82,6 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--context", default="memory", choices=("memory", "dialogue"),
                         help="what a fact is encoded after (see locomo_data.py)")
     parser.add_argument("--k", type=int, default=20, help="facts retrieved per question")
+    parser.add_argument("--search-mode", default="vector", choices=("vector", "hybrid"),
+                        help="how the k facts are found: cosine, or cosine fused with keyword "
+                        "BM25 (Memory's default search, search/hybrid.py)")
     parser.add_argument("--categories", default="1,2,3,4")
     parser.add_argument("--seed", type=int, default=0, help="samples and bootstrap")
     parser.add_argument("--bootstrap", type=int, default=BOOTSTRAP_RESAMPLES, help="resamples")
@@ -159,7 +164,8 @@ def read_results(path: Path, args: argparse.Namespace) -> Results:
             except json.JSONDecodeError:  # a line cut short by a killed run
                 continue
             if record["type"] == "config":
-                theirs = {k: record["config"].get(k) for k in RESULT_KEYS}
+                theirs = {k: record["config"].get(k, "vector" if k == "search_mode" else None)
+                          for k in RESULT_KEYS}  # files before --search-mode: vector
                 ours = {k: getattr(args, k) for k in RESULT_KEYS}
                 if theirs != ours:
                     diff = {k: (theirs[k], ours[k]) for k in RESULT_KEYS if theirs[k] != ours[k]}

@@ -81,16 +81,27 @@ def build_engine(args: argparse.Namespace, arms: Sequence[Arm]) -> Any:
     return Engine(config)
 
 
-def retrieve(embedder: Any, conv: Conversation, questions: Sequence[Question], k: int
-             ) -> list[tuple[list[int], list[float]]]:
-    """Per question, the positions of its top-k facts, best first, and their cosines."""
-    from inferscale_engine.memory.search.index import UserIndex
+def retrieve(embedder: Any, conv: Conversation, questions: Sequence[Question], k: int,
+             mode: str = "vector") -> list[tuple[list[int], list[float]]]:
+    """Per question, the positions of its top-k facts, best first, and their cosines.
 
-    index = UserIndex(embedder.dim)
-    index.add(list(range(len(conv.facts))), embedder.encode([f.retrieval_text
-                                                             for f in conv.facts]))
+    mode 'hybrid': the k chosen by cosine fused with keyword BM25, ordered by cosine, as
+    Memory's default search (search/hybrid.py; the versions rule is not applied).
+    """
+    from inferscale_engine.memory.search import hybrid
+    from inferscale_engine.memory.search.index import RetrievalIndex
+
+    index = RetrievalIndex(device="cpu")
+    index.add(user_id="u", fact_ids=list(range(len(conv.facts))),
+              embeddings=embedder.encode([f.retrieval_text for f in conv.facts]),
+              texts=[f.retrieval_text for f in conv.facts])
     vectors = embedder.encode([q.question for q in questions])
-    hits = [index.search(vectors[i], k) for i in range(len(questions))]
+    if mode == "hybrid":
+        hits = [hybrid.by_score(hybrid.hybrid_search(index, "u", q.question, vectors[i], k)[0])
+                for i, q in enumerate(questions)]
+    else:
+        hits = [index.search(user_id="u", query_embedding=vectors[i], k=k)
+                for i in range(len(questions))]
     return [([int(fid) for fid, _ in found], [float(s) for _, s in found]) for found in hits]
 
 
@@ -303,7 +314,8 @@ def run(args: argparse.Namespace, arms: Sequence[Arm], selection: Selection,
                 todo = [q for q in questions if pending[(conv.sample_id, q.index)]]
                 if not todo:
                     continue
-                ranked = dict(zip((q.index for q in todo), retrieve(embedder, conv, todo, args.k),
+                ranked = dict(zip((q.index for q in todo), retrieve(embedder, conv, todo, args.k,
+                                                                    args.search_mode),
                                   strict=True))
                 for q in todo:
                     if (conv.sample_id, q.index) not in known:
