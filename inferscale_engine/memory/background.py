@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -288,11 +289,15 @@ class BackgroundAdds:
         if self._infer is None:
             raise InvalidRequestError("this Memory runs no inferred adds")
         first = stored[0]
-        results = self._infer(
-            user_id=user_id, messages=[{"role": "user", "content": f.text} for f in stored],
-            metadata=public_metadata(first.metadata) or None,
-            agent_id=first.metadata.get(AGENT_KEY), run_id=first.metadata.get(RUN_KEY),
-            timestamp=first.valid_from, expiration_date=first.expires_at)
+        if first.expires_at is not None and first.expires_at <= time.time():
+            results: list[AddResult] = []  # expired while queued: nothing left to read
+            self._counters["infer_expired"] += 1
+        else:
+            results = self._infer(
+                user_id=user_id, messages=[{"role": "user", "content": f.text} for f in stored],
+                metadata=public_metadata(first.metadata) or None,
+                agent_id=first.metadata.get(AGENT_KEY), run_id=first.metadata.get(RUN_KEY),
+                timestamp=first.valid_from, expiration_date=first.expires_at)
         with self._scopes.user(job.user_id) as uid:
             ids = [f.fact_id for f in self._rows(uid, [f.fact_id for f in stored])]
             if ids:

@@ -91,3 +91,26 @@ def test_nothing_said_by_the_user_stores_nothing(fresh_memory):
     assert fresh_memory.records(user_id="u") == []
     with pytest.raises(FactNotFoundError):
         fresh_memory.add_status(user_id="u", fact_id=1)
+
+
+def test_messages_that_expire_while_queued_are_dropped_not_retried(module_engine, tmp_path):
+    import time
+
+    embedder = GatedEmbedder()
+    with Memory(module_engine, tmp_path / "m.db", embedder, progress_bar=False,
+                expiry_sweep_s=None) as memory:
+        memory.add(user_id="u", texts=[FACTS[0]], wait=False)  # holds the worker at the gate
+        assert embedder.entered.wait(WAIT_S)
+        calls = memory.counters["infer_calls"]
+        ids = [r.fact_id for r in memory.add(user_id="u", messages=CHAT, infer=True,
+                                             wait=False, expiration_date=time.time() + 1.5)]
+        time.sleep(2.0)  # the messages expire before the model could read them
+        embedder.gate.set()
+        assert memory.wait_adds(WAIT_S)
+        assert memory.counters["infer_calls"] == calls  # no model call for expired messages
+        assert memory.counters["infer_expired"] == 1
+        for fact_id in ids:  # done, not failed: nothing inferred, nothing to retry
+            status = memory.add_status(user_id="u", fact_id=fact_id)
+            assert (status.status, status.event, status.inferred) == ("SUCCEEDED", "INFER", ())
+    with FactStore(tmp_path / "m.db") as store:
+        assert store.pending_facts() == []
