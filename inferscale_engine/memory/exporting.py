@@ -60,7 +60,7 @@ def fact_record(fact: StoredFact, events: Sequence[HistoryEvent]) -> dict[str, A
         "updated_at": fact.updated_at, "valid_from": fact.valid_from,
         "valid_to": fact.valid_to,
         "superseded_by": None if fact.superseded_by is None else int(fact.superseded_by),
-        "expires_at": fact.expires_at, "source": identity(fact),
+        "expires_at": fact.expires_at, "pinned": fact.pinned, "source": identity(fact),
         "context": fact.metadata.get(CONTEXT_KEY),
         "history": [{"event": e.event, "old_text": e.old_text, "new_text": e.new_text,
                      "created_at": e.created_at} for e in events]}

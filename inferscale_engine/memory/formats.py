@@ -41,7 +41,7 @@ FORMATS = ("inferscale", "mem0", "langgraph")
 """The formats read (format= of Memory.import_)."""
 FACT_FIELDS = ("id", "user_id", "agent_id", "run_id", "session_id", "text", "metadata",
                "created_at", "updated_at", "valid_from", "valid_to", "superseded_by",
-               "expires_at", "source", "context", "history")
+               "expires_at", "pinned", "source", "context", "history")
 """The fields of one fact line of an InferScale export, in the order written."""
 
 
@@ -66,6 +66,8 @@ class ImportRecord:
     history: tuple[tuple[str, str | None, str | None, float], ...] | None = None
     """(event, old text, new text, time) oldest first; None: the file has none (an ADD is
     recorded at created_at)."""
+    pinned: bool = False
+    """Pinned in the export (pinned again on import, within the pin caps)."""
 
 
 def read(text: str, format: str | None = None) -> tuple[str, list[ImportRecord]]:
@@ -206,6 +208,9 @@ def _fact(where: str, entry: Mapping[str, Any], sources: Mapping[int, str]) -> I
     if context:
         metadata[CONTEXT_KEY] = context
     history = entry.get("history")
+    pinned = entry.get("pinned", False)
+    if not isinstance(pinned, bool):
+        raise InvalidRequestError(f"pinned={pinned!r:.40} must be true or false")
     return ImportRecord(
         where, source, checks.check_text(entry.get("text"), "text"), metadata,
         _time(entry.get("created_at"), "created_at"), _time(entry.get("updated_at"),
@@ -215,7 +220,7 @@ def _fact(where: str, entry: Mapping[str, Any], sources: Mapping[int, str]) -> I
         valid_to, sources.get(newer) if isinstance(newer, int) else None,
         _time(entry.get("expires_at"), "expires_at"),
         None if history is None else tuple(_event(e, i) for i, e in enumerate(
-            checks.check_list(history, "history", InvalidRequestError))))
+            checks.check_list(history, "history", InvalidRequestError))), pinned)
 
 
 def _event(event: Any, i: int) -> tuple[str, str | None, str | None, float]:

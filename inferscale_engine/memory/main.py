@@ -182,7 +182,7 @@ class Memory:
             self._transfers = Transfers(self._store, self._served, self._scopes, self._gate,
                                         self.counters, self._dates.tokens,
                                         self._embed_in_chunks, encode_on_add,
-                                        lambda: self._expiry.start())
+                                        lambda: self._expiry.start(), self._pinning.pin)
             self._served.register_stored(self._store, self._embedder.name, self._embed,
                                          startup == "encode", progress_bar)
             self._background = BackgroundAdds(

@@ -11,17 +11,18 @@ import of one file adds nothing.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
 import torch
 from tqdm import tqdm
 
-from inferscale_engine.errors import InferScaleError, InvalidRequestError
+from inferscale_engine.errors import FactNotFoundError, InferScaleError, InvalidRequestError
 from inferscale_engine.memory import exporting, formats
 from inferscale_engine.memory.formats import ImportRecord
 from inferscale_engine.memory.gate import InteractiveGate
@@ -30,6 +31,8 @@ from inferscale_engine.memory.scope import Scopes
 from inferscale_engine.memory.store import FactStore
 from inferscale_engine.memory.store.transfer import ImportedFact, identity
 from inferscale_engine.memory.types import ImportResult
+
+logger = logging.getLogger(__name__)
 
 _CHUNK = 256
 """Facts embedded per step of an import (the progress bar moves by them)."""
@@ -42,11 +45,14 @@ class Transfers:
                  gate: InteractiveGate, counters: Counter[str],
                  tokenize: Callable[[str, float | None], tuple[int, ...]],
                  embed: Callable[[list[str]], torch.Tensor], encode: bool,
-                 on_expiry: Callable[[], None]) -> None:
+                 on_expiry: Callable[[], None],
+                 pin: Callable[..., Sequence[int]] | None = None) -> None:
         self._store, self._served, self._scopes, self._gate = store, served, scopes, gate
         self.counters, self._tokenize, self._embed, self._encode = counters, tokenize, embed, encode
         self._on_expiry = on_expiry
         """Starts the expiry sweeper (an imported fact may expire)."""
+        self._pin = pin
+        """Memory.pin: pins again the facts an export says were pinned."""
 
     def export(self, *, user_id: str) -> Iterator[str]:
         """Every stored fact of the user with its history, as JSON Lines (exporting.py).
@@ -65,7 +71,8 @@ class Transfers:
         """Import a file of facts into the user's memory: our export, mem0's, LangGraph's.
 
         Facts keep their texts, metadata, agent and run scopes, times, expiry, supersede links
-        (superseded facts stay superseded) and, from our export, their history; they are
+        (superseded facts stay superseded) and, from our export, their history and pins
+        (within the pin caps: a fact over them is imported unpinned, counted); they are
         embedded with this Memory's embedder and their KV encoded as an add's. Records the user
         already has (same source: imported before, or the user's own facts exported) are
         skipped. No duplicate check or supersession against the user's other facts.
@@ -96,7 +103,24 @@ class Transfers:
                                         self._scopes.open)
         if any(f.expires_at is not None for f in stored):
             self._on_expiry()
+        self._pin_again(uid, [i for i, r in zip(ids, todo, strict=True) if r.pinned])
         return ImportResult(found, len(records), tuple(ids), len(records) - len(ids))
+
+    def _pin_again(self, user_id: str, fact_ids: Sequence[int]) -> None:
+        """Pin the imported facts the file says were pinned, each within the pin caps.
+
+        A fact over them, or no longer current, is imported unpinned (logged and counted).
+        """
+        pin = self._pin
+        if pin is None:
+            return
+        for fact_id in fact_ids:
+            try:
+                pin(user_id=user_id, fact_ids=[fact_id])
+            except (InvalidRequestError, FactNotFoundError) as exc:
+                logger.warning("imported fact %s of %r stays unpinned: %s", fact_id, user_id,
+                               exc)
+                self.counters["import_unpinned"] += 1
 
     def _prepared(self, records: list[ImportRecord], progress_bar: bool | None
                   ) -> list[ImportedFact]:

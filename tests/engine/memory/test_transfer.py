@@ -72,6 +72,7 @@ def populate(memory: Memory, user: str) -> dict[str, int]:
     memory.delete(user_id=user, fact_ids=[gone.fact_id])
     memory.add(user_id=user, session_id="chat-2", messages=[
         {"role": "user", "content": "I started learning the cello."}])
+    memory.add(user_id=user, texts=["Ann is vegetarian."], pinned=True)
     return {"boston": boston.fact_id, "lisbon": lisbon.fact_id, "porto": porto.fact_id,
             "cat": cat.fact_id, "job": job.fact_id, "visa": visa.fact_id}
 
@@ -102,7 +103,8 @@ def test_export_then_import_gives_the_same_facts(engine, new_db):
     with open_memory(engine, first) as memory:
         exported = list(memory.export(user_id="ann"))
     facts = by_source(exported)
-    assert len(facts) == 7  # all but the deleted one: current, superseded, expired
+    assert len(facts) == 8  # all but the deleted one: current, superseded, expired
+    assert [f["text"] for f in facts.values() if f["pinned"]] == ["Ann is vegetarian."]
     texts = {f["text"]: f for f in facts.values()}
     boston, lisbon = texts["Ann lives in Boston."], texts["Ann moved to Lisbon."]
     assert boston["superseded_by"] == next(s for s, f in facts.items() if f is lisbon)
@@ -116,12 +118,14 @@ def test_export_then_import_gives_the_same_facts(engine, new_db):
 
     with open_memory(engine, second) as memory:
         result = memory.import_(user_id="ann", file=io.StringIO("".join(exported)))
-        assert (result.format, result.num_records, result.num_skipped) == ("inferscale", 7, 0)
-        assert len(result.fact_ids) == 7
-        assert by_source(list(memory.export(user_id="ann"))) == facts
+        assert (result.format, result.num_records, result.num_skipped) == ("inferscale", 8, 0)
+        assert len(result.fact_ids) == 8
+        assert by_source(list(memory.export(user_id="ann"))) == facts  # pins included
+        assert [memory.get(user_id="ann", fact_id=f).text
+                for f in memory.pinned(user_id="ann")] == ["Ann is vegetarian."]
         current = {f.text for f in memory.get_all(user_id="ann")}
         assert current == {"Ann moved to Porto.", "Ann's cat is called Mochi.",
-                           "I started learning the cello."}
+                           "I started learning the cello.", "Ann is vegetarian."}
         assert {f.text for f in memory.get_all(user_id="ann", as_of="2023-06-01")} >= {
             "Ann lives in Boston."}
         found = memory.search(user_id="ann", query="Where does Ann live?", k=10)
@@ -132,11 +136,11 @@ def test_export_then_import_gives_the_same_facts(engine, new_db):
         assert out.text == FakeRunner.ANSWER and out.plan_status == "inject"
 
         again = memory.import_(user_id="ann", file=io.StringIO("".join(exported)))
-        assert (again.fact_ids, again.num_skipped) == ((), 7)
+        assert (again.fact_ids, again.num_skipped) == ((), 8)
         own = memory.import_(user_id="ann", file=io.StringIO("".join(
             memory.export(user_id="ann"))))
         assert own.fact_ids == ()
-        assert memory.stats().num_facts == 7
+        assert memory.stats().num_facts == 8
 
 
 def test_a_users_own_export_imported_back_adds_nothing(engine, tmp_path):
