@@ -10,6 +10,7 @@
   retrieval.py   the read rules on top: a search narrowed by filter and scope, the facts one
                  request is served with (top-k, then recent), duplicates of new facts
   versions.py    older versions of a found fact, left out of reads about the present
+  recency.py     recency_weight (off by default): newer relevant facts raised in the choice
 
 Names are imported from their modules (embedder and index import torch; filters does not).
 """
