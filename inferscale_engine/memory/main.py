@@ -311,9 +311,11 @@ class Memory:
                 self._served.prompt_line))
             stored = ingest.store(facts, request, uid, self._store)
             self._served.stage(f.fact_id for f in stored)
-            self.counters["superseded"] += supersession.apply(self._store, uid, supersession.find(
-                stored, ingest.kept_vectors(facts), self._index, uid, self._served.since,
-                self._supersede_threshold), self._served.forget)
+            found = supersession.find(stored, ingest.kept_vectors(facts), self._index, uid,
+                                      self._served.since, self._supersede_threshold)
+            carried = self._pinning.pinned_of(uid, found)  # a pin moves to the newer fact
+            self.counters["superseded"] += supersession.apply(self._store, uid, found,
+                                                              self._served.forget)
             if request.pinned:  # capped, so few: pinned before the lock is let go
                 self._served.register_staged(uid, stored, True)
                 self._pinning.pin_repeated(uid, ingest.repeated(facts))
@@ -322,6 +324,7 @@ class Memory:
             self.counters["duplicates"] += len(facts) - len(stored)
         self._served.register_in_chunks(uid, stored, self._encode_on_add, self._gate,
                                         self._open)
+        self._pinning.carry(uid, carried)
         if request.expires_at is not None:
             self._expiry.start()
         return ingest.results(facts)

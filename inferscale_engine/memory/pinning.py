@@ -11,18 +11,21 @@ InvalidRequestError and nothing changes.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from inferscale_engine import checks
-from inferscale_engine.errors import FactNotFoundError
+from inferscale_engine.errors import FactNotFoundError, InvalidRequestError
 from inferscale_engine.facts import FactId
 from inferscale_engine.memory.expiry import has_expired
 from inferscale_engine.memory.registration import RegisteredFacts
 from inferscale_engine.memory.scope import Scopes
 from inferscale_engine.memory.store import FactStore, StoredFact
 from inferscale_engine.runtime.engine import Engine
+
+logger = logging.getLogger(__name__)
 
 
 class Pinning:
@@ -84,6 +87,30 @@ class Pinning:
         if ids:
             self._store.set_pinned(user_id=user_id, fact_ids=ids, pinned=True)
             self._engine.pin(user_id, ids)
+
+    def pinned_of(self, user_id: str, found: Mapping[FactId, Sequence[FactId]]
+                  ) -> list[FactId]:
+        """The new facts of an automatic supersession (new -> older facts) replacing a pin.
+
+        Read under the lock, before the older facts are marked superseded.
+        """
+        older = [f for facts in found.values() for f in facts]
+        pinned = {f.fact_id for f in self._store.get(user_id=user_id, fact_ids=older)
+                  if f.pinned} if older else set()
+        return [new for new, facts in found.items() if pinned & set(facts)]
+
+    def carry(self, user_id: str, fact_ids: Sequence[FactId]) -> None:
+        """Pin the newer facts that replaced pinned ones, as supersede() does.
+
+        One over the pin caps is served unpinned (logged and counted).
+        """
+        for fact_id in fact_ids:
+            try:
+                self.pin(user_id=user_id, fact_ids=[fact_id])
+            except (InvalidRequestError, FactNotFoundError) as exc:
+                logger.warning("fact %s of %r replaced a pinned fact but stays unpinned: %s",
+                               fact_id, user_id, exc)
+                self.counters["pins_not_carried"] += 1
 
     def check_update(self, user_id: str, old: StoredFact, token_ids: Sequence[int]) -> None:
         """Refuse an update of a pinned fact whose new text passes the user's cap.

@@ -175,3 +175,20 @@ def test_a_handle_naming_a_pinned_fact_late_still_serves_it_first(memory, engine
     memory.pin(user_id="ann", fact_ids=[b])
     prompt = engine.render_prompt(MemoryHandle("ann", (a, b)), "Hi")
     assert prompt.facts[0] == engine._facts[b].fact.token_ids
+
+
+def test_an_automatic_supersession_moves_the_pin_to_the_newer_fact(engine, tmp_path):
+    from inferscale_engine.memory import Memory
+    from tests.engine.memory.memory_support import TableEmbedder
+
+    old, new, other = "Ann's diet: vegetarian.", "Ann's diet: vegan.", "Ann plays chess."
+    table = TableEmbedder({old: [1.0, 0.0, 0.0], new: [0.98, 0.2, 0.0], other: [0.0, 1.0, 0.0]})
+    with Memory(engine, tmp_path / "m.db", table, progress_bar=False,
+                supersede_threshold=0.9) as memory:
+        (pinned,) = memory.add(user_id="ann", texts=[old], pinned=True)
+        memory.add(user_id="ann", texts=[other])
+        (newer,) = memory.add(user_id="ann", texts=[new])
+        assert memory.get(user_id="ann", fact_id=pinned.fact_id).superseded_by == newer.fact_id
+        assert memory.pinned(user_id="ann") == [newer.fact_id]
+        handle = memory.handle_for(user_id="ann", query="What does Ann play?", k=1)
+        assert handle.fact_ids[0] == newer.fact_id  # in every answer, first
