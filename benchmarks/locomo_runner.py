@@ -94,7 +94,7 @@ def retrieve(embedder: Any, conv: Conversation, questions: Sequence[Question], k
     index = RetrievalIndex(device="cpu")
     index.add(user_id="u", fact_ids=list(range(len(conv.facts))),
               embeddings=embedder.encode([f.retrieval_text for f in conv.facts]),
-              texts=[f.retrieval_text for f in conv.facts])
+              texts=[f.retrieval_text for f in conv.facts] if mode == "hybrid" else None)
     vectors = embedder.encode([q.question for q in questions])
     if mode == "hybrid":
         hits = [hybrid.by_score(hybrid.hybrid_search(index, "u", q.question, vectors[i], k)[0])

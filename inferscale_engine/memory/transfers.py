@@ -45,8 +45,7 @@ class Transfers:
                  gate: InteractiveGate, counters: Counter[str],
                  tokenize: Callable[[str, float | None], tuple[int, ...]],
                  embed: Callable[[list[str]], torch.Tensor], encode: bool,
-                 on_expiry: Callable[[], None],
-                 pin: Callable[..., Sequence[int]] | None = None) -> None:
+                 on_expiry: Callable[[], None], pin: Callable[..., Sequence[int]]) -> None:
         self._store, self._served, self._scopes, self._gate = store, served, scopes, gate
         self.counters, self._tokenize, self._embed, self._encode = counters, tokenize, embed, encode
         self._on_expiry = on_expiry
@@ -111,12 +110,9 @@ class Transfers:
 
         A fact over them, or no longer current, is imported unpinned (logged and counted).
         """
-        pin = self._pin
-        if pin is None:
-            return
         for fact_id in fact_ids:
             try:
-                pin(user_id=user_id, fact_ids=[fact_id])
+                self._pin(user_id=user_id, fact_ids=[fact_id])
             except (InvalidRequestError, FactNotFoundError) as exc:
                 logger.warning("imported fact %s of %r stays unpinned: %s", fact_id, user_id,
                                exc)

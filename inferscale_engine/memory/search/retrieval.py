@@ -42,11 +42,11 @@ def ranked(index: RetrievalIndex, user_id: str, vector: torch.Tensor, k: int, na
     if keywords is not None:
         return hybrid_search(index, user_id, keywords, vector, k, everything=narrow,
                              recency=recency)
-    count = index.count(user_id=user_id)
-    wide = count if narrow else k if recency is None else min(count, max(k, RECENCY_CANDIDATES))
-    found = index.search(user_id=user_id, query_embedding=vector, k=wide)
+    wide = k if recency is None else max(k, RECENCY_CANDIDATES)  # search caps it at the count
+    found = index.search(user_id=user_id, query_embedding=vector,
+                         k=wide if not narrow else index.count(user_id=user_id))
     if recency is not None:
-        found = rechosen(found, recency, wide if narrow else k)
+        found = rechosen(found, recency, len(found) if narrow else k)
     return found, signals(found, frozenset(), None)
 
 

@@ -15,7 +15,6 @@ from inferscale_engine.errors import ConfigError
 from inferscale_engine.memory.search import recency
 from tests.conftest import engine_config
 from tests.engine.memory.memory_support import TableEmbedder
-from tests.fake_runner import FakeRunner
 
 OLD, NEW, FAR = "I play the cello.", "I play the oboe.", "The weather is mild."
 QUERY = "Which instrument do I play?"
@@ -26,23 +25,11 @@ TABLE = {OLD: [0.8, 0.6, 0.0], NEW: [0.7, 0.71, 0.0], FAR: [0.0, 0.0, 1.0],
 """OLD a little closer to the query than NEW; FAR orthogonal to it."""
 
 
-def table_embedder():
-    return TableEmbedder(TABLE)
-
-
-@pytest.fixture()
-def engine(tiny_models):
-    from inferscale_engine.runtime.engine import Engine
-
-    with Engine(engine_config(tiny_models["qwen2"]), runner=FakeRunner) as eng:
-        yield eng
-
-
 def filled(engine, path, **options):
     from inferscale_engine.memory import Memory
 
-    memory = Memory(engine, path, table_embedder(), progress_bar=False, dedupe_threshold=None,
-                    **options)
+    memory = Memory(engine, path, TableEmbedder(TABLE), progress_bar=False,
+                    dedupe_threshold=None, **options)
     memory.add(user_id="u", texts=[FAR], timestamp=datetime(2022, 6, 1, tzinfo=UTC))
     memory.add(user_id="u", texts=[OLD], timestamp=datetime(2023, 1, 1, tzinfo=UTC))
     memory.add(user_id="u", texts=[NEW], timestamp=datetime(2023, 3, 1, tzinfo=UTC))
@@ -50,11 +37,11 @@ def filled(engine, path, **options):
 
 
 @pytest.mark.parametrize("mode", ["vector", "hybrid"])
-def test_newer_relevant_facts_win_only_with_a_weight(engine, tmp_path, mode):
-    with filled(engine, tmp_path / "off.db") as memory:  # the default: relevance alone
+def test_newer_relevant_facts_win_only_with_a_weight(fake_engine, tmp_path, mode):
+    with filled(fake_engine, tmp_path / "off.db") as memory:  # the default: relevance alone
         (hit,) = memory.search(user_id="u", query=QUERY, k=1, search_mode=mode).facts
         assert hit.text == OLD
-    with filled(engine, tmp_path / "on.db", recency_weight=0.3,
+    with filled(fake_engine, tmp_path / "on.db", recency_weight=0.3,
                 recency_half_life_days=30) as memory:
         # cosines 0.80 (OLD) and 0.70 (NEW, two months newer): 0.80 * (1 + 0.3 * 0.26) < 0.70
         # * (1 + 0.3)
@@ -64,7 +51,7 @@ def test_newer_relevant_facts_win_only_with_a_weight(engine, tmp_path, mode):
         assert [f.text for f in hits.facts] == [OLD, NEW]  # reported in cosine order
         handle = memory.handle_for(user_id="u", query=QUERY, k=1)  # what a request is served
         assert [memory.get(user_id="u", fact_id=f).text for f in handle.fact_ids] == [NEW]
-    with filled(engine, tmp_path / "weak.db", recency_weight=0.05) as memory:
+    with filled(fake_engine, tmp_path / "weak.db", recency_weight=0.05) as memory:
         (hit,) = memory.search(user_id="u", query=QUERY, k=1, search_mode=mode).facts
         assert hit.text == OLD  # a small weight does not outweigh the relevance gap
 
@@ -86,11 +73,11 @@ def test_ages_count_from_the_newest_candidate_not_the_clock():
 @pytest.mark.parametrize("weight, half_life", [(-0.1, 30), (float("nan"), 30), ("1", 30),
                                                (True, 30), (0.1, 0), (0.1, -5),
                                                (0.1, float("inf"))])
-def test_bad_recency_settings_are_refused(engine, tmp_path, tiny_models, weight, half_life):
+def test_bad_recency_settings_are_refused(fake_engine, tmp_path, tiny_models, weight, half_life):
     from inferscale_engine.memory import Memory, MemoryConfig
 
     with pytest.raises(ConfigError, match="recency"):
-        Memory(engine, tmp_path / "m.db", table_embedder(), recency_weight=weight,
+        Memory(fake_engine, tmp_path / "m.db", TableEmbedder(TABLE), recency_weight=weight,
                recency_half_life_days=half_life)
     with pytest.raises(ConfigError, match="recency"):
         MemoryConfig(engine=engine_config(tiny_models["qwen2"]), recency_weight=weight,

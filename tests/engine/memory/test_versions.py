@@ -12,9 +12,7 @@ from inferscale_engine.errors import ConfigError, InvalidRequestError
 from inferscale_engine.facts import FactId
 from inferscale_engine.memory.search import versions
 from inferscale_engine.memory.search.embedder import Embedder
-from tests.conftest import engine_config
 from tests.engine.memory.memory_support import TableEmbedder
-from tests.fake_runner import FakeRunner
 
 OLD, NEW, OTHER = "I live in Denver.", "My new apartment is in Lisbon.", "I like green tea."
 NOW, PLAIN = "Which city do I live in now?", "Which city do I live in?"
@@ -26,22 +24,10 @@ TABLE = {OLD: [1.0, 0.0, 0.0], NEW: [0.6, 0.8, 0.0], OTHER: [0.0, 0.0, 1.0],
     questions, OTHER orthogonal to everything."""
 
 
-def table_embedder():
-    return TableEmbedder(TABLE)
-
-
-@pytest.fixture()
-def engine(tiny_models):
-    from inferscale_engine.runtime.engine import Engine
-
-    with Engine(engine_config(tiny_models["qwen2"]), runner=FakeRunner) as eng:
-        yield eng
-
-
 def open_memory(engine, path, embedder=None, **options):
     from inferscale_engine.memory import Memory
 
-    return Memory(engine, path, embedder or table_embedder(), progress_bar=False,
+    return Memory(engine, path, embedder or TableEmbedder(TABLE), progress_bar=False,
                   dedupe_threshold=None, **options)
 
 
@@ -84,8 +70,8 @@ def test_older_versions_rule():
     assert versions.older_versions(pair, [[1, 0.8], [0.8, 1]], same.get) == {FactId(1)}
 
 
-def test_a_question_about_now_leaves_the_older_version_out(engine, tmp_path):
-    with open_memory(engine, tmp_path / "m.db") as memory:
+def test_a_question_about_now_leaves_the_older_version_out(fake_engine, tmp_path):
+    with open_memory(fake_engine, tmp_path / "m.db") as memory:
         (old,) = memory.add(user_id="ann", texts=[OLD], timestamp="2024-01-01")
         (other,) = memory.add(user_id="ann", texts=[OTHER], timestamp="2024-02-01")
         (new,) = memory.add(user_id="ann", texts=[NEW], timestamp="2024-03-01")
@@ -113,9 +99,9 @@ def test_a_question_about_now_leaves_the_older_version_out(engine, tmp_path):
             memory.search(user_id="ann", query=NOW, k=3, hide_older_versions="sometimes")
 
 
-def test_the_newer_fact_decides_even_when_added_first_by_id(engine, tmp_path):
+def test_the_newer_fact_decides_even_when_added_first_by_id(fake_engine, tmp_path):
     """'Newer' is when a fact became true (timestamp), not the order of the adds."""
-    with open_memory(engine, tmp_path / "m.db") as memory:
+    with open_memory(fake_engine, tmp_path / "m.db") as memory:
         (new,) = memory.add(user_id="ann", texts=[NEW], timestamp="2024-03-01")
         (old,) = memory.add(user_id="ann", texts=[OLD], timestamp="2024-01-01")
         now = memory.search(user_id="ann", query=NOW, k=2)
@@ -123,24 +109,24 @@ def test_the_newer_fact_decides_even_when_added_first_by_id(engine, tmp_path):
         assert now.older_versions == (old.fact_id,)
 
 
-def test_the_setting(engine, tmp_path):
+def test_the_setting(fake_engine, tmp_path):
     from inferscale_engine.config import EngineConfig
     from inferscale_engine.memory.config import MemoryConfig
 
-    with open_memory(engine, tmp_path / "a.db", hide_older_versions="never") as memory:
+    with open_memory(fake_engine, tmp_path / "a.db", hide_older_versions="never") as memory:
         memory.add(user_id="ann", texts=[OLD], timestamp="2024-01-01")
         memory.add(user_id="ann", texts=[NEW], timestamp="2024-03-01")
         assert len(memory.search(user_id="ann", query=NOW, k=2).facts) == 2
     with pytest.raises(ConfigError, match="hide_older_versions"):
-        open_memory(engine, tmp_path / "b.db", hide_older_versions="yes")
+        open_memory(fake_engine, tmp_path / "b.db", hide_older_versions="yes")
     with pytest.raises(ConfigError, match="hide_older_versions"):
         MemoryConfig(engine=EngineConfig(model="x"), hide_older_versions="often")
 
 
-def test_a_request_is_served_the_newer_version_only(engine, tmp_path):
+def test_a_request_is_served_the_newer_version_only(fake_engine, tmp_path):
     """The handle a request is answered with (generate's and the server's) holds the newer
     version only."""
-    with open_memory(engine, tmp_path / "m.db") as memory:
+    with open_memory(fake_engine, tmp_path / "m.db") as memory:
         memory.add(user_id="ann", texts=[OLD], timestamp="2024-01-01")
         (new,) = memory.add(user_id="ann", texts=[NEW], timestamp="2024-03-01")
         handle = memory.handle_for(user_id="ann", query=NOW, k=2)
@@ -148,13 +134,13 @@ def test_a_request_is_served_the_newer_version_only(engine, tmp_path):
         assert len(memory.handle_for(user_id="ann", query=PLAIN, k=2).fact_ids) == 2
 
 
-def test_real_embedder_on_changed_facts(engine, tmp_path):
+def test_real_embedder_on_changed_facts(fake_engine, tmp_path):
     """The default embedder and constants on the facts the rule is for: the old city is left
     out of a question about now, an unrelated fact is not, and a question without a word
     about the present keeps both cities."""
     from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL
 
-    with open_memory(engine, tmp_path / "m.db", Embedder(DEFAULT_EMBEDDING_MODEL)) as memory:
+    with open_memory(fake_engine, tmp_path / "m.db", Embedder(DEFAULT_EMBEDDING_MODEL)) as memory:
         (old,) = memory.add(user_id="ann", texts=["I live in Denver."], timestamp="2023-01-09")
         memory.add(user_id="ann", texts=["I drive a Civic.", "My sister is named Maya."],
                    timestamp="2023-02-01")
