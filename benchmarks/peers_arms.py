@@ -225,11 +225,11 @@ class LangGraphArm:
 
     kind = "text"
 
-    def __init__(self, embedder_path: str, facts_per_add: int) -> None:
+    def __init__(self, embedder_path: str, facts_per_add: int, device: str = "cpu") -> None:
         from langgraph.store.memory import InMemoryStore
         from sentence_transformers import SentenceTransformer
 
-        model = SentenceTransformer(embedder_path, device="cpu", local_files_only=True)
+        model = SentenceTransformer(embedder_path, device=device, local_files_only=True)
         self.name, self.facts_per_add = "langgraph", facts_per_add
         self.store, self.persistent = "langgraph", False
         self.items = InMemoryStore(index={

@@ -92,12 +92,14 @@ def mem0_config(workdir: Path, collection: str, *, base_url: str, model: str,
 class Mem0Worker:
     """peers_mem0_worker.py in mem0's venv: call(op, ...) -> its reply (a dict)."""
 
-    def __init__(self, python: Path, workdir: Path) -> None:
+    def __init__(self, python: Path, workdir: Path, pythonpath: str | None = None) -> None:
+        """pythonpath: where `python` finds mem0ai, when it is not a venv of its own."""
         workdir.mkdir(parents=True, exist_ok=True)
         self._log: IO[bytes] = open(workdir / "worker.log", "ab")  # noqa: SIM115 - closed in close()
         env = _clean_env(MEM0_TELEMETRY="false", MEM0_DIR=str(workdir / ".mem0"),
                          HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                         TOKENIZERS_PARALLELISM="false")
+                         TOKENIZERS_PARALLELISM="false",
+                         **({"PYTHONPATH": pythonpath} if pythonpath else {}))
         self._process = subprocess.Popen([str(python), str(WORKER)], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=self._log, env=env,
                                          text=True, bufsize=1)

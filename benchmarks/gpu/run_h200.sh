@@ -17,7 +17,7 @@
 # async_scheduling, Llama, k=0,50,100), profile (cProfile of kv and resident at k=100), memory1m (memory_ops.py: 1M facts of one user, index and
 # query embedder on the GPU), ceiling2 (the issue-13 TTFT table: both models, k=0..100, with
 # retrieval), ttft_llama (the same without retrieval, Llama only; MODELS= for others), fullgraph (ttft.py with cudagraph_mode FULL, Llama, k=0,50,100), probe
-# (ceiling_probe.py, per-phase medians at k=50,100), search_latency (retrieval_locomo.py
+# (ceiling_probe.py, per-phase medians at k=50,100), peers (benchmarks/peers.py latency columns; carry .whl, .device/uv, .device/minilm, .device/locomo), search_latency (retrieval_locomo.py
 # --latency-only: vector vs hybrid search at 1k/100k/1M facts on the GPU and on this host's CPU;
 # needs no vLLM bundle, only .device/minilm and .device/locomo/locomo10.json), throughput_async (throughput.py through
 # vLLM's AsyncLLM), probe_batch (ceiling_probe.py --batch 64 at k=50: host time per throughput
@@ -158,9 +158,18 @@ for step in "$@"; do
     search_probe) random_minilm  # where a search's time goes: tokenize / embed / scan, float32 vs float16 scan
       timeout 500 python3 benchmarks/gpu/search_probe.py --device cuda --sizes 10000,100000,300000,1000000 --embedder /tmp/minilm --queries 200 --tag $gpu 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/search_probe.log"; grep -B2 -A4 "facts, k=" "$INFERSCALE_RESULTS/search_probe.log"; grep -A22 "by self_device" "$INFERSCALE_RESULTS/search_probe.log" | head -50 ;;
     search_latency) random_minilm  # issue 55's table: vector vs hybrid at 1k/100k/1M facts, GPU and this host's CPU
-      for dev in cuda cpu; do
-        timeout 280 python3 benchmarks/retrieval_locomo.py --latency-only --device $dev --embedder /tmp/minilm --data .device/locomo/locomo10.json --sizes ${SIZES:-1000,100000,1000000} --queries 100 --repeats 3 --tag $gpu-$dev 2>&1 | grep -E "facts|wrote|Error|error"
+      for dev in cuda cpu; do  # the host's CPU to 100k facts (1M there outlasts the timeout)
+        [ $dev = cuda ] && sizes=${SIZES:-1000,100000,1000000} || sizes=${CPU_SIZES:-1000,100000}
+        timeout 280 python3 benchmarks/retrieval_locomo.py --latency-only --device $dev --embedder /tmp/minilm --data .device/locomo/locomo10.json --sizes $sizes --max-postings ${POSTINGS:-2000,10000} --queries 100 --repeats 3 --tag $gpu-$dev 2>&1 | grep -E "facts|wrote|Error|error"
       done ;;
+    peers)  # issue 56's latency columns: benchmarks/peers.py, Llama-3.1-8B geometry, dummy weights (no scores)
+      # mem0 and LangGraph travel as wheels (.whl: mem0ai 2.2.1, qdrant-client, sqlalchemy, posthog, langgraph,
+      # langchain-core and their missing deps), installed into /tmp/site by an earlier command of the lease
+      for w in .device/uv/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site; done
+      random_minilm
+      # the stores (SQLite, qdrant folders) stay on the machine; the JSONL and summary come back
+      MEM0_PYTHONPATH=/tmp/site INFERSCALE_RESULTS=/tmp/peers-out timeout 570 python3 benchmarks/peers.py --model llama-3.1-8b --split dev --max-questions ${QUESTIONS:-40} --data-path .device/locomo/locomo10.json --embedder /tmp/minilm --mem0-python "$(command -v python3)" --arms inferscale-kv,inferscale-text,mem0-raw,langgraph --kv-cache-gib 4 --max-model-len 8192 --slab-mib 4096 --tag $gpu 2>&1 | grep -vE "$quiet" | tail -30
+      cp /tmp/peers-out/peers-*.json* "$INFERSCALE_RESULTS/" ;;
     memory1m) random_minilm
       timeout 500 python3 benchmarks/memory_ops.py --model tiny --device cuda --sizes 10000,1000000 --real-embed-up-to 0 --skip-encode --k 50 --queries 300 --batch 20000 --embedder /tmp/minilm --tag $gpu 2>&1 | grep -vE "$quiet" | tail -8 ;;
     qwen3) python3 benchmarks/ttft.py --model qwen3-8b --multiprocessing --embedder none --tag $gpu-mp1 --plot --warmup 2 2>&1 | grep -vE "$quiet" | tail -9 ;;

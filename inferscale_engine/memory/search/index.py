@@ -279,6 +279,9 @@ class RetrievalIndex:
         self._users: dict[str, UserIndex] = {}
         self._keywords = LexicalIndex()  # the texts of facts added with texts
         self._lock = threading.RLock()
+        self._keyword_lock = threading.Lock()
+        """Guards _keywords alone (taken inside _lock by writers), so that a keyword search
+        runs beside a vector search of the same index (hybrid.py overlaps them)."""
 
     @_verb
     def add(self, *, user_id: str, fact_ids: Sequence[int], embeddings: Any,
@@ -301,8 +304,9 @@ class RetrievalIndex:
             index.add(ids, vectors)
             self._dim = index.dim
             self._users[user_id] = index
-            self._keywords.remove(user_id, ids) if texts is None else self._keywords.add(
-                user_id, ids, texts)
+            with self._keyword_lock:
+                self._keywords.remove(user_id, ids) if texts is None else self._keywords.add(
+                    user_id, ids, texts)
 
     @_verb
     def remove(self, *, user_id: str, fact_ids: Iterable[int]) -> None:
@@ -313,7 +317,8 @@ class RetrievalIndex:
                 raise FactNotFoundError(f"user {user_id!r} has no indexed facts")
             ids = index_fact_ids(fact_ids)
             index.remove(ids)
-            self._keywords.remove(user_id, ids)
+            with self._keyword_lock:
+                self._keywords.remove(user_id, ids)
             if not len(index):
                 del self._users[user_id]  # frees the user's device memory
 
@@ -329,8 +334,12 @@ class RetrievalIndex:
 
     @_verb
     def keyword_search(self, *, user_id: str, query: str, k: int) -> list[tuple[FactId, float]]:
-        """The user's k facts best matching the query's words (BM25, lexical.py), best first."""
-        with self._lock:
+        """The user's k facts best matching the query's words (BM25, lexical.py), best first.
+
+        Holds only the keyword index's lock: it may run while a vector search of the index
+        does.
+        """
+        with self._keyword_lock:
             return self._keywords.search(user_id, query, k)
 
     @_verb
@@ -378,7 +387,8 @@ class RetrievalIndex:
         """Forget a user's index (no-op for an unknown user)."""
         with self._lock:
             self._users.pop(user_id, None)
-            self._keywords.drop_user(user_id)
+            with self._keyword_lock:
+                self._keywords.drop_user(user_id)
 
     def users(self) -> list[str]:
         """Users with at least one indexed fact, sorted."""

@@ -245,3 +245,52 @@ def test_excluded_facts_are_left_out_before_the_k_are_chosen(memory):
     assert handle.fact_ids[-1] == first and set(handle.fact_ids[:2]) == set(two)
     with pytest.raises(InvalidFactError, match="exclude"):
         memory.search(user_id="ann", query=QUERY, k=2, exclude=["x"])
+
+
+def test_the_keyword_query_runs_beside_a_vector_search_of_the_same_index():
+    """hybrid_search overlaps the two: a keyword search must not wait for the index's lock
+    (held here as a vector search, an add or a remove holds it)."""
+    import threading
+
+    from inferscale_engine.memory.search.hybrid import hybrid_search
+    from inferscale_engine.memory.search.index import RetrievalIndex
+
+    index = RetrievalIndex(device="cpu")
+    index.add(user_id="u", fact_ids=[1, 2], embeddings=torch.eye(2),
+              texts=["red apples", "green pears"])
+    found: list = []
+    with index._lock:  # as a vector search holds it
+        worker = threading.Thread(target=lambda: found.append(
+            index.keyword_search(user_id="u", query="green", k=5)))
+        worker.start()
+        worker.join(timeout=30)
+        assert not worker.is_alive() and [f for f, _ in found[0]] == [2]
+    ranked, found_by = hybrid_search(index, "u", "green", torch.tensor([0.6, 0.8]), k=1)
+    assert [f for f, _ in ranked] == [2] and found_by == {2: "both"}
+
+
+def test_a_failed_vector_scan_fails_the_hybrid_search_after_the_keyword_query_ends(
+        monkeypatch):
+    from inferscale_engine.memory.search import hybrid
+    from inferscale_engine.memory.search.index import RetrievalIndex
+
+    index = RetrievalIndex(device="cpu")
+    index.add(user_id="u", fact_ids=[1], embeddings=torch.eye(1), texts=["red apples"])
+    ended: list = []
+    keyword_search = index.keyword_search
+
+    def slow_keywords(**call):
+        import time
+
+        time.sleep(0.2)
+        ended.append(keyword_search(**call))
+        return ended[-1]
+
+    def failing(**call):
+        raise RetrievalError("scan failed")
+
+    monkeypatch.setattr(index, "keyword_search", slow_keywords)
+    monkeypatch.setattr(index, "search", failing)
+    with pytest.raises(RetrievalError, match="scan failed"):
+        hybrid.hybrid_search(index, "u", "red", torch.ones(1), k=1)
+    assert ended and [f for f, _ in ended[0]] == [1]
