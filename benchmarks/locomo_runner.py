@@ -86,11 +86,15 @@ def retrieve(embedder: Any, conv: Conversation, questions: Sequence[Question], k
     """Per question, the positions of its top-k facts, best first, and their cosines.
 
     mode 'hybrid': the k chosen by cosine fused with keyword BM25, ordered by cosine, as
-    Memory's default search (search/hybrid.py; the versions rule is not applied).
+    Memory's default search (search/hybrid.py; the versions rule is not applied);
+    'hybrid-neighbors': and NEIGHBOR_SHARE of the k given to the facts beside the best ones
+    (search/neighbors.py; facts are in conversation order).
     """
     from inferscale_engine.memory.search import hybrid
     from inferscale_engine.memory.search.index import RetrievalIndex
 
+    if mode == "hybrid-neighbors":
+        return _with_neighbors(embedder, conv, questions, k)
     index = RetrievalIndex(device="cpu")
     index.add(user_id="u", fact_ids=list(range(len(conv.facts))),
               embeddings=embedder.encode([f.retrieval_text for f in conv.facts]),
@@ -103,6 +107,33 @@ def retrieve(embedder: Any, conv: Conversation, questions: Sequence[Question], k
         hits = [index.search(user_id="u", query_embedding=vectors[i], k=k)
                 for i in range(len(questions))]
     return [([int(fid) for fid, _ in found], [float(s) for _, s in found]) for found in hits]
+
+
+NEIGHBOR_SHARE = 0.3
+"""--search-mode hybrid-neighbors: the share chosen on the dev fold's evidence recall."""
+
+
+def _with_neighbors(embedder: Any, conv: Conversation, questions: Sequence[Question], k: int
+                    ) -> list[tuple[list[int], list[float]]]:
+    """retrieve()'s hybrid search with neighbors (Memory's search with neighbor_share)."""
+    from inferscale_engine.memory.search import hybrid, neighbors
+    from inferscale_engine.memory.search.index import RetrievalIndex
+
+    texts = [f.retrieval_text for f in conv.facts]
+    index = RetrievalIndex(device="cpu")
+    index.add(user_id="u", fact_ids=list(range(len(texts))), embeddings=embedder.encode(texts),
+              texts=texts)
+    vectors = embedder.encode([q.question for q in questions])
+    out = []
+    for i, q in enumerate(questions):
+        ranked = hybrid.hybrid_search(index, "u", q.question, vectors[i], k)[0]
+        ids, taken = neighbors.with_neighbors(
+            ranked, k, NEIGHBOR_SHARE, lambda a: index.adjacent(user_id="u", fact_ids=a), ())
+        cosine = dict(ranked) | dict(zip(taken, index.scores(
+            user_id="u", query_embedding=vectors[i], fact_ids=taken), strict=True))
+        found = hybrid.by_score([(f, cosine[f]) for f in ids])
+        out.append(([int(f) for f, _ in found], [float(s) for _, s in found]))
+    return out
 
 
 def evidence_recall(conv: Conversation, positions: Sequence[int], question: Question

@@ -164,6 +164,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--recency", default="", help="also measure hybrid search with these "
                         "recency weights (Memory(recency_weight=...), dev fold only)")
     parser.add_argument("--recency-half-life", type=float, default=30.0, help="days")
+    parser.add_argument("--neighbors", default="", help="also measure hybrid search with "
+                        "these neighbor shares (Memory(neighbor_share=...), search/neighbors.py)")
     parser.add_argument("--sizes", default="1000,100000", help="latency sizes ('' = none)")
     parser.add_argument("--queries", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=3)
@@ -179,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.fold == "test" and (args.weights or args.recency):
         parser.error("--weights and --recency tune on the dev fold only; the test fold "
-                     "measures the default")
+                     "measures the default and --neighbors (the share chosen on dev)")
 
     import torch
 
@@ -236,6 +238,11 @@ def recalls(args: argparse.Namespace, conversations: list[Conversation],
                         recency_half_life_days=args.recency_half_life, **options) as memory:
                 results[f"hybrid + recency {weight}, half-life {args.recency_half_life:g} d"] = (
                     recall(memory, conversations, "hybrid"))
+        for share in [float(s) for s in args.neighbors.split(",") if s]:  # the same store
+            with Memory(engine, f"{tmp}/m.db", embedder, neighbor_share=share,
+                        **options) as memory:
+                results[f"hybrid + neighbors {share:g}"] = recall(memory, conversations,
+                                                                  "hybrid")
     for name, row in results.items():
         if isinstance(row, dict):
             print(name, " ".join(f"{k} {v:.1%}" for k, v in row.items() if k.startswith("R@")),

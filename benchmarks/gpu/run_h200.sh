@@ -158,7 +158,7 @@ for step in "$@"; do
     search_probe) random_minilm  # where a search's time goes: tokenize / embed / scan, float32 vs float16 scan
       timeout 500 python3 benchmarks/gpu/search_probe.py --device cuda --sizes 10000,100000,300000,1000000 --embedder /tmp/minilm --queries 200 --tag $gpu 2>&1 | grep -vE "$quiet" > "$INFERSCALE_RESULTS/search_probe.log"; grep -B2 -A4 "facts, k=" "$INFERSCALE_RESULTS/search_probe.log"; grep -A22 "by self_device" "$INFERSCALE_RESULTS/search_probe.log" | head -50 ;;
     search_latency) random_minilm  # issue 55's table: vector vs hybrid at 1k/100k/1M facts, GPU and this host's CPU
-      for dev in cuda cpu; do  # the host's CPU to 100k facts (1M there outlasts the timeout)
+      for dev in ${DEVICES:-cuda cpu}; do  # the host's CPU to 100k facts (1M there outlasts the timeout)
         [ $dev = cuda ] && sizes=${SIZES:-1000,100000,1000000} || sizes=${CPU_SIZES:-1000,100000}
         timeout 280 python3 benchmarks/retrieval_locomo.py --latency-only --device $dev --embedder /tmp/minilm --data .device/locomo/locomo10.json --sizes $sizes --max-postings ${POSTINGS:-2000,10000} --queries 100 --repeats 3 --tag $gpu-$dev 2>&1 | grep -E "facts|wrote|Error|error"
       done ;;

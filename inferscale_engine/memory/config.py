@@ -14,6 +14,7 @@ from inferscale_engine.checks import check_half_scan_min_rows
 from inferscale_engine.config import EngineConfig
 from inferscale_engine.errors import ConfigError
 from inferscale_engine.memory.search.hybrid import DEFAULT_SEARCH_MODE, check_search_mode
+from inferscale_engine.memory.search.neighbors import DEFAULT_NEIGHBOR_SHARE, check_neighbor_share
 from inferscale_engine.memory.search.recency import (
     DEFAULT_HALF_LIFE_DAYS,
     DEFAULT_RECENCY_WEIGHT,
@@ -94,6 +95,9 @@ class MemoryConfig:
     facts first among relevant ones (search/recency.py); 0: off."""
     recency_half_life_days: float = DEFAULT_HALF_LIFE_DAYS
     """Days over which the recency bonus halves."""
+    neighbor_share: float = DEFAULT_NEIGHBOR_SHARE
+    """Share of a present search's k given to the facts added right beside its best facts
+    (search/neighbors.py); 0: off."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine, EngineConfig):
@@ -124,6 +128,7 @@ class MemoryConfig:
         check_search_mode(self.search_mode, setting=True)
         check_hide_older_versions(self.hide_older_versions, setting=True)
         check_recency(self.recency_weight, self.recency_half_life_days)
+        check_neighbor_share(self.neighbor_share)
         if not isinstance(self.date_facts, bool):
             raise ConfigError(f"date_facts={self.date_facts!r} must be True or False")
 

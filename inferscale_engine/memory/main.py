@@ -89,7 +89,7 @@ class Memory:
                  rerank_candidates: int = DEFAULT_RERANK_CANDIDATES,
                  hide_older_versions: str = versions.DEFAULT_HIDE_OLDER_VERSIONS,
                  date_facts: bool = False, recency_weight: float = 0.0,
-                 recency_half_life_days: float = 30.0) -> None:
+                 recency_half_life_days: float = 30.0, neighbor_share: float = 0.0) -> None:
         """Open the store and make every stored fact searchable and servable.
 
         Args:
@@ -123,6 +123,8 @@ class Memory:
                 KV and the text prompt alike (dating.py); stored and returned texts are as added.
             recency_weight, recency_half_life_days: a present search chooses by relevance plus
                 recency_weight * 0.5 ** (age / half-life) (search/recency.py); 0: off.
+            neighbor_share: share of a present search's k given to the facts added right
+                beside its best facts (search/neighbors.py); 0: off.
 
         Raises:
             ConfigError: a bad option, or another open Memory owns the engine's fact ids.
@@ -174,7 +176,7 @@ class Memory:
                                         self._gate, self._embed, self._search_mode,
                                         self.counters, reranker, rerank_candidates,
                                         hide_older_versions, recency_weight,
-                                        recency_half_life_days)
+                                        recency_half_life_days, neighbor_share)
             self._listing = Listing(self._store, self._scopes)
             self._editing = Editing(self._store, self._served, self._scopes, self.counters,
                                     self._dates.tokens, self._embed, encode_on_add,
@@ -221,7 +223,8 @@ class Memory:
                          search_mode=config.search_mode,
                          hide_older_versions=config.hide_older_versions,
                          date_facts=config.date_facts, recency_weight=config.recency_weight,
-                         recency_half_life_days=config.recency_half_life_days)
+                         recency_half_life_days=config.recency_half_life_days,
+                         neighbor_share=config.neighbor_share)
         except BaseException:
             engine.close()
             raise

@@ -22,7 +22,14 @@ from inferscale_engine.memory import supersession
 from inferscale_engine.memory.gate import InteractiveGate, interactive_call
 from inferscale_engine.memory.registration import RegisteredFacts
 from inferscale_engine.memory.scope import Scopes
-from inferscale_engine.memory.search import filters, hybrid, recency, retrieval, versions
+from inferscale_engine.memory.search import (
+    filters,
+    hybrid,
+    neighbors,
+    recency,
+    retrieval,
+    versions,
+)
 from inferscale_engine.memory.search.index import RetrievalIndex
 from inferscale_engine.memory.store import FactStore, reserved
 from inferscale_engine.memory.types import SearchResult
@@ -45,7 +52,10 @@ class Searching:
                  rerank_candidates: int = DEFAULT_RERANK_CANDIDATES,
                  hide_older_versions: str = versions.DEFAULT_HIDE_OLDER_VERSIONS,
                  recency_weight: float = recency.DEFAULT_RECENCY_WEIGHT,
-                 recency_half_life_days: float = recency.DEFAULT_HALF_LIFE_DAYS) -> None:
+                 recency_half_life_days: float = recency.DEFAULT_HALF_LIFE_DAYS,
+                 neighbor_share: float = neighbors.DEFAULT_NEIGHBOR_SHARE) -> None:
+        self._neighbor_share = neighbors.check_neighbor_share(neighbor_share)
+        """Share of a present search's k given to its best facts' neighbors (neighbors.py)."""
         self._recency = recency.bonus_of(served.since, *recency.check_recency(
             recency_weight, recency_half_life_days))
         """Newer facts' bonus in what a present search chooses (None: off; recency.py)."""
@@ -107,6 +117,9 @@ class Searching:
                                                 self._recency)
             ranked = [(f, s) for f, s in ranked if f not in skip]  # before the k are cut
             if not narrow:
+                if self._neighbor_share:
+                    ranked, found_by = self._with_neighbors(uid, vector, ranked, k, skip,
+                                                            found_by)
                 hits = hybrid.by_score([(self._served[fact_id], score)
                                         for fact_id, score in ranked[:k]])
             else:
@@ -122,6 +135,22 @@ class Searching:
         if older:
             hits = [(f, s) for f, s in hits if f.fact_id not in older]
         return self._result(uid, query, hits, found_by, wanted_k, older)  # reranker: unlocked
+
+    def _with_neighbors(self, user_id: str, vector: torch.Tensor,
+                        ranked: list[tuple[FactId, float]], k: int, skip: frozenset[FactId],
+                        found_by: Mapping[FactId, str]
+                        ) -> tuple[list[tuple[FactId, float]], dict[FactId, str]]:
+        """The k chosen with neighbors (neighbors.py), each with its cosine; their signals."""
+        ids, taken = neighbors.with_neighbors(
+            ranked, k, self._neighbor_share,
+            lambda anchors: self._index.adjacent(user_id=user_id, fact_ids=anchors), skip)
+        cosine = dict(ranked)
+        added = [f for f in taken if f in self._served]
+        cosine.update(zip(added, self._index.scores(user_id=user_id, query_embedding=vector,
+                                                    fact_ids=added), strict=True))
+        self._counters["neighbors_added"] += len(added)
+        return ([(f, cosine[f]) for f in ids if f in cosine],
+                {**found_by, **dict.fromkeys(added, neighbors.NEIGHBOR)})
 
     def _older_versions(self, user_id: str, hits: list[retrieval.Hit]) -> tuple[FactId, ...]:
         """The hits that are older versions of another hit (search/versions.py), counted.

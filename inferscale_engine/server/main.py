@@ -45,6 +45,7 @@ from inferscale_engine.memory.config import (
     check_max_served_users,
 )
 from inferscale_engine.memory.search.hybrid import DEFAULT_SEARCH_MODE, SEARCH_MODES
+from inferscale_engine.memory.search.neighbors import DEFAULT_NEIGHBOR_SHARE
 from inferscale_engine.memory.search.versions import (
     DEFAULT_HIDE_OLDER_VERSIONS,
     HIDE_OLDER_VERSIONS,
@@ -135,6 +136,9 @@ def our_parser() -> argparse.ArgumentParser:
                              "request's facts are chosen (0: off)")
     parser.add_argument("--recency-half-life-days", type=float, default=30.0,
                         help="days over which the recency bonus halves")
+    parser.add_argument("--neighbor-share", type=float, default=DEFAULT_NEIGHBOR_SHARE,
+                        help="share of a request's k given to the facts added right beside its "
+                             "best facts (the turns around a matching turn; 0: off)")
     parser.add_argument("--on-expiry", choices=ON_EXPIRY, default="hide",
                         help="an expired fact is never served; its row is kept hidden (hide, "
                              "as mem0) or deleted by the sweeper (delete, as LangGraph's TTL)")
@@ -297,6 +301,7 @@ def open_memory(config: EngineConfig, ours: argparse.Namespace, client: Any,
                                            date_facts=ours.date_facts,
                                            recency_weight=ours.recency_weight,
                                            recency_half_life_days=ours.recency_half_life_days,
+                                           neighbor_share=ours.neighbor_share,
                                            on_expiry=ours.on_expiry,
                                            expiry_sweep_s=ours.expiry_sweep_s),
                               runner=lambda _config, _connector: AsyncRunner(client, loop))

@@ -250,9 +250,11 @@ def test_serve_takes_the_model_first_and_passes_vllms_flags_through(tiny_models)
     assert parse(["--model", model])[0].model == model
     assert parse([])[0].model == "small"
     memory_flags = parse([model, "--search-mode", "vector", "--on-expiry", "delete",
-                          "--expiry-sweep-s", "none", "--date-facts"])[0]
+                          "--expiry-sweep-s", "none", "--date-facts", "--neighbor-share",
+                          "0.3"])[0]
     assert (memory_flags.search_mode, memory_flags.on_expiry, memory_flags.expiry_sweep_s,
-            memory_flags.date_facts) == ("vector", "delete", None, True)
+            memory_flags.date_facts, memory_flags.neighbor_share) == ("vector", "delete", None,
+                                                                      True, 0.3)
     defaults = parse([model])[0]
     assert (defaults.search_mode, defaults.on_expiry, defaults.expiry_sweep_s,
             defaults.date_facts) == ("hybrid", "hide", 60.0, False)

@@ -9,17 +9,16 @@ fact in, but does not put it ahead of the facts that mean what the query asks. S
 cosines in [-1, 1] in either mode, so a threshold means the same in both.
 
 The candidates are the vector top-k and the keyword top-KEYWORD_CANDIDATES: a fact in neither
-cannot beat the vector top-k. The keyword query (SQLite FTS5, on the host) runs in a worker
-thread while this thread waits for the vector scan (and, on a GPU, the query's embedding):
-SQLite and the device wait both release the GIL, so a hybrid search costs about the longer of
-the two, not their sum. The weight, and the weighted sum over reciprocal-rank fusion,
-were chosen on the LoCoMo dev fold (benchmarks/retrieval_locomo.py, docs/benchmarks.md).
+cannot beat the vector top-k. The keyword query (SQLite FTS5, on the host) runs after the
+vector scan is queued and before its result is waited for (index.py search's `meanwhile`): on
+a GPU the query's embedding and the scan run while the host matches the keywords. The weight,
+and the weighted sum over reciprocal-rank fusion, were chosen on the LoCoMo dev fold
+(benchmarks/retrieval_locomo.py, docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from inferscale_engine.errors import ConfigError, InvalidRequestError
@@ -40,8 +39,6 @@ KEYWORD_WEIGHT = 0.5
 gave recall at k=20 of 74.4/75.6/74.9/73.2% (and at k=10 66.2/68.1/67.4/67.5%)."""
 KEYWORD_CANDIDATES = 200
 """Keyword matches fused per search (at least 2k)."""
-_KEYWORD_THREADS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="inferscale-keywords")
-"""Where keyword queries run beside the vector scan (threads start on first use)."""
 
 
 def check_search_mode(value: object, setting: bool = False) -> str:
@@ -113,14 +110,12 @@ def hybrid_search(index: RetrievalIndex, user_id: str, query: str, vector: objec
     count = index.count(user_id=user_id)
     n = count if everything else min(k, count)
     wide = n if recency is None else min(count, max(n, RECENCY_CANDIDATES))
-    keywords = _KEYWORD_THREADS.submit(index.keyword_search, user_id=user_id, query=query,
-                                       k=max(KEYWORD_CANDIDATES, 2 * n))
-    try:
-        vector_hits = index.search(user_id=user_id, query_embedding=vector, k=wide)
-    except BaseException:
-        wait([keywords])  # the worker reads the index: it ends before the error leaves
-        raise
-    keyword_hits = keywords.result()
+    matched: list[list[tuple[FactId, float]]] = []
+    vector_hits = index.search(user_id=user_id, query_embedding=vector, k=wide,
+                               meanwhile=lambda: matched.append(index.keyword_search(
+                                   user_id=user_id, query=query,
+                                   k=max(KEYWORD_CANDIDATES, 2 * n))))
+    keyword_hits = matched[0]
     seen = {f for f, _ in vector_hits}
     missing = [f for f, _ in keyword_hits if f not in seen]
     cosines = dict(zip(missing, index.scores(user_id=user_id, query_embedding=vector,

@@ -7,6 +7,7 @@ one remove update both, so the two never disagree on a user's facts.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -81,6 +82,8 @@ class UserIndex:
         """Fact id of each live row."""
         self._row_of: dict[int, int] = {}
         """Row of each fact id."""
+        self._ordered: list[int] = []
+        """The indexed fact ids, ascending (the order they were added in): adjacent()."""
 
     def __len__(self) -> int:
         return len(self._row_fact_ids)
@@ -92,7 +95,16 @@ class UserIndex:
 
     def fact_ids(self) -> list[FactId]:
         """Indexed fact ids, sorted."""
-        return sorted(FactId(f) for f in self._row_fact_ids)
+        return [FactId(f) for f in self._ordered]
+
+    def adjacent(self, fact_id: int) -> tuple[FactId, ...]:
+        """The indexed facts added right after and right before an indexed fact.
+
+        The ids next above and below it, those that exist, in that order.
+        """
+        at = bisect.bisect_left(self._ordered, fact_id)
+        return tuple(FactId(self._ordered[i]) for i in (at + 1, at - 1)
+                     if 0 <= i < len(self._ordered))
 
     def add(self, fact_ids: Sequence[int], embeddings: Any) -> None:
         """Index embeddings [len(fact_ids), dim]; an id already indexed gets the new vector.
@@ -118,6 +130,7 @@ class UserIndex:
             for row, i in enumerate(added, start):
                 self._row_of[ids[i]] = row
                 self._row_fact_ids.append(ids[i])
+                bisect.insort(self._ordered, ids[i])  # new ids are the largest: appended
         self._update_half()
 
     def remove(self, fact_ids: Iterable[int]) -> None:
@@ -142,26 +155,34 @@ class UserIndex:
                 self._row_fact_ids[hole] = fact_id
                 self._row_of[fact_id] = hole
         del self._row_fact_ids[num_live:]
+        for fact_id in ids:
+            del self._ordered[bisect.bisect_left(self._ordered, fact_id)]
 
-    def search(self, query_embedding: Any, k: int) -> list[tuple[FactId, float]]:
+    def search(self, query_embedding: Any, k: int, meanwhile: Callable[[], object] | None = None
+               ) -> list[tuple[FactId, float]]:
         """The k facts most similar to a query [dim], best first, as (fact id, cosine).
 
         k larger than the index returns every fact. Equal scores rank by smaller fact id.
+        meanwhile: called once, after the scan is queued and before its result is waited for
+        (host work that a GPU scan then hides: hybrid.py's keyword query).
         """
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise RetrievalError(f"k={k!r} must be an int >= 0")
         query, norm = query_vector(query_embedding, self.dim, self.device)
+        host_work = _Once(meanwhile)
         if k == 0 or not self._row_fact_ids:
+            host_work()
             raise_if_invalid(is_valid_norm(float(norm)), "query_embedding")
             return []
         k = min(k, len(self))
         candidates = 2 * k + 64
         if self._half is not None and candidates < len(self):
-            found = self._search_half(query, norm, k, candidates)
+            found = self._search_half(query, norm, k, candidates, host_work)
             if found is not None:
                 return found
         scores = self._embeddings[:len(self)] @ query  # [len]
         top = torch.topk(scores, min(k + 1, len(self)))  # sorted; one more shows a tie at the cut
+        host_work()
         # Scores, rows and the query's norm in one transfer (the only device sync of a search).
         values, rows, (query_norm,) = fetch((top.values, top.indices), norm)
         raise_if_invalid(is_valid_norm(query_norm), "query_embedding")
@@ -182,8 +203,8 @@ class UserIndex:
         rows = self._embeddings[torch.tensor([self._row_of[f] for f in fact_ids])]
         return (rows @ rows.T).tolist()
 
-    def _search_half(self, query: torch.Tensor, norm: torch.Tensor, k: int, candidates: int
-                     ) -> list[tuple[FactId, float]] | None:
+    def _search_half(self, query: torch.Tensor, norm: torch.Tensor, k: int, candidates: int,
+                     host_work: Callable[[], object]) -> list[tuple[FactId, float]] | None:
         """The top k from a float16 scan, or None when it cannot prove them (scan in float32).
 
         The scan keeps the `candidates` best rows by float16 score and ranks them by their
@@ -194,6 +215,7 @@ class UserIndex:
         assert self._half is not None
         rough = torch.topk(self._half[:len(self)] @ query.half(), candidates)  # sorted
         exact = self._embeddings[rough.indices] @ query  # [candidates] float32
+        host_work()
         scores, rows, (lowest, query_norm) = fetch((exact, rough.indices), rough.values[-1], norm)
         raise_if_invalid(is_valid_norm(query_norm), "query_embedding")
         ranked = self._ranked(zip(scores, map(int, rows)), candidates)
@@ -252,6 +274,18 @@ class UserIndex:
             self._half = half
 
 
+class _Once:
+    """A callable run at most once (None: nothing)."""
+
+    def __init__(self, call: Callable[[], object] | None) -> None:
+        self._call = call
+
+    def __call__(self) -> None:
+        call, self._call = self._call, None
+        if call is not None:
+            call()
+
+
 def _verb(call: Callable[_P, _R]) -> Callable[_P, _R]:
     """An index verb: its `user_id` keyword checked and normalized (the index's one check)."""
     @functools.wraps(call)
@@ -279,9 +313,6 @@ class RetrievalIndex:
         self._users: dict[str, UserIndex] = {}
         self._keywords = LexicalIndex()  # the texts of facts added with texts
         self._lock = threading.RLock()
-        self._keyword_lock = threading.Lock()
-        """Guards _keywords alone (taken inside _lock by writers), so that a keyword search
-        runs beside a vector search of the same index (hybrid.py overlaps them)."""
 
     @_verb
     def add(self, *, user_id: str, fact_ids: Sequence[int], embeddings: Any,
@@ -304,9 +335,8 @@ class RetrievalIndex:
             index.add(ids, vectors)
             self._dim = index.dim
             self._users[user_id] = index
-            with self._keyword_lock:
-                self._keywords.remove(user_id, ids) if texts is None else self._keywords.add(
-                    user_id, ids, texts)
+            self._keywords.remove(user_id, ids) if texts is None else self._keywords.add(
+                user_id, ids, texts)
 
     @_verb
     def remove(self, *, user_id: str, fact_ids: Iterable[int]) -> None:
@@ -317,29 +347,30 @@ class RetrievalIndex:
                 raise FactNotFoundError(f"user {user_id!r} has no indexed facts")
             ids = index_fact_ids(fact_ids)
             index.remove(ids)
-            with self._keyword_lock:
-                self._keywords.remove(user_id, ids)
+            self._keywords.remove(user_id, ids)
             if not len(index):
                 del self._users[user_id]  # frees the user's device memory
 
     @_verb
-    def search(self, *, user_id: str, query_embedding: Any,
-               k: int) -> list[tuple[FactId, float]]:
-        """The user's k most similar facts, best first; [] for a user with none."""
+    def search(self, *, user_id: str, query_embedding: Any, k: int,
+               meanwhile: Callable[[], object] | None = None) -> list[tuple[FactId, float]]:
+        """The user's k most similar facts, best first; [] for a user with none.
+
+        meanwhile: run once while the scan runs on the device (UserIndex.search), also when
+        the user has none.
+        """
         with self._lock:
             index = self._users.get(user_id)
             if index is None:
+                if meanwhile is not None:
+                    meanwhile()
                 return []
-            return index.search(query_embedding, k)
+            return index.search(query_embedding, k, meanwhile)
 
     @_verb
     def keyword_search(self, *, user_id: str, query: str, k: int) -> list[tuple[FactId, float]]:
-        """The user's k facts best matching the query's words (BM25, lexical.py), best first.
-
-        Holds only the keyword index's lock: it may run while a vector search of the index
-        does.
-        """
-        with self._keyword_lock:
+        """The user's k facts best matching the query's words (BM25, lexical.py), best first."""
+        with self._lock:
             return self._keywords.search(user_id, query, k)
 
     @_verb
@@ -356,6 +387,19 @@ class RetrievalIndex:
         with self._lock:
             index = self._holding(user_id, fact_ids)
             return index.pairwise(fact_ids) if index else []
+
+    @_verb
+    def adjacent(self, *, user_id: str, fact_ids: Sequence[int]
+                 ) -> dict[FactId, tuple[FactId, ...]]:
+        """Per indexed fact of `fact_ids`, the user's facts added right after and before it.
+
+        UserIndex.adjacent; facts not indexed are left out.
+        """
+        with self._lock:
+            index = self._users.get(user_id)
+            if index is None:
+                return {}
+            return {FactId(f): index.adjacent(f) for f in fact_ids if f in index._row_of}
 
     def _holding(self, user_id: str, fact_ids: Sequence[int]) -> UserIndex | None:
         """The user's index if it holds every fact of `fact_ids` (None: no facts asked)."""
@@ -387,8 +431,7 @@ class RetrievalIndex:
         """Forget a user's index (no-op for an unknown user)."""
         with self._lock:
             self._users.pop(user_id, None)
-            with self._keyword_lock:
-                self._keywords.drop_user(user_id)
+            self._keywords.drop_user(user_id)
 
     def users(self) -> list[str]:
         """Users with at least one indexed fact, sorted."""

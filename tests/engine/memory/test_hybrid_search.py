@@ -247,50 +247,44 @@ def test_excluded_facts_are_left_out_before_the_k_are_chosen(memory):
         memory.search(user_id="ann", query=QUERY, k=2, exclude=["x"])
 
 
-def test_the_keyword_query_runs_beside_a_vector_search_of_the_same_index():
-    """hybrid_search overlaps the two: a keyword search must not wait for the index's lock
-    (held here as a vector search, an add or a remove holds it)."""
-    import threading
-
+def test_the_keyword_query_runs_once_while_the_vector_scan_is_pending():
+    """hybrid_search hands its keyword query to the scan (index.py search's `meanwhile`): it
+    runs once per search, before the scan's result is read, on every path of the scan (the
+    float16 scan and its float32 fallback, an empty user) and the results are unchanged."""
+    from inferscale_engine.memory.search import index as index_module
     from inferscale_engine.memory.search.hybrid import hybrid_search
     from inferscale_engine.memory.search.index import RetrievalIndex
 
-    index = RetrievalIndex(device="cpu")
-    index.add(user_id="u", fact_ids=[1, 2], embeddings=torch.eye(2),
-              texts=["red apples", "green pears"])
-    found: list = []
-    with index._lock:  # as a vector search holds it
-        worker = threading.Thread(target=lambda: found.append(
-            index.keyword_search(user_id="u", query="green", k=5)))
-        worker.start()
-        worker.join(timeout=30)
-        assert not worker.is_alive() and [f for f, _ in found[0]] == [2]
-    ranked, found_by = hybrid_search(index, "u", "green", torch.tensor([0.6, 0.8]), k=1)
-    assert [f for f, _ in ranked] == [2] and found_by == {2: "both"}
+    calls: list[str] = []
+    fetch = index_module.fetch
 
+    def recorded_fetch(*args):
+        calls.append("fetch")
+        return fetch(*args)
 
-def test_a_failed_vector_scan_fails_the_hybrid_search_after_the_keyword_query_ends(
-        monkeypatch):
-    from inferscale_engine.memory.search import hybrid
-    from inferscale_engine.memory.search.index import RetrievalIndex
+    vectors = torch.randn(80, 8, generator=torch.Generator().manual_seed(0))
+    vectors[:3] = torch.eye(8)[:3]
+    texts = ["red apples", "green pears", "blue plums"] + [f"fact {n}" for n in range(77)]
+    results = []
+    for half in (0, 2):  # float32 scan; float16 scan (80 rows > 2k + 64 candidates)
+        index = RetrievalIndex(device="cpu", half_scan_min_rows=half)
+        index.add(user_id="u", fact_ids=list(range(1, 81)), embeddings=vectors, texts=texts)
+        def keywords(search=index.keyword_search, **call):
+            calls.append("keywords")
+            return search(**call)
 
-    index = RetrievalIndex(device="cpu")
-    index.add(user_id="u", fact_ids=[1], embeddings=torch.eye(1), texts=["red apples"])
-    ended: list = []
-    keyword_search = index.keyword_search
-
-    def slow_keywords(**call):
-        import time
-
-        time.sleep(0.2)
-        ended.append(keyword_search(**call))
-        return ended[-1]
-
-    def failing(**call):
-        raise RetrievalError("scan failed")
-
-    monkeypatch.setattr(index, "keyword_search", slow_keywords)
-    monkeypatch.setattr(index, "search", failing)
-    with pytest.raises(RetrievalError, match="scan failed"):
-        hybrid.hybrid_search(index, "u", "red", torch.ones(1), k=1)
-    assert ended and [f for f, _ in ended[0]] == [1]
+        index.keyword_search = keywords
+        index_module.fetch = recorded_fetch
+        try:
+            query = torch.tensor([0.6, 0.0, 0.8, 0.0, 0.0, 0.0, 0.0, 0.0])
+            ranked, found_by = hybrid_search(index, "u", "green", query, k=20)
+            assert calls[0] == "keywords" and calls.count("keywords") == 1 and "fetch" in calls
+            assert 2 in found_by and found_by[2] == "keywords"
+            results.append(ranked)
+            calls.clear()
+            assert hybrid_search(index, "nobody", "green", query, k=1) == ([], {})
+            assert calls == ["keywords"]
+            calls.clear()
+        finally:
+            index_module.fetch = fetch
+    assert [f for f, _ in results[0]] == [f for f, _ in results[1]]
