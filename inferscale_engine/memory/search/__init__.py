@@ -11,6 +11,7 @@
                  request is served with (top-k, then recent), duplicates of new facts
   versions.py    older versions of a found fact, left out of reads about the present
   recency.py     recency_weight (off by default): newer relevant facts raised in the choice
+  neighbors.py   neighbor_share: part of k given to the facts added beside the best ones
 
 Names are imported from their modules (embedder and index import torch; filters does not).
 """

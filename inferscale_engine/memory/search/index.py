@@ -204,7 +204,8 @@ class UserIndex:
         return (rows @ rows.T).tolist()
 
     def _search_half(self, query: torch.Tensor, norm: torch.Tensor, k: int, candidates: int,
-                     host_work: Callable[[], object]) -> list[tuple[FactId, float]] | None:
+                     host_work: Callable[[], object] | None = None
+                     ) -> list[tuple[FactId, float]] | None:
         """The top k from a float16 scan, or None when it cannot prove them (scan in float32).
 
         The scan keeps the `candidates` best rows by float16 score and ranks them by their
@@ -215,7 +216,8 @@ class UserIndex:
         assert self._half is not None
         rough = torch.topk(self._half[:len(self)] @ query.half(), candidates)  # sorted
         exact = self._embeddings[rough.indices] @ query  # [candidates] float32
-        host_work()
+        if host_work is not None:
+            host_work()
         scores, rows, (lowest, query_norm) = fetch((exact, rough.indices), rough.values[-1], norm)
         raise_if_invalid(is_valid_norm(query_norm), "query_embedding")
         ranked = self._ranked(zip(scores, map(int, rows)), candidates)
