@@ -83,6 +83,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-as-of", dest="as_of", action="store_false",
                         help="ask the dated arms' 'as of' questions without as_of= (the date "
                         "only in the question's words)")
+    parser.add_argument("--neighbor-share", type=float, default=0.0,
+                        help="Memory(neighbor_share=...): part of k given to the facts added "
+                             "beside the best ones (search/neighbors.py)")
     parser.add_argument("--tag", default="")
     args = parser.parse_args(argv)
     if unknown := set(args.arms.split(",")) - set(INGEST):
@@ -164,7 +167,8 @@ def run_arm(engine: Any, args: argparse.Namespace, arm: str, users: list[Scenari
                        f".versions-{args.hide_older_versions}"
                        if args.hide_older_versions != "now" else "",
                        ".dates" if args.date_facts else "",
-                       ".no-as-of" if not args.as_of else ""])
+                       ".no-as-of" if not args.as_of else "",
+                       f".neighbors-{args.neighbor_share:g}" if args.neighbor_share else ""])
     answers_path = folder / f"{arm}{variant}.jsonl"
     answers = ([json.loads(line) for line in answers_path.read_text().splitlines() if line]
                if answers_path.exists() else [])
@@ -175,7 +179,7 @@ def run_arm(engine: Any, args: argparse.Namespace, arm: str, users: list[Scenari
     with Memory(engine, folder / f"{arm}.db", args.embedder, progress_bar=False,
                 supersede_threshold=threshold,
                 hide_older_versions=args.hide_older_versions,
-                date_facts=args.date_facts) as memory:
+                date_facts=args.date_facts, neighbor_share=args.neighbor_share) as memory:
         if not done_marker.exists():
             done_marker.write_text(json.dumps(ingest(memory, arm, users)))
         ingested = json.loads(done_marker.read_text())

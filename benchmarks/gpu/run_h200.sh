@@ -163,8 +163,13 @@ for step in "$@"; do
         timeout 280 python3 benchmarks/retrieval_locomo.py --latency-only --device $dev --embedder /tmp/minilm --data .device/locomo/locomo10.json --sizes $sizes --max-postings ${POSTINGS:-2000,10000} --queries 100 --repeats 3 --tag $gpu-$dev 2>&1 | grep -E "facts|wrote|Error|error"
       done ;;
     peers)  # issue 56's latency columns: benchmarks/peers.py, Llama-3.1-8B geometry, dummy weights (no scores)
-      # mem0 and LangGraph travel as wheels (.whl: mem0ai 2.2.1, qdrant-client, sqlalchemy, posthog, langgraph,
-      # langchain-core and their missing deps), installed into /tmp/site by an earlier command of the lease
+      # mem0 and LangGraph travel as wheels in .whl (pip download --no-deps for the device's platform, the
+      # versions of mem0's venv and ours: mem0ai qdrant-client posthog backoff pytz sqlalchemy langgraph
+      # langgraph-checkpoint langgraph-prebuilt langgraph-sdk langchain-core langchain-protocol langsmith
+      # ormsgpack jsonpatch jsonpointer tenacity orjson uuid-utils zstandard requests-toolbelt websockets).
+      # With the bundle split in 3 (stage_bundle.sh --split 3), back to back: carry .device/p1 and .whl and run
+      # stage_bundle.sh plus `pip install --no-index --no-deps --target /tmp/site .whl/*.whl`; carry .device/p2;
+      # carry .device/p3 .device/uv .device/minilm .device/locomo and run stage_bundle.sh, then this step
       for w in .device/uv/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site; done
       random_minilm
       # the stores (SQLite, qdrant folders) stay on the machine; the JSONL and summary come back

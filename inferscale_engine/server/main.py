@@ -45,7 +45,7 @@ from inferscale_engine.memory.config import (
     check_max_served_users,
 )
 from inferscale_engine.memory.search.hybrid import DEFAULT_SEARCH_MODE, SEARCH_MODES
-from inferscale_engine.memory.search.neighbors import DEFAULT_NEIGHBOR_SHARE
+from inferscale_engine.memory.search.neighbors import DEFAULT_NEIGHBOR_SHARE, check_neighbor_share
 from inferscale_engine.memory.search.versions import (
     DEFAULT_HIDE_OLDER_VERSIONS,
     HIDE_OLDER_VERSIONS,
@@ -179,6 +179,7 @@ def main(argv: list[str]) -> int:
     check_half_scan_min_rows(ours.half_scan_min_rows)
     check_max_served_users(ours.max_served_users)
     check_expiry(ours.on_expiry, ours.expiry_sweep_s)
+    check_neighbor_share(ours.neighbor_share)
     if ours.max_add_facts < 1:
         raise ConfigError(f"--max-add-facts {ours.max_add_facts} must be at least 1")
     keys = ApiKeys.load(ours.api_keys) if ours.api_keys else None

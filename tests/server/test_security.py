@@ -230,6 +230,7 @@ def test_without_keys_the_server_listens_on_loopback_only(monkeypatch):
     (["--dedupe-threshold", "1.5"], "dedupe_threshold"),
     (["--half-scan-min-rows", "-1"], "half_scan_min_rows"),
     (["--expiry-sweep-s", "0"], "expiry_sweep_s"),
+    (["--neighbor-share", "1.5"], "neighbor_share"),
 ])
 def test_bad_memory_flags_are_refused_before_vllm_starts(flags, message):
     with pytest.raises(ConfigError, match=message):
