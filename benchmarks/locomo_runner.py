@@ -81,6 +81,10 @@ def build_engine(args: argparse.Namespace, arms: Sequence[Arm]) -> Any:
     return Engine(config)
 
 
+NEIGHBOR_SHARE = 0.3
+"""--search-mode hybrid-neighbors: the share chosen on the dev fold's evidence recall."""
+
+
 def retrieve(embedder: Any, conv: Conversation, questions: Sequence[Question], k: int,
              mode: str = "vector") -> list[tuple[list[int], list[float]]]:
     """Per question, the positions of its top-k facts, best first, and their cosines.
@@ -90,50 +94,27 @@ def retrieve(embedder: Any, conv: Conversation, questions: Sequence[Question], k
     'hybrid-neighbors': and NEIGHBOR_SHARE of the k given to the facts beside the best ones
     (search/neighbors.py; facts are in conversation order).
     """
-    from inferscale_engine.memory.search import hybrid
+    from inferscale_engine.memory.search import hybrid, neighbors
     from inferscale_engine.memory.search.index import RetrievalIndex
 
-    if mode == "hybrid-neighbors":
-        return _with_neighbors(embedder, conv, questions, k)
+    keywords = mode.startswith("hybrid")
+    share = NEIGHBOR_SHARE if mode == "hybrid-neighbors" else 0.0
+    texts = [f.retrieval_text for f in conv.facts]
     index = RetrievalIndex(device="cpu")
-    index.add(user_id="u", fact_ids=list(range(len(conv.facts))),
-              embeddings=embedder.encode([f.retrieval_text for f in conv.facts]),
-              texts=[f.retrieval_text for f in conv.facts] if mode == "hybrid" else None)
+    index.add(user_id="u", fact_ids=list(range(len(texts))), embeddings=embedder.encode(texts),
+              texts=texts if keywords else None)
     vectors = embedder.encode([q.question for q in questions])
-    if mode == "hybrid":
-        hits = [hybrid.by_score(hybrid.hybrid_search(index, "u", q.question, vectors[i], k)[0])
+    if keywords:
+        hits = [hybrid.by_score(neighbors.scored(
+            hybrid.hybrid_search(index, "u", q.question, vectors[i], k)[0], k, share,
+            lambda a: index.adjacent(user_id="u", fact_ids=a), (),
+            lambda ids, i=i: index.scores(user_id="u", query_embedding=vectors[i],
+                                          fact_ids=ids))[0])
                 for i, q in enumerate(questions)]
     else:
         hits = [index.search(user_id="u", query_embedding=vectors[i], k=k)
                 for i in range(len(questions))]
     return [([int(fid) for fid, _ in found], [float(s) for _, s in found]) for found in hits]
-
-
-NEIGHBOR_SHARE = 0.3
-"""--search-mode hybrid-neighbors: the share chosen on the dev fold's evidence recall."""
-
-
-def _with_neighbors(embedder: Any, conv: Conversation, questions: Sequence[Question], k: int
-                    ) -> list[tuple[list[int], list[float]]]:
-    """retrieve()'s hybrid search with neighbors (Memory's search with neighbor_share)."""
-    from inferscale_engine.memory.search import hybrid, neighbors
-    from inferscale_engine.memory.search.index import RetrievalIndex
-
-    texts = [f.retrieval_text for f in conv.facts]
-    index = RetrievalIndex(device="cpu")
-    index.add(user_id="u", fact_ids=list(range(len(texts))), embeddings=embedder.encode(texts),
-              texts=texts)
-    vectors = embedder.encode([q.question for q in questions])
-    out = []
-    for i, q in enumerate(questions):
-        ranked = hybrid.hybrid_search(index, "u", q.question, vectors[i], k)[0]
-        ids, taken = neighbors.with_neighbors(
-            ranked, k, NEIGHBOR_SHARE, lambda a: index.adjacent(user_id="u", fact_ids=a), ())
-        cosine = dict(ranked) | dict(zip(taken, index.scores(
-            user_id="u", query_embedding=vectors[i], fact_ids=taken), strict=True))
-        found = hybrid.by_score([(f, cosine[f]) for f in ids])
-        out.append(([int(f) for f, _ in found], [float(s) for _, s in found]))
-    return out
 
 
 def evidence_recall(conv: Conversation, positions: Sequence[int], question: Question

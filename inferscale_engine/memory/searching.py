@@ -141,16 +141,13 @@ class Searching:
                         found_by: Mapping[FactId, str]
                         ) -> tuple[list[tuple[FactId, float]], dict[FactId, str]]:
         """The k chosen with neighbors (neighbors.py), each with its cosine; their signals."""
-        ids, taken = neighbors.with_neighbors(
+        chosen, taken = neighbors.scored(
             ranked, k, self._neighbor_share,
-            lambda anchors: self._index.adjacent(user_id=user_id, fact_ids=anchors), skip)
-        cosine = dict(ranked)
-        added = [f for f in taken if f in self._served]
-        cosine.update(zip(added, self._index.scores(user_id=user_id, query_embedding=vector,
-                                                    fact_ids=added), strict=True))
-        self._counters["neighbors_added"] += len(added)
-        return ([(f, cosine[f]) for f in ids if f in cosine],
-                {**found_by, **dict.fromkeys(added, neighbors.NEIGHBOR)})
+            lambda anchors: self._index.adjacent(user_id=user_id, fact_ids=anchors), skip,
+            lambda ids: self._index.scores(user_id=user_id, query_embedding=vector,
+                                           fact_ids=ids))
+        self._counters["neighbors_added"] += len(taken)
+        return chosen, {**found_by, **dict.fromkeys(taken, neighbors.NEIGHBOR)}
 
     def _older_versions(self, user_id: str, hits: list[retrieval.Hit]) -> tuple[FactId, ...]:
         """The hits that are older versions of another hit (search/versions.py), counted.

@@ -70,3 +70,15 @@ def with_neighbors(ranked: Sequence[tuple[FactId, float]], k: int, share: float,
             chosen.append(fact_id)
             seen.add(fact_id)
     return chosen, taken
+
+
+def scored(ranked: Sequence[tuple[FactId, float]], k: int, share: float,
+           adjacent: Callable[[list[FactId]], Mapping[FactId, Sequence[FactId]]],
+           skip: Collection[FactId], scores: Callable[[list[FactId]], Sequence[float]]
+           ) -> tuple[list[tuple[FactId, float]], list[FactId]]:
+    """with_neighbors, each chosen fact with its cosine (`scores`: the neighbors' cosines)."""
+    ids, taken = with_neighbors(ranked, k, share, adjacent, skip)
+    cosine = dict(ranked)
+    if taken:
+        cosine.update(zip(taken, scores(taken), strict=True))
+    return [(f, cosine[f]) for f in ids], taken

@@ -247,7 +247,7 @@ def test_excluded_facts_are_left_out_before_the_k_are_chosen(memory):
         memory.search(user_id="ann", query=QUERY, k=2, exclude=["x"])
 
 
-def test_the_keyword_query_runs_once_while_the_vector_scan_is_pending():
+def test_the_keyword_query_runs_once_while_the_vector_scan_is_pending(monkeypatch):
     """hybrid_search hands its keyword query to the scan (index.py search's `meanwhile`): it
     runs once per search, before the scan's result is read, on every path of the scan (the
     float16 scan and its float32 fallback, an empty user) and the results are unchanged."""
@@ -262,29 +262,27 @@ def test_the_keyword_query_runs_once_while_the_vector_scan_is_pending():
         calls.append("fetch")
         return fetch(*args)
 
+    monkeypatch.setattr(index_module, "fetch", recorded_fetch)
     vectors = torch.randn(80, 8, generator=torch.Generator().manual_seed(0))
     vectors[:3] = torch.eye(8)[:3]
     texts = ["red apples", "green pears", "blue plums"] + [f"fact {n}" for n in range(77)]
+    query = torch.tensor([0.6, 0.0, 0.8, 0.0, 0.0, 0.0, 0.0, 0.0])
     results = []
     for half in (0, 2):  # float32 scan; float16 scan (80 rows > 2k + 64 candidates)
         index = RetrievalIndex(device="cpu", half_scan_min_rows=half)
         index.add(user_id="u", fact_ids=list(range(1, 81)), embeddings=vectors, texts=texts)
+
         def keywords(search=index.keyword_search, **call):
             calls.append("keywords")
             return search(**call)
 
         index.keyword_search = keywords
-        index_module.fetch = recorded_fetch
-        try:
-            query = torch.tensor([0.6, 0.0, 0.8, 0.0, 0.0, 0.0, 0.0, 0.0])
-            ranked, found_by = hybrid_search(index, "u", "green", query, k=20)
-            assert calls[0] == "keywords" and calls.count("keywords") == 1 and "fetch" in calls
-            assert 2 in found_by and found_by[2] == "keywords"
-            results.append(ranked)
-            calls.clear()
-            assert hybrid_search(index, "nobody", "green", query, k=1) == ([], {})
-            assert calls == ["keywords"]
-            calls.clear()
-        finally:
-            index_module.fetch = fetch
+        ranked, found_by = hybrid_search(index, "u", "green", query, k=20)
+        assert calls[0] == "keywords" and calls.count("keywords") == 1 and "fetch" in calls
+        assert 2 in found_by and found_by[2] == "keywords"
+        results.append(ranked)
+        calls.clear()
+        assert hybrid_search(index, "nobody", "green", query, k=1) == ([], {})
+        assert calls == ["keywords"]
+        calls.clear()
     assert [f for f, _ in results[0]] == [f for f, _ in results[1]]
