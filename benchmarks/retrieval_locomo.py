@@ -166,6 +166,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--recency-half-life", type=float, default=30.0, help="days")
     parser.add_argument("--neighbors", default="", help="also measure hybrid search with "
                         "these neighbor shares (Memory(neighbor_share=...), search/neighbors.py)")
+    parser.add_argument("--context-facts", type=int, default=None, help="keyword context: "
+                        "facts before each (lexical.CONTEXT_FACTS; default the package's)")
+    parser.add_argument("--context-weights", default="", help="also measure hybrid search "
+                        "with these keyword-context weights (lexical.CONTEXT_WEIGHT; 0: off)")
     parser.add_argument("--sizes", default="1000,100000", help="latency sizes ('' = none)")
     parser.add_argument("--queries", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=3)
@@ -179,19 +183,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--data", default=str(DEFAULT_DATA))
     parser.add_argument("--tag", default="")
     args = parser.parse_args(argv)
-    if args.fold == "test" and (args.weights or args.recency):
-        parser.error("--weights and --recency tune on the dev fold only; the test fold "
+    if args.fold == "test" and (args.weights or args.recency or args.context_weights):
+        parser.error("--weights, --recency and --context-weights tune on the dev fold only; "
+                     "the test fold "
                      "measures the default and --neighbors (the share chosen on dev)")
 
     import torch
 
     from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL
-    from inferscale_engine.memory.search import hybrid
+    from inferscale_engine.memory.search import hybrid, lexical
     from inferscale_engine.memory.search.embedder import Embedder
 
     torch.set_num_threads(args.threads)
+    if args.context_facts is not None:
+        lexical.CONTEXT_FACTS = args.context_facts
     conversations = fold(load_conversations(Path(args.data), facts=args.facts), args.fold)
-    results: dict[str, Any] = {"default_weight": hybrid.KEYWORD_WEIGHT}
+    results: dict[str, Any] = {"default_weight": hybrid.KEYWORD_WEIGHT,
+                               "context_facts": lexical.CONTEXT_FACTS,
+                               "context_weight": lexical.CONTEXT_WEIGHT}
     if not args.latency_only:
         recalls(args, conversations, results)
     texts = [f.retrieval_text for c in conversations for f in c.facts]
@@ -211,7 +220,7 @@ def recalls(args: argparse.Namespace, conversations: list[Conversation],
     """Evidence recall of each search setting, into `results`."""
     from inferscale_engine.memory import Memory
     from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL
-    from inferscale_engine.memory.search import hybrid
+    from inferscale_engine.memory.search import hybrid, lexical
     from inferscale_engine.memory.search.embedder import Embedder
     from inferscale_engine.runtime.engine import Engine
     from tests.conftest import engine_config
@@ -231,6 +240,12 @@ def recalls(args: argparse.Namespace, conversations: list[Conversation],
                 hybrid.KEYWORD_WEIGHT = weight
                 results[f"hybrid w={weight}"] = recall(memory, conversations, "hybrid")
             hybrid.KEYWORD_WEIGHT = default
+            context = lexical.CONTEXT_WEIGHT
+            for weight in [float(w) for w in args.context_weights.split(",") if w]:
+                lexical.CONTEXT_WEIGHT = weight
+                results[f"hybrid, keyword context weight {weight:g}"] = recall(
+                    memory, conversations, "hybrid")
+            lexical.CONTEXT_WEIGHT = context
             results["hybrid, hide_older_versions=never"] = recall(memory, conversations,
                                                                   "hybrid", "never")
         for weight in [float(w) for w in args.recency.split(",") if w]:  # the same store
