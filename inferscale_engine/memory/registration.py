@@ -150,7 +150,7 @@ class RegisteredFacts:
             self._engine.add_tokenized_facts(served, contexts, encode=False)
         self._index.add(user_id=user_id, fact_ids=ids, embeddings=torch.stack(
             [torch.from_numpy(f.embedding_array().copy()) for f in stored]),
-            texts=[f.text for f in facts])
+            texts=[f.text for f in facts], sessions=[f.session_id for f in stored])
         self._facts.update((f.fact_id, f) for f in facts)
         self._since.update((f.fact_id, f.since) for f in stored)
         self._by_user.setdefault(user_id, set()).update(ids)

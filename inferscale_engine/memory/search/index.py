@@ -37,9 +37,8 @@ _NEAREST_CHUNK_ROWS = 256
 
 HALF_SCAN_MIN_ROWS = {"cuda": 524_288, "cpu": 8_192}
 """Per device type, from how many rows an index also keeps float16 copies of its rows and scans
-those (half the bytes of the memory-bound scan), then re-ranks the best candidates in float32:
-where the halved scan outweighs the extra steps (docs/benchmarks.md: the defaults'
-figures). Other device types: never."""
+those (half the bytes of the memory-bound scan), then re-ranks the best in float32: where that
+outweighs the extra steps (docs/benchmarks.md has the figures). Other device types: never."""
 
 _HALF_SCORE_ERROR = 2e-3
 """Bound on |float16 score - float32 score| for unit vectors: rounding both vectors to float16
@@ -318,11 +317,13 @@ class RetrievalIndex:
 
     @_verb
     def add(self, *, user_id: str, fact_ids: Sequence[int], embeddings: Any,
-            texts: Sequence[str] | None = None) -> None:
-        """Index (or re-index) facts; embeddings [len(fact_ids), dim], texts for keywords."""
+            texts: Sequence[str] | None = None, sessions: Sequence[str | None] | None = None
+            ) -> None:
+        """Index (or re-index) facts: embeddings [n, dim]; texts, sessions for keywords."""
         ids = index_fact_ids(fact_ids)
-        if texts is not None and len(texts) != len(ids):
-            raise RetrievalError(f"{len(texts)} texts for {len(ids)} fact_ids; pass one each")
+        for name, given in (("texts", texts), ("sessions", sessions)):
+            if given is not None and len(given) != len(ids):
+                raise RetrievalError(f"{len(given)} {name} for {len(ids)} fact_ids; pass one each")
         vectors = to_tensor(embeddings, self._device, "embeddings")
         if not ids and not vectors.numel():
             return
@@ -338,7 +339,7 @@ class RetrievalIndex:
             self._dim = index.dim
             self._users[user_id] = index
             self._keywords.remove(user_id, ids) if texts is None else self._keywords.add(
-                user_id, ids, texts)
+                user_id, ids, texts, sessions)
 
     @_verb
     def remove(self, *, user_id: str, fact_ids: Iterable[int]) -> None:

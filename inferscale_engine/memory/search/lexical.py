@@ -8,9 +8,10 @@ removes a fact in both in the same call, under one lock. Why FTS5 (and not bm25s
 store's own full-text search): docs/memory.md#keyword-search.
 
 A fact's keyword document has two columns: its own text, and its context: the texts of the
-CONTEXT_FACTS facts of the same user indexed right before it (by fact id, i.e. in the order
-they were added; deleted and superseded facts are out of the index, so a context always names
-live facts, and removing a fact rewrites the contexts that held it). A conversation's answer is
+CONTEXT_FACTS facts of the same user and session indexed right before it (by fact id, i.e. in
+the order they were added; facts without a session are one session). Deleted and superseded
+facts are out of the index, so a context always names live facts: removing a fact rewrites the
+contexts that held it. A conversation's answer is
 often split over turns ("Did you go?" / "Yes, last Friday"): the reply shares no word with the
 question, its context does. Why two columns and not one text: docs/memory.md#keyword-search.
 
@@ -67,37 +68,46 @@ def query_terms(query: str) -> list[str]:
 class LexicalIndex:
     """Per user, an FTS5 table of fact texts and their contexts; BM25 top-k.
 
+    A fact's context comes from the facts of its group (its session; None is a group too).
     Not thread-safe on its own: RetrievalIndex serializes access.
     """
 
     def __init__(self) -> None:
         self._users: dict[str, sqlite3.Connection] = {}
-        self._ids: dict[str, list[int]] = {}
-        """Indexed fact ids per user, ascending (a fact's context is the ids before it)."""
+        self._groups: dict[str, dict[int, str | None]] = {}
+        """Per user, each indexed fact id's group."""
+        self._ids: dict[str, dict[str | None, list[int]]] = {}
+        """Per user and group, the indexed fact ids, ascending (a context is the ids before)."""
 
-    def add(self, user_id: str, fact_ids: Sequence[int], texts: Sequence[str]) -> None:
-        """Index texts (one per fact id); an id already indexed gets the new text.
+    def add(self, user_id: str, fact_ids: Sequence[int], texts: Sequence[str],
+            groups: Sequence[str | None] | None = None) -> None:
+        """Index texts, one per fact id, each in a group (None by default).
 
-        The new facts get their contexts, and so do the CONTEXT_FACTS facts after each (an id
-        added below others, or re-indexed, changes their contexts).
+        An id already indexed gets the new text and group. The new facts get their contexts,
+        and so do the CONTEXT_FACTS facts after each in its group (an id added below others,
+        or re-indexed, changes their contexts).
         """
         if not fact_ids:
             return
+        new = dict(zip(fact_ids, texts, strict=True))
+        group_of = dict(zip(fact_ids, groups or [None] * len(new), strict=True))
+        self.remove(user_id, [f for f in new if f in self._groups.get(user_id, ())])
         db = self._users.get(user_id)
         if db is None:
             db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
             db.execute("CREATE VIRTUAL TABLE facts USING fts5(text, context, "
                        "tokenize='porter unicode61')")
-            self._users[user_id], self._ids[user_id] = db, []
-        ids = self._ids[user_id]
-        new = dict(zip(fact_ids, texts, strict=True))
+            self._users[user_id], self._groups[user_id], self._ids[user_id] = db, {}, {}
+        self._groups[user_id].update(group_of)
+        by_group: dict[str | None, list[int]] = {}
+        for fact_id in sorted(new):
+            ids = self._ids[user_id].setdefault(group_of[fact_id], [])
+            bisect.insort(ids, fact_id)  # new ids are the largest: appended
+            by_group.setdefault(group_of[fact_id], []).append(fact_id)
+        contexts: dict[int, str] = {}
+        for group, added in by_group.items():
+            contexts.update(self._contexts(user_id, group, added, new, inclusive=True))
         with db:
-            db.executemany("DELETE FROM facts WHERE rowid = ?",
-                           [(f,) for f in new if _holds(ids, f)])
-            for fact_id in sorted(new):
-                if not _holds(ids, fact_id):
-                    bisect.insort(ids, fact_id)  # new ids are the largest: appended
-            contexts = self._contexts(user_id, _followers(ids, new, inclusive=True), new)
             db.executemany("INSERT INTO facts(rowid, text, context) VALUES (?, ?, ?)",
                            [(f, text, contexts.pop(f, "")) for f, text in new.items()])
             db.executemany("UPDATE facts SET context = ? WHERE rowid = ?",
@@ -106,56 +116,73 @@ class LexicalIndex:
     def remove(self, user_id: str, fact_ids: Iterable[int]) -> None:
         """Unindex facts; ids not indexed are skipped. A user left with none is dropped.
 
-        The facts after each removed one get new contexts.
+        The facts after each removed one in its group get new contexts.
         """
-        ids = self._ids.get(user_id)
-        if ids is None:
+        known = self._groups.get(user_id)
+        if known is None:
             return
-        gone = [f for f in dict.fromkeys(fact_ids) if _holds(ids, f)]
-        if not gone:
+        by_group: dict[str | None, list[int]] = {}
+        for fact_id in dict.fromkeys(fact_ids):
+            if fact_id in known:
+                group = known.pop(fact_id)
+                ids = self._ids[user_id][group]
+                del ids[bisect.bisect_left(ids, fact_id)]
+                by_group.setdefault(group, []).append(fact_id)
+        if not by_group:
             return
-        db = self._users[user_id]
-        for fact_id in gone:
-            del ids[bisect.bisect_left(ids, fact_id)]
-        if not ids:
+        if not known:
             self.drop_user(user_id)
             return
+        contexts: dict[int, str] = {}
+        for group, gone in by_group.items():
+            contexts.update(self._contexts(user_id, group, gone, {}, inclusive=False))
+            if not self._ids[user_id][group]:
+                del self._ids[user_id][group]
+        db = self._users[user_id]
         with db:
-            db.executemany("DELETE FROM facts WHERE rowid = ?", [(f,) for f in gone])
-            contexts = self._contexts(user_id, _followers(ids, gone, inclusive=False), {})
+            db.executemany("DELETE FROM facts WHERE rowid = ?",
+                           [(f,) for gone in by_group.values() for f in gone])
             db.executemany("UPDATE facts SET context = ? WHERE rowid = ?",
                            [(context, f) for f, context in contexts.items()])
 
-    def _contexts(self, user_id: str, positions: list[int], texts: dict[int, str]
-                  ) -> dict[int, str]:
-        """The contexts of the facts at these positions of the user's sorted ids, by id.
+    def _contexts(self, user_id: str, group: str | None, changed: list[int],
+                  texts: dict[int, str], inclusive: bool) -> dict[int, str]:
+        """New contexts, by id, of the facts that a change of these ids of the group touches.
 
-        texts: fact texts not yet in the table (an add's); the others are read from it.
+        They are the CONTEXT_FACTS facts after each (and each changed id itself, if inclusive:
+        it is indexed). texts: fact texts not yet in the table (an add's); the others are read
+        from it.
         """
-        if not CONTEXT_FACTS:
+        ids = self._ids[user_id].get(group, [])
+        if not CONTEXT_FACTS or not ids:
             return {}
-        ids, db = self._ids[user_id], self._users[user_id]
+        positions: set[int] = set()
+        for fact_id in changed:  # a removed id's position is its first follower's
+            at = bisect.bisect_left(ids, fact_id)
+            positions.update(range(at, min(len(ids), at + CONTEXT_FACTS + inclusive)))
         needed = sorted({ids[j] for i in positions for j in range(max(0, i - CONTEXT_FACTS), i)
                          if ids[j] not in texts})
         known = dict(texts)
+        db = self._users[user_id]
         for start in range(0, len(needed), 500):  # SQLite's bound-parameter limit
             chunk = needed[start:start + 500]
             known.update(db.execute(
                 f"SELECT rowid, text FROM facts WHERE rowid IN ({','.join('?' * len(chunk))})",
                 chunk).fetchall())
         return {ids[i]: " ".join(known[ids[j]] for j in range(max(0, i - CONTEXT_FACTS), i))
-                for i in positions}
+                for i in sorted(positions)}
 
     def drop_user(self, user_id: str) -> None:
         """Forget a user's texts (no-op for an unknown user)."""
         db = self._users.pop(user_id, None)
+        self._groups.pop(user_id, None)
         self._ids.pop(user_id, None)
         if db is not None:
             db.close()
 
     def count(self, user_id: str) -> int:
         """The user's indexed facts."""
-        return len(self._ids.get(user_id, ()))
+        return len(self._groups.get(user_id, ()))
 
     def context(self, user_id: str, fact_id: int) -> str | None:
         """A fact's keyword context (None: not indexed)."""
@@ -183,24 +210,6 @@ class LexicalIndex:
                           "WHERE facts MATCH ? ORDER BY score DESC, rowid LIMIT ?",
                           (float(CONTEXT_WEIGHT), match, k)).fetchall()
         return [(FactId(f), float(s)) for f, s in rows]
-
-
-def _holds(ids: list[int], fact_id: int) -> bool:
-    """Whether the sorted ids hold fact_id."""
-    at = bisect.bisect_left(ids, fact_id)
-    return at < len(ids) and ids[at] == fact_id
-
-
-def _followers(ids: list[int], changed: Iterable[int], inclusive: bool) -> list[int]:
-    """Positions in the sorted ids whose contexts a change of these ids touches.
-
-    The CONTEXT_FACTS positions after each changed id (and its own, inclusive: it is indexed).
-    """
-    out: set[int] = set()
-    for fact_id in changed:  # a removed id's position is its first follower's
-        at = bisect.bisect_left(ids, fact_id)
-        out.update(range(at, min(len(ids), at + CONTEXT_FACTS + inclusive)))
-    return sorted(out)
 
 
 def _rarest(db: sqlite3.Connection, terms: list[str], scope: str) -> list[str]:

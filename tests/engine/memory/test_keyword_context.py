@@ -1,5 +1,6 @@
 """Keyword context (search/lexical.py): a fact's keyword document also holds the texts of the
-CONTEXT_FACTS facts of the same user indexed right before it, and never a fact that is gone.
+CONTEXT_FACTS facts of the same user and session indexed right before it, and never a fact
+that is gone.
 """
 
 from __future__ import annotations
@@ -70,6 +71,40 @@ def test_contexts_never_cross_users():
     assert ids_of(index.keyword_search(user_id="ann", query="sister", k=5)) == []
 
 
+def test_contexts_stay_in_their_session():
+    index = lexical.LexicalIndex()
+    index.add("ann", [1, 2, 3], ["Ann's profile: she likes quinces.", TURNS[0], TURNS[1]],
+              groups=[None, "s1", "s1"])
+    index.add("ann", [4, 5], ["A new chat.", "About kayaks."], groups=["s2", "s2"])
+    assert index.context("ann", 2) == "" and index.context("ann", 3) == TURNS[0]
+    assert index.context("ann", 4) == "" and index.context("ann", 5) == "A new chat."
+    assert ids_of(index.search("ann", "quinces", 10)) == [1]
+    index.add("ann", [6], ["No session either."])  # the sessionless facts are one session
+    assert index.context("ann", 6) == "Ann's profile: she likes quinces."
+    index.add("ann", [3], [TURNS[1]], groups=["s2"])  # re-indexed into another session
+    assert index.context("ann", 3) == "" and index.context("ann", 4) == TURNS[1]
+    assert index.context("ann", 5) == f"{TURNS[1]} A new chat."
+    index.remove("ann", [4])
+    assert index.context("ann", 5) == TURNS[1] and index.count("ann") == 5
+
+
+def test_the_memory_keeps_each_session_apart(memory_engine, tmp_path):
+    from inferscale_engine.memory import Memory
+    from tests.engine.memory.memory_support import HashEmbedder
+
+    with Memory(memory_engine, tmp_path / "m.db", HashEmbedder(), progress_bar=False) as memory:
+        (profile,) = memory.add(user_id="ann", texts=["Ann collects zorblax stamps."])
+        chat = memory.add(user_id="ann", session_id="chat-1",
+                          texts=["Hello.", "Where did you go?", "To the lake."])
+        assert memory._index._keywords.context("ann", chat[0].fact_id) == ""
+        assert memory._index._keywords.context("ann", chat[2].fact_id) == "Hello. Where did you go?"
+        found = memory._index.keyword_search(user_id="ann", query="zorblax", k=5)
+        assert ids_of(found) == [profile.fact_id]
+    with Memory(memory_engine, tmp_path / "m.db", HashEmbedder(), progress_bar=False) as memory:
+        assert memory._index._keywords.context("ann", chat[2].fact_id) == (
+            "Hello. Where did you go?")  # rebuilt from the store at start-up
+
+
 @pytest.mark.parametrize("setting", ["CONTEXT_WEIGHT", "CONTEXT_FACTS"])
 def test_context_switched_off_matches_own_texts_only(monkeypatch, setting):
     monkeypatch.setattr(lexical, setting, 0)
@@ -87,3 +122,15 @@ def test_the_postings_budget_counts_context_matches(monkeypatch):
     assert ids_of(index.search("u", "Caroline owls", 50)) == [30]
     index.add("u", [31, 32], ["Nothing here.", "Still nothing."])  # 'owls' in their context
     assert sorted(ids_of(index.search("u", "Caroline owls", 50))) == [30, 31, 32]
+
+
+@pytest.fixture()
+def memory_engine(tiny_models):
+    """An Engine over FakeRunner: Memory's bookkeeping runs, no model does."""
+    from inferscale_engine.runtime.engine import Engine
+    from tests.conftest import engine_config
+    from tests.fake_runner import FakeRunner
+
+    engine = Engine(engine_config(tiny_models["qwen2"]), runner=FakeRunner)
+    yield engine
+    engine.close()
