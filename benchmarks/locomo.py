@@ -85,10 +85,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="what a fact is encoded after (see locomo_data.py)")
     parser.add_argument("--k", type=int, default=20, help="facts retrieved per question")
     parser.add_argument("--search-mode", default="vector",
-                        choices=("vector", "hybrid", "hybrid-neighbors"),
+                        choices=("vector", "hybrid", "hybrid-neighbors", "hybrid-context"),
                         help="how the k facts are found: cosine, or cosine fused with keyword "
                         "BM25 (Memory's default search, search/hybrid.py), and with the facts "
-                        "beside the best ones (search/neighbors.py, share 0.3)")
+                        "beside the best ones (search/neighbors.py, share 0.3) or keyword "
+                        "context (search/lexical.py)")
     parser.add_argument("--categories", default="1,2,3,4")
     parser.add_argument("--seed", type=int, default=0, help="samples and bootstrap")
     parser.add_argument("--bootstrap", type=int, default=BOOTSTRAP_RESAMPLES, help="resamples")

@@ -92,15 +92,17 @@ def retrieve(embedder: Any, conv: Conversation, questions: Sequence[Question], k
     mode 'hybrid': the k chosen by cosine fused with keyword BM25, ordered by cosine, as
     Memory's default search (search/hybrid.py; the versions rule is not applied);
     'hybrid-neighbors': and NEIGHBOR_SHARE of the k given to the facts beside the best ones
-    (search/neighbors.py; facts are in conversation order).
+    (search/neighbors.py; facts are in conversation order); 'hybrid-context': hybrid with
+    keyword context (Memory(keyword_context=True), search/lexical.py).
     """
-    from inferscale_engine.memory.search import hybrid, neighbors
+    from inferscale_engine.memory.search import hybrid, lexical, neighbors
     from inferscale_engine.memory.search.index import RetrievalIndex
 
     keywords = mode.startswith("hybrid")
     share = NEIGHBOR_SHARE if mode == "hybrid-neighbors" else 0.0
     texts = [f.retrieval_text for f in conv.facts]
-    index = RetrievalIndex(device="cpu")
+    index = RetrievalIndex(device="cpu", keyword_context=lexical.context_facts(
+        mode == "hybrid-context"))
     index.add(user_id="u", fact_ids=list(range(len(texts))), embeddings=embedder.encode(texts),
               texts=texts if keywords else None)
     vectors = embedder.encode([q.question for q in questions])

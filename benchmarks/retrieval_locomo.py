@@ -91,10 +91,12 @@ def session_day(fact: Any) -> datetime | None:
 
 
 def latency(embedder: Any, texts: list[str], queries: list[str], sizes: list[int],
-            repeats: int, device: str = "cpu", postings: tuple[int, ...] = ()) -> dict[str, Any]:
+            repeats: int, device: str = "cpu", postings: tuple[int, ...] = (),
+            keyword_context: bool = False) -> dict[str, Any]:
     """Per size and mode, ms per search (query embedding + ranking the top 20); hybrid also
     with each postings budget of `postings` (lexical.MAX_POSTINGS; default: the package's),
-    and the keyword query alone (host work the hybrid search overlaps with the vector scan)."""
+    and the keyword query alone (host work the hybrid search overlaps with the vector scan);
+    keyword_context: the index built as Memory(keyword_context=True) builds it."""
     import torch
 
     from inferscale_engine.memory.search import lexical
@@ -107,7 +109,8 @@ def latency(embedder: Any, texts: list[str], queries: list[str], sizes: list[int
     budgets = postings or (lexical.MAX_POSTINGS,)
     default = lexical.MAX_POSTINGS
     for size in sizes:
-        index = RetrievalIndex(device=device)
+        index = RetrievalIndex(device=device,
+                               keyword_context=lexical.context_facts(keyword_context))
         build = time.perf_counter()
         generator = torch.Generator().manual_seed(0)
         for lo in range(0, size, 4096):
@@ -166,10 +169,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--recency-half-life", type=float, default=30.0, help="days")
     parser.add_argument("--neighbors", default="", help="also measure hybrid search with "
                         "these neighbor shares (Memory(neighbor_share=...), search/neighbors.py)")
+    parser.add_argument("--keyword-context", action="store_true", help="also measure hybrid "
+                        "search with Memory(keyword_context=True) (and with --neighbors)")
     parser.add_argument("--context-facts", type=int, default=None, help="keyword context: "
                         "facts before each (lexical.CONTEXT_FACTS; default the package's)")
-    parser.add_argument("--context-weights", default="", help="also measure hybrid search "
-                        "with these keyword-context weights (lexical.CONTEXT_WEIGHT; 0: off)")
+    parser.add_argument("--context-weights", default="", help="with --keyword-context, also "
+                        "these keyword-context weights (lexical.CONTEXT_WEIGHT; 0: off)")
     parser.add_argument("--sizes", default="1000,100000", help="latency sizes ('' = none)")
     parser.add_argument("--queries", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=3)
@@ -210,7 +215,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     record = {"benchmark": "retrieval_locomo", "config": vars(args),
               "environment": environment(), "recall": results,
               "latency": latency(embedder, texts, queries, sizes, args.repeats, args.device,
-                                 tuple(int(b) for b in args.max_postings.split(",") if b))}
+                                 tuple(int(b) for b in args.max_postings.split(",") if b),
+                                 args.keyword_context)}
     write_tagged(f"retrieval-locomo-{args.facts}-{args.fold}", args.tag, record)
     return record
 
@@ -240,12 +246,6 @@ def recalls(args: argparse.Namespace, conversations: list[Conversation],
                 hybrid.KEYWORD_WEIGHT = weight
                 results[f"hybrid w={weight}"] = recall(memory, conversations, "hybrid")
             hybrid.KEYWORD_WEIGHT = default
-            context = lexical.CONTEXT_WEIGHT
-            for weight in [float(w) for w in args.context_weights.split(",") if w]:
-                lexical.CONTEXT_WEIGHT = weight
-                results[f"hybrid, keyword context weight {weight:g}"] = recall(
-                    memory, conversations, "hybrid")
-            lexical.CONTEXT_WEIGHT = context
             results["hybrid, hide_older_versions=never"] = recall(memory, conversations,
                                                                   "hybrid", "never")
         for weight in [float(w) for w in args.recency.split(",") if w]:  # the same store
@@ -258,6 +258,21 @@ def recalls(args: argparse.Namespace, conversations: list[Conversation],
                         **options) as memory:
                 results[f"hybrid + neighbors {share:g}"] = recall(memory, conversations,
                                                                   "hybrid")
+        if args.keyword_context:  # the same store, its index rebuilt with contexts
+            with Memory(engine, f"{tmp}/m.db", embedder, keyword_context=True,
+                        **options) as memory:
+                results["hybrid + keyword context"] = recall(memory, conversations, "hybrid")
+                context = lexical.CONTEXT_WEIGHT
+                for weight in [float(w) for w in args.context_weights.split(",") if w]:
+                    lexical.CONTEXT_WEIGHT = weight
+                    results[f"hybrid + keyword context, weight {weight:g}"] = recall(
+                        memory, conversations, "hybrid")
+                lexical.CONTEXT_WEIGHT = context
+            for share in [float(s) for s in args.neighbors.split(",") if s]:
+                with Memory(engine, f"{tmp}/m.db", embedder, keyword_context=True,
+                            neighbor_share=share, **options) as memory:
+                    results[f"hybrid + keyword context + neighbors {share:g}"] = recall(
+                        memory, conversations, "hybrid")
     for name, row in results.items():
         if isinstance(row, dict):
             print(name, " ".join(f"{k} {v:.1%}" for k, v in row.items() if k.startswith("R@")),

@@ -18,7 +18,7 @@
 # query embedder on the GPU), ceiling2 (the issue-13 TTFT table: both models, k=0..100, with
 # retrieval), ttft_llama (the same without retrieval, Llama only; MODELS= for others), fullgraph (ttft.py with cudagraph_mode FULL, Llama, k=0,50,100), probe
 # (ceiling_probe.py, per-phase medians at k=50,100), peers (benchmarks/peers.py latency columns; carry .whl, .device/uv, .device/minilm, .device/locomo), search_latency (retrieval_locomo.py
-# --latency-only: vector vs hybrid search at 1k/100k/1M facts on the GPU and on this host's CPU; CONTEXT_FACTS=0 without keyword context;
+# --latency-only: vector vs hybrid search at 1k/100k/1M facts on the GPU and on this host's CPU; KEYWORD_CONTEXT=1 with keyword context;
 # needs no vLLM bundle, only .device/minilm and .device/locomo/locomo10.json), throughput_async (throughput.py through
 # vLLM's AsyncLLM), probe_batch (ceiling_probe.py --batch 64 at k=50: host time per throughput
 # prefill batch; BLOCK_SIZE=64 for vLLM blocks of 64 tokens), timeline (the same with 16-token
@@ -160,7 +160,7 @@ for step in "$@"; do
     search_latency) random_minilm  # issue 55's table: vector vs hybrid at 1k/100k/1M facts, GPU and this host's CPU
       for dev in ${DEVICES:-cuda cpu}; do  # the host's CPU to 100k facts (1M there outlasts the timeout)
         [ $dev = cuda ] && sizes=${SIZES:-1000,100000,1000000} || sizes=${CPU_SIZES:-1000,100000}
-        timeout 280 python3 benchmarks/retrieval_locomo.py --latency-only --device $dev --embedder /tmp/minilm --data .device/locomo/locomo10.json --sizes $sizes --max-postings ${POSTINGS:-2000,10000} ${CONTEXT_FACTS:+--context-facts $CONTEXT_FACTS} --queries 100 --repeats 3 --tag $gpu-$dev${CONTEXT_FACTS:+-context$CONTEXT_FACTS} 2>&1 | grep -E "facts|wrote|Error|error"
+        timeout 280 python3 benchmarks/retrieval_locomo.py --latency-only --device $dev --embedder /tmp/minilm --data .device/locomo/locomo10.json --sizes $sizes --max-postings ${POSTINGS:-2000,10000} ${KEYWORD_CONTEXT:+--keyword-context} --queries 100 --repeats 3 --tag $gpu-$dev${KEYWORD_CONTEXT:+-context} 2>&1 | grep -E "facts|wrote|Error|error"
       done ;;
     peers)  # issue 56's latency columns: benchmarks/peers.py, Llama-3.1-8B geometry, dummy weights (no scores)
       # mem0 and LangGraph travel as wheels in .whl (pip download --no-deps for the device's platform, the

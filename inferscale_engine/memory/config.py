@@ -14,6 +14,7 @@ from inferscale_engine.checks import check_half_scan_min_rows
 from inferscale_engine.config import EngineConfig
 from inferscale_engine.errors import ConfigError
 from inferscale_engine.memory.search.hybrid import DEFAULT_SEARCH_MODE, check_search_mode
+from inferscale_engine.memory.search.lexical import context_facts
 from inferscale_engine.memory.search.neighbors import DEFAULT_NEIGHBOR_SHARE, check_neighbor_share
 from inferscale_engine.memory.search.recency import (
     DEFAULT_HALF_LIFE_DAYS,
@@ -98,6 +99,10 @@ class MemoryConfig:
     neighbor_share: float = DEFAULT_NEIGHBOR_SHARE
     """Share of a present search's k given to the facts added right beside its best facts
     (search/neighbors.py); 0: off."""
+    keyword_context: bool = False
+    """A fact is also matched by the words of the facts of its session added right before it
+    (search/lexical.py): more of a conversation's turns found; off by default (answers over
+    extracted facts did not improve, docs/memory.md#keyword-context)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine, EngineConfig):
@@ -129,6 +134,7 @@ class MemoryConfig:
         check_hide_older_versions(self.hide_older_versions, setting=True)
         check_recency(self.recency_weight, self.recency_half_life_days)
         check_neighbor_share(self.neighbor_share)
+        context_facts(self.keyword_context)
         if not isinstance(self.date_facts, bool):
             raise ConfigError(f"date_facts={self.date_facts!r} must be True or False")
 

@@ -53,6 +53,7 @@ from inferscale_engine.memory.scope import Scopes
 from inferscale_engine.memory.search import hybrid, versions
 from inferscale_engine.memory.search.embedder import Embedder
 from inferscale_engine.memory.search.index import RetrievalIndex
+from inferscale_engine.memory.search.lexical import context_facts
 from inferscale_engine.memory.searching import (
     DEFAULT_RERANK_CANDIDATES,
     Reranker,
@@ -89,7 +90,8 @@ class Memory:
                  rerank_candidates: int = DEFAULT_RERANK_CANDIDATES,
                  hide_older_versions: str = versions.DEFAULT_HIDE_OLDER_VERSIONS,
                  date_facts: bool = False, recency_weight: float = 0.0,
-                 recency_half_life_days: float = 30.0, neighbor_share: float = 0.0) -> None:
+                 recency_half_life_days: float = 30.0, neighbor_share: float = 0.0,
+                 keyword_context: bool = False) -> None:
         """Open the store and make every stored fact searchable and servable.
 
         Args:
@@ -125,6 +127,8 @@ class Memory:
                 recency_weight * 0.5 ** (age / half-life) (search/recency.py); 0: off.
             neighbor_share: share of a present search's k given to the facts added right
                 beside its best facts (search/neighbors.py); 0: off.
+            keyword_context: a fact is also matched by the words of the facts of its session
+                added right before it (search/lexical.py; hybrid search).
 
         Raises:
             ConfigError: a bad option, or another open Memory owns the engine's fact ids.
@@ -152,7 +156,8 @@ class Memory:
                 embedder or DEFAULT_EMBEDDING_MODEL, device=device)
             self._device = torch.device(device) if device else self._embedder.device
             self._index = RetrievalIndex(device=self._device,
-                                         half_scan_min_rows=half_scan_min_rows)
+                                         half_scan_min_rows=half_scan_min_rows,
+                                         keyword_context=context_facts(keyword_context))
             self._encode_on_add = encode_on_add
             self._context_turns = context_turns
             self._lock = threading.RLock()
@@ -224,7 +229,8 @@ class Memory:
                          hide_older_versions=config.hide_older_versions,
                          date_facts=config.date_facts, recency_weight=config.recency_weight,
                          recency_half_life_days=config.recency_half_life_days,
-                         neighbor_share=config.neighbor_share)
+                         neighbor_share=config.neighbor_share,
+                         keyword_context=config.keyword_context)
         except BaseException:
             engine.close()
             raise

@@ -139,6 +139,9 @@ def our_parser() -> argparse.ArgumentParser:
     parser.add_argument("--neighbor-share", type=float, default=DEFAULT_NEIGHBOR_SHARE,
                         help="share of a request's k given to the facts added right beside its "
                              "best facts (the turns around a matching turn; 0: off)")
+    parser.add_argument("--keyword-context", action="store_true",
+                        help="a fact is also matched by the words of the facts of its session "
+                             "added right before it (a reply by its question's words)")
     parser.add_argument("--on-expiry", choices=ON_EXPIRY, default="hide",
                         help="an expired fact is never served; its row is kept hidden (hide, "
                              "as mem0) or deleted by the sweeper (delete, as LangGraph's TTL)")
@@ -303,6 +306,7 @@ def open_memory(config: EngineConfig, ours: argparse.Namespace, client: Any,
                                            recency_weight=ours.recency_weight,
                                            recency_half_life_days=ours.recency_half_life_days,
                                            neighbor_share=ours.neighbor_share,
+                                           keyword_context=ours.keyword_context,
                                            on_expiry=ours.on_expiry,
                                            expiry_sweep_s=ours.expiry_sweep_s),
                               runner=lambda _config, _connector: AsyncRunner(client, loop))

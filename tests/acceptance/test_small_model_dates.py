@@ -11,11 +11,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from inferscale_engine.model.small_model import small_model_available
+from tests.acceptance.small_memory import NEEDS_SMALL_MODEL, answer, small_memory
 
-pytestmark = [pytest.mark.vllm, pytest.mark.acceptance,
-              pytest.mark.skipif(not small_model_available(),
-                                 reason="needs the smallmodel extra (the 0.5B GGUF from PyPI)")]
+pytestmark = NEEDS_SMALL_MODEL
 
 FACTS = [("I moved to Lisbon.", datetime(2023, 5, 8, tzinfo=UTC)),
          ("I adopted a dog called Pepper.", datetime(2024, 2, 14, tzinfo=UTC)),
@@ -26,15 +24,7 @@ QUESTIONS = [("When did I move to Lisbon?", ("may", "2023")),
 
 @pytest.fixture(scope="module")
 def dated():
-    from inferscale_engine.config import EngineConfig
-    from inferscale_engine.memory import Memory, MemoryConfig
-    from inferscale_engine.model.resolve import resolve_model
-
-    path, dtype = resolve_model("small")
-    config = MemoryConfig(engine=EngineConfig(model=str(path), dtype=dtype, max_model_len=2048,
-                                              kv_cache_memory_bytes=256 * 2**20),
-                          db_path=":memory:", device="cpu", date_facts=True)
-    with Memory.from_config(config) as memory:
+    with small_memory(date_facts=True) as memory:
         for text, when in FACTS:
             memory.add(user_id="dana", texts=[text], timestamp=when)
         yield memory
@@ -42,12 +32,7 @@ def dated():
 
 @pytest.mark.parametrize("mode", ["kv", "text"])
 def test_when_questions_are_answered_from_the_facts_dates(dated, mode):
-    from vllm import SamplingParams
-
-    sampling = SamplingParams(max_tokens=24, temperature=0.0)
     assert [f.text for f in dated.get_all(user_id="dana")] == [t for t, _ in FACTS]
     for question, words in QUESTIONS:
-        out = dated.generate(user_id="dana", query=question, k=3, sampling=sampling, mode=mode)
-        print(f"[{mode}] {question} -> {out.text.strip()!r}")
+        out = answer(dated, "dana", question, mode, k=3)
         assert all(w in out.text.lower() for w in words), (question, out.text)
-        assert (out.plan_status == "inject") == (mode == "kv")

@@ -252,13 +252,14 @@ def test_serve_takes_the_model_first_and_passes_vllms_flags_through(tiny_models)
     assert parse([])[0].model == "small"
     memory_flags = parse([model, "--search-mode", "vector", "--on-expiry", "delete",
                           "--expiry-sweep-s", "none", "--date-facts", "--neighbor-share",
-                          "0.3"])[0]
+                          "0.3", "--keyword-context"])[0]
     assert (memory_flags.search_mode, memory_flags.on_expiry, memory_flags.expiry_sweep_s,
-            memory_flags.date_facts, memory_flags.neighbor_share) == ("vector", "delete", None,
-                                                                      True, 0.3)
+            memory_flags.date_facts, memory_flags.neighbor_share,
+            memory_flags.keyword_context) == ("vector", "delete", None, True, 0.3, True)
     defaults = parse([model])[0]
     assert (defaults.search_mode, defaults.on_expiry, defaults.expiry_sweep_s,
-            defaults.date_facts) == ("hybrid", "hide", 60.0, False)
+            defaults.date_facts, defaults.keyword_context) == ("hybrid", "hide", 60.0, False,
+                                                               False)
     with pytest.raises(ConfigError, match="two models"):
         parse([model, "--model", "/elsewhere"])
 

@@ -7,7 +7,8 @@ vector index it is rebuilt from the store at start-up, and RetrievalIndex (index
 removes a fact in both in the same call, under one lock. Why FTS5 (and not bm25s or the
 store's own full-text search): docs/memory.md#keyword-search.
 
-A fact's keyword document has two columns: its own text, and its context: the texts of the
+A fact's keyword document has two columns: its own text, and its context (with keyword
+context on: Memory(keyword_context=True); off by default): the texts of the
 CONTEXT_FACTS facts of the same user and session indexed right before it (by fact id, i.e. in
 the order they were added; facts without a session are one session). Deleted and superseded
 facts are out of the index, so a context always names live facts: removing a fact rewrites the
@@ -29,6 +30,7 @@ import re
 import sqlite3
 from collections.abc import Iterable, Sequence
 
+from inferscale_engine.errors import ConfigError
 from inferscale_engine.facts import FactId
 
 _WORD = re.compile(r"[^\W_]+")
@@ -49,14 +51,22 @@ a 100k-fact user under half a millisecond (10,000: 4 ms), so hybrid search stays
 vector search there."""
 
 CONTEXT_FACTS = 2
-"""Facts before a fact whose texts are its keyword context (0: none). On the LoCoMo dev fold
-(turn facts, hybrid, k=20) 1 fact gave evidence recall 79.7%, 2 gave 80.2% (none: 74.8%);
+"""Facts before a fact whose texts are its keyword context, with keyword context on
+(Memory(keyword_context=True); LexicalIndex's context_facts). On the LoCoMo dev fold (turn
+facts, hybrid, k=20) 1 fact gave evidence recall 79.7%, 2 gave 80.2% (none: 74.8%);
 docs/benchmarks.md#keyword-context."""
 CONTEXT_WEIGHT = 0.7
 """BM25 weight of a fact's context column against its own text's 1.0 (0: not matched), read
 at each search. Dev fold recall at k=5/10/20: 0.5 65.2/75.3/80.0%, 0.7 65.9/77.1/80.4%, 1.0
 65.4/75.3/80.2%, 1.5 65.2/74.0/80.2%. A word in a fact's context counts 0.7 of one in its
 text (BM25's length normalization still favours short facts)."""
+
+
+def context_facts(keyword_context: object) -> int:
+    """The context_facts of a keyword_context setting: CONTEXT_FACTS if on, else 0."""
+    if not isinstance(keyword_context, bool):
+        raise ConfigError(f"keyword_context={keyword_context!r} must be True or False")
+    return CONTEXT_FACTS if keyword_context else 0
 
 
 def query_terms(query: str) -> list[str]:
@@ -72,7 +82,12 @@ class LexicalIndex:
     Not thread-safe on its own: RetrievalIndex serializes access.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, context_facts: int = 0) -> None:
+        """context_facts: facts before a fact whose texts are its keyword context (0: none)."""
+        if isinstance(context_facts, bool) or not isinstance(context_facts, int) or \
+                context_facts < 0:
+            raise ConfigError(f"keyword context of {context_facts!r} facts: pass an int >= 0")
+        self._context_facts = context_facts
         self._users: dict[str, sqlite3.Connection] = {}
         self._groups: dict[str, dict[int, str | None]] = {}
         """Per user, each indexed fact id's group."""
@@ -84,7 +99,7 @@ class LexicalIndex:
         """Index texts, one per fact id, each in a group (None by default).
 
         An id already indexed gets the new text and group. The new facts get their contexts,
-        and so do the CONTEXT_FACTS facts after each in its group (an id added below others,
+        and so do the context_facts facts after each in its group (an id added below others,
         or re-indexed, changes their contexts).
         """
         if not fact_ids:
@@ -149,18 +164,18 @@ class LexicalIndex:
                   texts: dict[int, str], inclusive: bool) -> dict[int, str]:
         """New contexts, by id, of the facts that a change of these ids of the group touches.
 
-        They are the CONTEXT_FACTS facts after each (and each changed id itself, if inclusive:
+        They are the context_facts facts after each (and each changed id itself, if inclusive:
         it is indexed). texts: fact texts not yet in the table (an add's); the others are read
         from it.
         """
-        ids = self._ids[user_id].get(group, [])
-        if not CONTEXT_FACTS or not ids:
+        ids, before = self._ids[user_id].get(group, []), self._context_facts
+        if not before or not ids:
             return {}
         positions: set[int] = set()
         for fact_id in changed:  # a removed id's position is its first follower's
             at = bisect.bisect_left(ids, fact_id)
-            positions.update(range(at, min(len(ids), at + CONTEXT_FACTS + inclusive)))
-        needed = sorted({ids[j] for i in positions for j in range(max(0, i - CONTEXT_FACTS), i)
+            positions.update(range(at, min(len(ids), at + before + inclusive)))
+        needed = sorted({ids[j] for i in positions for j in range(max(0, i - before), i)
                          if ids[j] not in texts})
         known = dict(texts)
         db = self._users[user_id]
@@ -169,7 +184,7 @@ class LexicalIndex:
             known.update(db.execute(
                 f"SELECT rowid, text FROM facts WHERE rowid IN ({','.join('?' * len(chunk))})",
                 chunk).fetchall())
-        return {ids[i]: " ".join(known[ids[j]] for j in range(max(0, i - CONTEXT_FACTS), i))
+        return {ids[i]: " ".join(known[ids[j]] for j in range(max(0, i - before), i))
                 for i in sorted(positions)}
 
     def drop_user(self, user_id: str) -> None:
@@ -200,7 +215,7 @@ class LexicalIndex:
         terms = ['"' + t.replace('"', '""') + '"' for t in query_terms(query)]
         if db is None or not terms or k <= 0:
             return []
-        scope = "" if CONTEXT_WEIGHT and CONTEXT_FACTS else "text : "
+        scope = "" if CONTEXT_WEIGHT and self._context_facts else "text : "
         if len(terms) * self.count(user_id) > MAX_POSTINGS:
             terms = _rarest(db, terms, scope)
         if not terms:

@@ -15,7 +15,6 @@ from inferscale_engine.errors import (
     InvalidRequestError,
     RetrievalError,
 )
-from inferscale_engine.memory.search import lexical
 from tests.conftest import engine_config
 from tests.engine.memory.memory_support import HashEmbedder
 from tests.fake_runner import FakeRunner
@@ -116,14 +115,9 @@ def test_deleted_superseded_and_updated_facts_leave_both_signals(memory):
             ids = memory.search(user_id="ann", query=query, k=10, search_mode=mode).handle
             assert stale not in ids.fact_ids
         assert keyword_ids(memory, "ann", query) == set()
-    assert keyword_ids(memory, "ann", "Pumpernickel") == set()  # in no text, no context
-    # the new words are in the rewritten facts' texts and in the keyword context of the
-    # facts after them (lexical.CONTEXT_FACTS), which hold no stale word
-    assert keyword_ids(memory, "ann", "Miso") == {edited.fact_id, kept.fact_id, new.fact_id}
+    assert keyword_ids(memory, "ann", "Pumpernickel") == set()
+    assert keyword_ids(memory, "ann", "Miso") == {edited.fact_id}
     assert keyword_ids(memory, "ann", "tram") == {new.fact_id}
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(lexical, "CONTEXT_WEIGHT", 0)
-        assert keyword_ids(memory, "ann", "Miso") == {edited.fact_id}
     memory.delete_all(user_id="ann")
     assert keyword_ids(memory, "ann", "tomatoes") == set()
     assert kept.fact_id not in memory.search(user_id="ann", query="tomatoes", k=5).handle.fact_ids
@@ -160,14 +154,11 @@ def test_the_index_keeps_keywords_and_vectors_of_the_same_facts():
     assert index.count(user_id="u") == 0
     index.add(user_id="u", fact_ids=[1, 2, 3], embeddings=vectors,
               texts=["red apples", "green pears", "red cherries"])
-    assert {f for f, _ in index.keyword_search(user_id="u", query="the red", k=5)} == {1, 2, 3}
-    with pytest.MonkeyPatch.context() as patch:  # own texts only
-        patch.setattr(lexical, "CONTEXT_WEIGHT", 0)
-        assert [f for f, _ in index.keyword_search(user_id="u", query="the red", k=5)] == [1, 3]
+    assert [f for f, _ in index.keyword_search(user_id="u", query="the red", k=5)] == [1, 3]
     assert index.scores(user_id="u", query_embedding=vectors[2], fact_ids=[3, 1]) == [1.0, 0.0]
     index.add(user_id="u", fact_ids=[3], embeddings=vectors[2:])  # re-indexed without text
-    assert [f for f, _ in index.keyword_search(user_id="u", query="red", k=5)] == [1, 2]
-    index.remove(user_id="u", fact_ids=[1])  # and with it 2's context
+    assert [f for f, _ in index.keyword_search(user_id="u", query="red", k=5)] == [1]
+    index.remove(user_id="u", fact_ids=[1])
     assert index.keyword_search(user_id="u", query="red", k=5) == []
     assert index.keyword_search(user_id="v", query="green", k=5) == []
     index.drop_user(user_id="u")
