@@ -7,14 +7,15 @@ vector index it is rebuilt from the store at start-up, and RetrievalIndex (index
 removes a fact in both in the same call, under one lock. Why FTS5 (and not bm25s or the
 store's own full-text search): docs/memory.md#keyword-search.
 
-A fact's keyword document has two columns: its own text, and its context (with keyword
-context on: Memory(keyword_context=True); off by default): the texts of the
-CONTEXT_FACTS facts of the same user and session indexed right before it (by fact id, i.e. in
-the order they were added; facts without a session are one session). Deleted and superseded
-facts are out of the index, so a context always names live facts: removing a fact rewrites the
-contexts that held it. A conversation's answer is
-often split over turns ("Did you go?" / "Yes, last Friday"): the reply shares no word with the
-question, its context does. Why two columns and not one text: docs/memory.md#keyword-search.
+A fact's keyword document has two columns: its own text, and its context. The context is
+empty unless keyword context is on (Memory(keyword_context=True); off by default); then it
+holds the texts of the CONTEXT_FACTS facts of the same user and session indexed right before
+it (by fact id, i.e. in the order they were added; facts without a session are one session).
+Deleted and superseded facts are out of the index, so a context names live facts only:
+removing a fact rewrites the contexts that held it. A conversation's answer is often split
+over turns ("Did you go?" / "Yes, last Friday"): the reply shares no word with the question,
+its context does. A column of its own (not the context appended to the text) gives the
+context its own BM25 weight (docs/memory.md#keyword-context).
 
 A query is read as the OR of its words, without stopwords: a fact matching any word is a
 candidate, ranked by BM25 (Okapi, k1=1.2, b=0.75, FTS5's bm25()) over both columns, its context
