@@ -101,7 +101,7 @@ def retrieve(embedder: Any, conv: Conversation, questions: Sequence[Question], k
     keywords = mode.startswith("hybrid")
     share = NEIGHBOR_SHARE if mode == "hybrid-neighbors" else 0.0
     texts = [f.retrieval_text for f in conv.facts]
-    index = RetrievalIndex(device="cpu", keyword_context=lexical.context_facts(
+    index = RetrievalIndex(device="cpu", context_facts=lexical.context_facts(
         mode == "hybrid-context"))
     index.add(user_id="u", fact_ids=list(range(len(texts))), embeddings=embedder.encode(texts),
               texts=texts if keywords else None)

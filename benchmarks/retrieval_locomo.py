@@ -110,7 +110,7 @@ def latency(embedder: Any, texts: list[str], queries: list[str], sizes: list[int
     default = lexical.MAX_POSTINGS
     for size in sizes:
         index = RetrievalIndex(device=device,
-                               keyword_context=lexical.context_facts(keyword_context))
+                               context_facts=lexical.context_facts(keyword_context))
         build = time.perf_counter()
         generator = torch.Generator().manual_seed(0)
         for lo in range(0, size, 4096):

@@ -157,7 +157,7 @@ class Memory:
             self._device = torch.device(device) if device else self._embedder.device
             self._index = RetrievalIndex(device=self._device,
                                          half_scan_min_rows=half_scan_min_rows,
-                                         keyword_context=context_facts(keyword_context))
+                                         context_facts=context_facts(keyword_context))
             self._encode_on_add = encode_on_add
             self._context_turns = context_turns
             self._lock = threading.RLock()

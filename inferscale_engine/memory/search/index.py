@@ -300,19 +300,19 @@ class RetrievalIndex:
     """A separate UserIndex per user on one device. Thread-safe."""
 
     def __init__(self, *, dim: int | None = None, device: str | torch.device | None = None,
-                 half_scan_min_rows: int | None = None, keyword_context: int = 0) -> None:
+                 half_scan_min_rows: int | None = None, context_facts: int = 0) -> None:
         """An empty index.
 
         Args:
             dim: embedding dimension; None = that of the first add.
             device: where the matrices live; None = CUDA if available.
             half_scan_min_rows: see UserIndex (per user).
-            keyword_context: facts before a fact whose texts it is also matched by (lexical.py).
+            context_facts: facts before a fact whose texts it is also matched by (lexical.py).
         """
         self._dim, self._device = dim, resolve_device(device)
         self._half_scan_min_rows = check_half_scan_min_rows(half_scan_min_rows)
         self._users: dict[str, UserIndex] = {}
-        self._keywords = LexicalIndex(keyword_context)  # the texts of facts added with texts
+        self._keywords = LexicalIndex(context_facts)  # the texts of facts added with texts
         self._lock = threading.RLock()
 
     @_verb

@@ -93,7 +93,8 @@ class LexicalIndex:
         self._groups: dict[str, dict[int, str | None]] = {}
         """Per user, each indexed fact id's group."""
         self._ids: dict[str, dict[str | None, list[int]]] = {}
-        """Per user and group, the indexed fact ids, ascending (a context is the ids before)."""
+        """Per user and group, the indexed fact ids, ascending (a context is the ids before);
+        kept only with context_facts > 0."""
 
     def add(self, user_id: str, fact_ids: Sequence[int], texts: Sequence[str],
             groups: Sequence[str | None] | None = None) -> None:
@@ -116,7 +117,7 @@ class LexicalIndex:
             self._users[user_id], self._groups[user_id], self._ids[user_id] = db, {}, {}
         self._groups[user_id].update(group_of)
         by_group: dict[str | None, list[int]] = {}
-        for fact_id in sorted(new):
+        for fact_id in sorted(new) if self._context_facts else ():
             ids = self._ids[user_id].setdefault(group_of[fact_id], [])
             bisect.insort(ids, fact_id)  # new ids are the largest: appended
             by_group.setdefault(group_of[fact_id], []).append(fact_id)
@@ -141,8 +142,9 @@ class LexicalIndex:
         for fact_id in dict.fromkeys(fact_ids):
             if fact_id in known:
                 group = known.pop(fact_id)
-                ids = self._ids[user_id][group]
-                del ids[bisect.bisect_left(ids, fact_id)]
+                if self._context_facts:  # the ordered ids exist only for contexts
+                    ids = self._ids[user_id][group]
+                    del ids[bisect.bisect_left(ids, fact_id)]
                 by_group.setdefault(group, []).append(fact_id)
         if not by_group:
             return
@@ -152,7 +154,7 @@ class LexicalIndex:
         contexts: dict[int, str] = {}
         for group, gone in by_group.items():
             contexts.update(self._contexts(user_id, group, gone, {}, inclusive=False))
-            if not self._ids[user_id][group]:
+            if not self._ids[user_id].get(group, True):
                 del self._ids[user_id][group]
         db = self._users[user_id]
         with db:

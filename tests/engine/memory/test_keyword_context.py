@@ -57,7 +57,7 @@ def test_removing_or_rewriting_a_fact_rewrites_the_contexts_that_held_it():
 
 
 def test_contexts_never_cross_users():
-    index = RetrievalIndex(device="cpu", keyword_context=2)
+    index = RetrievalIndex(device="cpu", context_facts=2)
     vectors = torch.eye(4)
     index.add(user_id="ann", fact_ids=[1], embeddings=vectors[:1], texts=[TURNS[0]])
     index.add(user_id="bob", fact_ids=[2], embeddings=vectors[1:2],
