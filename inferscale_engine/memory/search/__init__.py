@@ -1,8 +1,9 @@
 """The search room: from a text to the user's facts most like it.
 
   embedder.py    Embedder: texts to L2-normalized float32 vectors (sentence-transformers)
-  index.py       RetrievalIndex: one embedding matrix per user on a torch device, cosine top-k
-                 (and each user's keyword index with it)
+  index.py       RetrievalIndex: a UserIndex per user on a torch device, cosine top-k (and
+                 each user's keyword index with it)
+  user_index.py  UserIndex: one user's embedding matrix, scored by one matmul
   vectors.py     the index's inputs: fact ids and embeddings checked, moved, read back
   lexical.py     LexicalIndex: per user, BM25 keyword search over fact texts (SQLite FTS5)
   hybrid.py      search modes: 'vector', or 'hybrid' (cosine fused with BM25)

@@ -10,8 +10,10 @@ cosines in [-1, 1] in either mode, so a threshold means the same in both.
 
 The candidates are the vector top-k and the keyword top-KEYWORD_CANDIDATES: a fact in neither
 cannot beat the vector top-k. The keyword query (SQLite FTS5, on the host) runs after the
-vector scan is queued and before its result is waited for (index.py search's `meanwhile`): on
-a GPU the query's embedding and the scan run while the host matches the keywords. The weight,
+vector scan is queued and before its result is waited for (index.py hybrid_candidates): on a
+GPU the query's embedding and the scan run while the host matches the keywords, and for a user
+of up to SCORED_FETCH_ROWS facts the keyword matches' cosines come back in the scan's own
+transfer. The weight,
 and the weighted sum over reciprocal-rank fusion, were chosen on the LoCoMo dev fold
 (benchmarks/retrieval_locomo.py, docs/benchmarks.md).
 """
@@ -110,16 +112,11 @@ def hybrid_search(index: RetrievalIndex, user_id: str, query: str, vector: objec
     count = index.count(user_id=user_id)
     n = count if everything else min(k, count)
     wide = n if recency is None else min(count, max(n, RECENCY_CANDIDATES))
-    matched: list[list[tuple[FactId, float]]] = []
-    vector_hits = index.search(user_id=user_id, query_embedding=vector, k=wide,
-                               meanwhile=lambda: matched.append(index.keyword_search(
-                                   user_id=user_id, query=query,
-                                   k=max(KEYWORD_CANDIDATES, 2 * n))))
-    keyword_hits = matched[0]
+    vector_hits, keyword_hits, cosines = index.hybrid_candidates(
+        user_id=user_id, query_embedding=vector, query=query, k=wide,
+        keywords=max(KEYWORD_CANDIDATES, 2 * n))
     seen = {f for f, _ in vector_hits}
     missing = [f for f, _ in keyword_hits if f not in seen]
-    cosines = dict(zip(missing, index.scores(user_id=user_id, query_embedding=vector,
-                                             fact_ids=missing), strict=True))
     bonus = None if recency is None else recency(
         list(dict.fromkeys([*(f for f, _ in vector_hits), *missing])))
     ranked = fuse(vector_hits, keyword_hits, cosines, n, KEYWORD_WEIGHT, bonus)

@@ -81,13 +81,15 @@ def shaped(matrix: torch.Tensor, shape: tuple[int, int], what: str) -> torch.Ten
     return matrix
 
 
-def fetch(vectors: tuple[torch.Tensor, ...], *scalars: torch.Tensor
+def fetch(vectors: tuple[torch.Tensor, ...], *tail: torch.Tensor
            ) -> tuple[list[float], ...]:
-    """Equal-length 1-d tensors and 0-dim ones as lists of floats, in one transfer.
+    """Tensors as lists of floats, in one transfer.
 
-    The search's only device sync; float64 holds every row index exactly.
+    Each of `vectors` (1-d, equal lengths) as a list, then the values of the `tail` tensors
+    (0-dim or not) in one list. The search's only device sync; float64 holds every row index
+    exactly.
     """
-    flat = torch.cat((*(v.double() for v in vectors), *(s.double().view(1) for s in scalars)))
+    flat = torch.cat((*(v.double() for v in vectors), *(s.double().reshape(-1) for s in tail)))
     values = flat.tolist()
     n = len(vectors[0])
     return (*(values[i * n:(i + 1) * n] for i in range(len(vectors))), values[len(vectors) * n:])

@@ -248,41 +248,83 @@ def test_excluded_facts_are_left_out_before_the_k_are_chosen(memory):
 
 
 def test_the_keyword_query_runs_once_while_the_vector_scan_is_pending(monkeypatch):
-    """hybrid_search hands its keyword query to the scan (index.py search's `meanwhile`): it
-    runs once per search, before the scan's result is read, on every path of the scan (the
-    float16 scan and its float32 fallback, an empty user) and the results are unchanged."""
-    from inferscale_engine.memory.search import index as index_module
+    """hybrid_search hands its keyword query to the scan (index.py hybrid_candidates): it runs
+    once per search, before the scan's result is read, on every path of the scan (float32, the
+    float16 scan and its fallback, an empty user). Up to SCORED_FETCH_ROWS rows the keyword
+    matches' cosines come back in the scan's one transfer (no second one); beyond, or after
+    the float16 scan, a second transfer reads them. The results are the same on every path."""
+    from inferscale_engine.memory.search import user_index as user_index_module
     from inferscale_engine.memory.search.hybrid import hybrid_search
     from inferscale_engine.memory.search.index import RetrievalIndex
+    from inferscale_engine.memory.search.user_index import UserIndex
 
     calls: list[str] = []
-    fetch = index_module.fetch
+    fetch, scores = user_index_module.fetch, UserIndex.scores
 
     def recorded_fetch(*args):
         calls.append("fetch")
         return fetch(*args)
 
-    monkeypatch.setattr(index_module, "fetch", recorded_fetch)
+    def recorded_scores(self, *args):
+        calls.append("scores")
+        return scores(self, *args)
+
+    monkeypatch.setattr(user_index_module, "fetch", recorded_fetch)
+    monkeypatch.setattr(UserIndex, "scores", recorded_scores)
     vectors = torch.randn(80, 8, generator=torch.Generator().manual_seed(0))
+    vectors[:, :3] = 0  # the other facts are orthogonal to the query
     vectors[:3] = torch.eye(8)[:3]
+    vectors[1, 0] = -0.3  # "green pears" scores below them: only its keyword brings it in
     texts = ["red apples", "green pears", "blue plums"] + [f"fact {n}" for n in range(77)]
     query = torch.tensor([0.6, 0.0, 0.8, 0.0, 0.0, 0.0, 0.0, 0.0])
     results = []
-    for half in (0, 2):  # float32 scan; float16 scan (80 rows > 2k + 64 candidates)
+    # float32 scan, every score fetched with it; float32 scan of more rows than that; float16
+    # scan (80 rows > 2k + 64 candidates at k=5), which cannot prove its top 5 among the 77
+    # facts tied at 0, then the float32 scan (search_scored's test has the float16 path)
+    for half, scored_rows, transfers in ((0, 16_384, ["fetch"]), (0, 79, ["fetch", "scores"]),
+                                         (2, 16_384, ["fetch", "fetch"])):
+        monkeypatch.setattr(user_index_module, "SCORED_FETCH_ROWS", scored_rows)
         index = RetrievalIndex(device="cpu", half_scan_min_rows=half)
         index.add(user_id="u", fact_ids=list(range(1, 81)), embeddings=vectors, texts=texts)
+        keyword_search = index._keywords.search
 
-        def keywords(search=index.keyword_search, **call):
+        def keywords(*args, search=keyword_search):
             calls.append("keywords")
-            return search(**call)
+            return search(*args)
 
-        index.keyword_search = keywords
-        ranked, found_by = hybrid_search(index, "u", "green", query, k=20)
-        assert calls[0] == "keywords" and calls.count("keywords") == 1 and "fetch" in calls
+        monkeypatch.setattr(index._keywords, "search", keywords)
+        ranked, found_by = hybrid_search(index, "u", "green", query, k=5)
+        assert calls == ["keywords", *transfers]
         assert 2 in found_by and found_by[2] == "keywords"
         results.append(ranked)
         calls.clear()
         assert hybrid_search(index, "nobody", "green", query, k=1) == ([], {})
         assert calls == ["keywords"]
         calls.clear()
-    assert [f for f, _ in results[0]] == [f for f, _ in results[1]]
+    expected = [(f, pytest.approx(c, abs=1e-6)) for f, c in results[0]]
+    assert results[1] == expected and results[2] == expected
+
+
+def test_search_scored_reads_the_cosines_the_scan_computes():
+    """UserIndex.search_scored's cosines equal scores(), on each path; unknown ids left out."""
+    from inferscale_engine.memory.search import user_index as user_index_module
+    from inferscale_engine.memory.search.user_index import UserIndex
+
+    vectors = torch.randn(300, 16, generator=torch.Generator().manual_seed(1))
+    query = torch.randn(16, generator=torch.Generator().manual_seed(2))
+    named = [5, 290, 77, 5, 10_000]  # a repeat and an id not indexed
+    for half in (0, 1):
+        for scored_rows in (16_384, 0):
+            user_index_module.SCORED_FETCH_ROWS = scored_rows
+            try:
+                index = UserIndex(16, half_scan_min_rows=half)
+                index.add(list(range(300)), vectors)
+                hits, cosines = index.search_scored(query, 7, lambda: named)
+            finally:
+                user_index_module.SCORED_FETCH_ROWS = 16_384
+            assert hits == index.search(query, 7)
+            expected = index.scores(query, [5, 290, 77])
+            assert list(cosines) == [5, 290, 77]
+            assert list(cosines.values()) == pytest.approx(expected, abs=1e-6)
+            assert index.search_scored(query, 0, lambda: named)[0] == []
+            assert list(index.search_scored(query, 0, lambda: named)[1]) == [5, 290, 77]

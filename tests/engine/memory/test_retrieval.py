@@ -22,7 +22,8 @@ from inferscale_engine.errors import (
 )
 from inferscale_engine.memory.config import DEFAULT_EMBEDDING_MODEL
 from inferscale_engine.memory.search.embedder import Embedder
-from inferscale_engine.memory.search.index import RetrievalIndex, UserIndex
+from inferscale_engine.memory.search.index import RetrievalIndex
+from inferscale_engine.memory.search.user_index import UserIndex
 
 DIM = 4
 
@@ -453,7 +454,7 @@ def test_half_scan_rejects_a_bad_query_like_the_float32_scan():
 
 
 def test_half_copies_start_at_the_devices_threshold():
-    from inferscale_engine.memory.search.index import HALF_SCAN_MIN_ROWS
+    from inferscale_engine.memory.search.user_index import HALF_SCAN_MIN_ROWS
 
     index = UserIndex(4)
     rows = HALF_SCAN_MIN_ROWS["cpu"]
