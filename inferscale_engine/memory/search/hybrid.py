@@ -13,9 +13,8 @@ cannot beat the vector top-k. The keyword query (SQLite FTS5, on the host) runs 
 vector scan is queued and before its result is waited for (index.py hybrid_candidates): on a
 GPU the query's embedding and the scan run while the host matches the keywords, and for a user
 of up to SCORED_FETCH_ROWS facts the keyword matches' cosines come back in the scan's own
-transfer. The weight,
-and the weighted sum over reciprocal-rank fusion, were chosen on the LoCoMo dev fold
-(benchmarks/retrieval_locomo.py, docs/benchmarks.md).
+transfer. The weight, and the weighted sum over reciprocal-rank fusion, were chosen on the
+LoCoMo dev fold (benchmarks/retrieval_locomo.py, docs/benchmarks.md).
 """
 
 from __future__ import annotations
