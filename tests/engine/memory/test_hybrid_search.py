@@ -305,7 +305,7 @@ def test_the_keyword_query_runs_once_while_the_vector_scan_is_pending(monkeypatc
     assert results[1] == expected and results[2] == expected
 
 
-def test_search_scored_reads_the_cosines_the_scan_computes():
+def test_search_scored_reads_the_cosines_the_scan_computes(monkeypatch):
     """UserIndex.search_scored's cosines equal scores(), on each path; unknown ids left out."""
     from inferscale_engine.memory.search import user_index as user_index_module
     from inferscale_engine.memory.search.user_index import UserIndex
@@ -315,13 +315,10 @@ def test_search_scored_reads_the_cosines_the_scan_computes():
     named = [5, 290, 77, 5, 10_000]  # a repeat and an id not indexed
     for half in (0, 1):
         for scored_rows in (16_384, 0):
-            user_index_module.SCORED_FETCH_ROWS = scored_rows
-            try:
-                index = UserIndex(16, half_scan_min_rows=half)
-                index.add(list(range(300)), vectors)
-                hits, cosines = index.search_scored(query, 7, lambda: named)
-            finally:
-                user_index_module.SCORED_FETCH_ROWS = 16_384
+            monkeypatch.setattr(user_index_module, "SCORED_FETCH_ROWS", scored_rows)
+            index = UserIndex(16, half_scan_min_rows=half)
+            index.add(list(range(300)), vectors)
+            hits, cosines = index.search_scored(query, 7, lambda: named)
             assert hits == index.search(query, 7)
             expected = index.scores(query, [5, 290, 77])
             assert list(cosines) == [5, 290, 77]
