@@ -21,11 +21,13 @@ engine per arm, one arm after the other, each in a process of its own:
             the running request: a prefix hit on blocks offloaded to host RAM loads them back
 
 The first --warmup requests of each arm fill the tiers (untimed); the rest are timed (TTFT =
-wall time of one max_tokens=1 request). Per arm: TTFT p50/p90/p99 and where each requested
-fact came from (slab, host, disk, encoded again); for the tiers, the bytes each promotion call
-moved and the host-to-device rate it achieved (the workers' own timers); for the offload arm,
-the share of prompt tokens vLLM found cached (on the GPU or loaded back from host RAM); and
-the host link's own pinned copy rate, the bound for a promotion's.
+wall time of one max_tokens=1 request; with it, the prompt tokens vLLM computed for the
+request, which decide whether its step runs in a captured CUDA graph). Per arm: TTFT
+p50/p90/p99 and where each requested fact came from (slab, host, disk, encoded again); for
+the tiers, the bytes each promotion call moved and the host-to-device rate it achieved (the
+workers' own timers); for the offload arm, the share of prompt tokens vLLM found cached (on
+the GPU or loaded back from host RAM); and the host link's own pinned copy rate, the bound
+for a promotion's.
 
   python benchmarks/tiers.py --model tiny --users 40 --facts-per-user 20 --k 10 --slab-mib 8
   python benchmarks/tiers.py --model llama-3.1-8b --users 80 --facts-per-user 50 --k 50 \\
@@ -162,6 +164,7 @@ def run_arm(args: argparse.Namespace, arm: str, texts: list[list[str]],
         one_token = SamplingParams(max_tokens=1, temperature=0.0)
         modes = ("kv", "text") if arm == "resident" else ("kv",)
         ttft: dict[str, list[float]] = {mode: [] for mode in modes}
+        computed: dict[str, list[int]] = {mode: [] for mode in modes}
         sources = {"slab": 0, "host": 0, "disk": 0, "encoded": 0}
         for i, (user, picks, question) in enumerate(sequence):
             handle = MemoryHandle(f"user{user}", tuple(ids[user][p] for p in picks))
@@ -175,6 +178,7 @@ def run_arm(args: argparse.Namespace, arm: str, texts: list[list[str]],
                 if i < args.warmup:
                     continue
                 ttft[mode].append(elapsed)
+                computed[mode].append(out.num_prompt_tokens - out.num_cached_tokens)
                 if mode == "kv":
                     host, disk_hits, encoded = (engine.counters.get(name, 0) - b for name, b
                                                 in zip(TIER_COUNTERS, before, strict=True))
@@ -194,7 +198,7 @@ def run_arm(args: argparse.Namespace, arm: str, texts: list[list[str]],
                                   "disk_tier": bool(config.disk_tier_path)},
                 "open_seconds": opened, "ingest_seconds": ingest,
                 "ttft": {mode: summarize(samples) for mode, samples in ttft.items()},
-                "raw_ms": ttft, "sources": sources,
+                "raw_ms": ttft, "computed_tokens": computed, "sources": sources,
                 "hit_rate": {tier: n / served for tier, n in sources.items()} if served else {},
                 "counters": dict(stats.counters), "workers": totals,
                 "moves": move_rates(totals)}
@@ -296,6 +300,7 @@ def run_offload_arm(args: argparse.Namespace, texts: list[list[str]],
         one_token = SamplingParams(max_tokens=1, temperature=0.0)
         ttft: list[float] = []
         cached: list[float] = []
+        computed: list[int] = []
         for i, ids in enumerate(prompts):
             t0 = time.perf_counter()
             out = llm.generate(TokensPrompt(prompt_token_ids=ids), one_token, use_tqdm=False)[0]
@@ -304,6 +309,7 @@ def run_offload_arm(args: argparse.Namespace, texts: list[list[str]],
                 continue
             ttft.append(elapsed)
             cached.append((out.num_cached_tokens or 0) / len(ids))
+            computed.append(len(ids) - (out.num_cached_tokens or 0))
             if (i + 1) % 250 == 0:
                 print(f"[offload] {i + 1}/{len(prompts)} requests, median so far "
                       f"{summarize(ttft)['median_ms']:.1f} ms", flush=True)
@@ -311,7 +317,7 @@ def run_offload_arm(args: argparse.Namespace, texts: list[list[str]],
                                   "kv_offloading_size_gib": args.host_tier_mib / 1024,
                                   "kv_offloading_backend": "native"},
                 "open_seconds": opened, "ttft": {"text": summarize(ttft)},
-                "raw_ms": {"text": ttft},
+                "raw_ms": {"text": ttft}, "computed_tokens": {"text": computed},
                 "cached_prompt_share": {"mean": sum(cached) / len(cached),
                                         "requests_over_half": sum(c > 0.5 for c in cached)
                                         / len(cached)},
