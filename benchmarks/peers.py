@@ -94,6 +94,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--llm-timeout-s", type=float, default=300.0,
                         help="one mem0 LLM call (no retries); beyond it the add fails, counted")
     parser.add_argument("--answer-timeout-s", type=float, default=600.0)
+    parser.add_argument("--fill-workers", type=int, default=1,
+                        help="mem0 arms: fill the stores of this many episodes at once, before "
+                             "any answer (each add is then one of N concurrent calls; raise "
+                             "--llm-timeout-s and --kv-cache-gib with it)")
+    parser.add_argument("--fill-only", action="store_true",
+                        help="fill the mem0 arms' stores and stop (answer in a later run, "
+                             "e.g. with a smaller KV cache for shorter flushes)")
     parser.add_argument("--max-model-len", type=int, default=16384,
                         help="mem0's extraction prompt is ~9k tokens plus 2000 to generate")
     parser.add_argument("--kv-cache-gib", type=float, default=0.5, help="vLLM KV cache")
@@ -121,6 +128,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.arm_list) - set(ARM_NAMES)
     if unknown or not args.arm_list:
         parser.error(f"--arms {sorted(unknown)}: choose from {ARM_NAMES}")
+    if args.fill_workers < 1:
+        parser.error("--fill-workers must be at least 1")
     if args.conversations is not None and args.split is not None:
         parser.error("--split and --conversations exclude each other")
     if args.conversations is None:

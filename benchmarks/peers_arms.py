@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,16 +101,31 @@ def batches(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
 
 
 class Mem0Arm:
-    """mem0 OSS through its worker (peers_mem0.py); one user per episode."""
+    """mem0 OSS through its worker (peers_mem0.py); one user per episode, and one store (qdrant
+    folder and history) per episode, so that episodes can be filled side by side."""
 
     kind = "text"
 
-    def __init__(self, name: str, worker: Any, infer: bool, turns_per_add: int,
-                 facts_per_add: int) -> None:
-        self.name, self.worker, self.infer = name, worker, infer
+    def __init__(self, name: str, open_worker: Callable[[str], Any], infer: bool,
+                 turns_per_add: int, facts_per_add: int) -> None:
+        """open_worker(episode_id): a worker on that episode's store."""
+        self.name, self.infer, self._open = name, infer, open_worker
         self.turns_per_add, self.facts_per_add = turns_per_add, facts_per_add
+        self.worker: Any = None
+        self.episode: str | None = None
         self.store, self.persistent = name, True
-        """One store per sub-arm (its own qdrant collection), kept on disk across resumes."""
+        """One store per sub-arm and episode, kept on disk across resumes."""
+
+    def use(self, episode_id: str) -> None:
+        """Work on this episode's store from now on (its worker opened, the last one closed)."""
+        if episode_id != self.episode:
+            self.close()
+            self.worker, self.episode = self._open(episode_id), episode_id
+
+    def fork(self) -> Mem0Arm:
+        """The same sub-arm with a worker of its own (for a fill beside this arm's)."""
+        return Mem0Arm(self.name, self._open, self.infer, self.turns_per_add,
+                       self.facts_per_add)
 
     def ingest(self, user_id: str, session: Session) -> Iterator[AddCall]:
         if self.infer:
@@ -169,7 +184,9 @@ class Mem0Arm:
         return Recalled(tuple(texts), tuple(cited), reply["seconds"])
 
     def close(self) -> None:
-        self.worker.close()
+        if self.worker is not None:
+            self.worker.close()
+        self.worker, self.episode = None, None
 
 
 class InferScaleArm:
@@ -180,6 +197,9 @@ class InferScaleArm:
         self.facts_per_add = facts_per_add
         self.store, self.persistent = "inferscale", True
         """kv and text answer from the same stored facts (one server, one store, two modes)."""
+
+    def use(self, episode_id: str) -> None:
+        """One store for every episode (a user per episode)."""
 
     def warm_up(self, user_id: str) -> dict[str, Any]:
         """Nothing to warm: the server's embedder and engine are warm after start-up."""
@@ -235,6 +255,9 @@ class LangGraphArm:
         self.items = InMemoryStore(index={
             "dims": 384, "fields": ["text"],
             "embed": lambda texts: model.encode(list(texts)).tolist()})
+
+    def use(self, episode_id: str) -> None:
+        """One store for every episode (a namespace per episode)."""
 
     def warm_up(self, user_id: str) -> dict[str, Any]:
         """One untimed put: the embedder's first call pays its one-time costs."""

@@ -5,7 +5,9 @@ Order per episode, arm after arm (--arms order): the arm's store is filled if it
 KV cache flushed first (peers_server.flush), one untimed warm-up question, then the timed
 questions. A store is filled under a user id of its own per attempt, so a rerun after a
 killed ingestion never mixes two attempts; the server's users of a finished episode are reset
-(its slab freed for the next one).
+(its slab freed for the next one). mem0 keeps a store per episode. With --fill-workers N the
+mem0 stores are filled first, N episodes at a time (mem0-infer's LLM extraction is the slow
+part); --fill-only stops there.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import argparse
 import dataclasses
 import json
 import os
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
@@ -54,18 +58,8 @@ def build_arms(args: argparse.Namespace, client: httpx.Client, model: str, base_
     python = (args.mem0_python or ensure_venv(args.mem0_venv or default_venv())) if mem0 else None
     for name in args.arm_list:
         if name in ("mem0-infer", "mem0-raw"):
-            folder = workdir / name
-            worker = Mem0Worker(python, folder,  # type: ignore[arg-type]
-                                pythonpath=os.environ.get("MEM0_PYTHONPATH")
-                                if args.mem0_python else None)
-            opened = worker.call("open", llm_timeout_s=args.llm_timeout_s, config=mem0_config(
-                folder, name.replace("-", "_"), base_url=base_url, model=model,
-                embedder_path=embedder_folder(args), max_tokens=args.mem0_max_tokens))
-            if not opened["ok"]:
-                raise SystemExit(f"mem0 did not open: {opened.get('traceback')}")
-            worker.call("search", user_id="warmup", query="warm up", top_k=1)  # loads models
-            arms[name] = Mem0Arm(name, worker, name == "mem0-infer", args.turns_per_add,
-                                 args.facts_per_add)
+            arms[name] = Mem0Arm(name, mem0_opener(args, python, name, base_url, model, workdir),
+                                 name == "mem0-infer", args.turns_per_add, args.facts_per_add)
         elif name.startswith("inferscale-"):
             arms[name] = InferScaleArm(name, client, name.split("-")[1], args.facts_per_add)
         else:
@@ -74,21 +68,99 @@ def build_arms(args: argparse.Namespace, client: httpx.Client, model: str, base_
     return arms
 
 
-def ingest(arm: Any, episode: Episode, attempt: str, out: IO[str]) -> str:
-    """Fill the arm's store with the episode; the user id it used."""
+def mem0_opener(args: argparse.Namespace, python: Any, name: str, base_url: str, model: str,
+                workdir: Path) -> Callable[[str], Mem0Worker]:
+    """open(episode_id): a mem0 worker on the sub-arm's store of that episode
+    (workdir/name/episode_id), its models loaded."""
+    def open_worker(episode_id: str) -> Mem0Worker:
+        folder = workdir / name / episode_id
+        worker = Mem0Worker(python, folder,
+                            pythonpath=os.environ.get("MEM0_PYTHONPATH")
+                            if args.mem0_python else None)
+        opened = worker.call("open", llm_timeout_s=args.llm_timeout_s, config=mem0_config(
+            folder, name.replace("-", "_"), base_url=base_url, model=model,
+            embedder_path=embedder_folder(args), max_tokens=args.mem0_max_tokens))
+        if not opened["ok"]:
+            worker.close()
+            raise SystemExit(f"mem0 did not open: {opened.get('traceback')}")
+        worker.call("search", user_id="warmup", query="warm up", top_k=1)  # loads models
+        return worker
+    return open_worker
+
+
+class LockedWriter:
+    """A text file shared by threads: each write (one JSON line) goes in whole."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self._out, self._lock = out, threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            return self._out.write(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._out.flush()
+
+
+def ingest(arm: Any, episode: Episode, attempt: str, out: IO[str] | LockedWriter, *,
+           warm: bool = True, extra: Mapping[str, Any] | None = None) -> str:
+    """Fill the arm's store with the episode; the user id it used. `extra`: fields for every
+    add record."""
     user_id = f"{episode.episode_id}:{attempt}"
-    if warm := arm.warm_up(f"warmup:{attempt}"):
+    if warm and (warmed := arm.warm_up(f"warmup:{attempt}")):
         out.write(json.dumps({"type": "warmup", "store": arm.store,
-                              "episode": episode.episode_id, **warm}) + "\n")
+                              "episode": episode.episode_id, **warmed}) + "\n")
     for number, session in enumerate(episode.sessions):
         for call in arm.ingest(user_id, session):
             out.write(json.dumps({"type": "add", "store": arm.store, "episode":
                                   episode.episode_id, "attempt": attempt, "session": number,
-                                  "date": session.date, **dataclasses.asdict(call)}) + "\n")
+                                  "date": session.date, **(extra or {}),
+                                  **dataclasses.asdict(call)}) + "\n")
         out.flush()
     out.write(json.dumps({"type": "ingested", "store": arm.store, "episode": episode.episode_id,
                           "attempt": attempt, "user_id": user_id}) + "\n")
     return user_id
+
+
+def fill_side_by_side(args: argparse.Namespace, episodes: Sequence[Episode],
+                      arms: Mapping[str, Any], records: Mapping[str, Any],
+                      pending: Mapping[tuple[str, int], list[str]], attempt: str,
+                      out: IO[str]) -> None:
+    """--fill-workers N: the mem0 stores of N episodes filled at once (before any answer),
+    each by a worker of its own, as N users' adds reach one server together. One untimed
+    warm-up add first (the extraction prompt into the prefix cache). Each add record says
+    `side_by_side: N`: its time is one of N concurrent calls, not an add on an idle server."""
+    jobs = [(arm, episode) for arm in arms.values() if isinstance(arm, Mem0Arm)
+            for episode in episodes
+            if any(arm.name in pending[(episode.episode_id, q.index)] for q in episode.questions)
+            and (arm.store, episode.episode_id) not in records["ingested"]]
+    if not jobs:
+        return
+    writer = LockedWriter(out)
+    first, episode = jobs[0]
+    first.use(episode.episode_id)
+    if warmed := first.warm_up(f"warmup:{attempt}"):
+        writer.write(json.dumps({"type": "warmup", "store": first.store,
+                                 "episode": episode.episode_id, **warmed}) + "\n")
+    first.close()
+    print(f"filling {len(jobs)} stores, {args.fill_workers} at a time: "
+          + ", ".join(f"{arm.store}/{e.episode_id}" for arm, e in jobs), flush=True)
+
+    def fill(job: tuple[Mem0Arm, Episode]) -> tuple[str, str, str]:
+        arm, episode = job[0].fork(), job[1]
+        try:
+            arm.use(episode.episode_id)
+            user_id = ingest(arm, episode, attempt, writer, warm=False,
+                             extra={"side_by_side": args.fill_workers})
+        finally:
+            arm.close()
+        print(f"{episode.episode_id}: {arm.store} filled", flush=True)
+        return arm.store, episode.episode_id, user_id
+
+    with ThreadPoolExecutor(args.fill_workers) as pool:
+        for store, episode_id, user_id in pool.map(fill, jobs):
+            records["ingested"][(store, episode_id)] = {"attempt": attempt, "user_id": user_id}
 
 
 def ask(arm: Any, client: httpx.Client, model: str, user_id: str, episode: Episode,
@@ -175,6 +247,10 @@ def run(args: argparse.Namespace, picked: Picked, records: Mapping[str, Any], ou
             out.write(json.dumps({"type": "config", "config": config, "attempt": attempt,
                                   "served_model": model, "max_model_len": max_model_len,
                                   "kv_cache_tokens": capacity}, default=str) + "\n")
+            if args.fill_workers > 1 or args.fill_only:
+                fill_side_by_side(args, picked.episodes, arms, records, pending, attempt, out)
+            if args.fill_only:
+                return
             for episode in picked.episodes:
                 run_episode(args, episode, arms, records, pending, client, model, attempt,
                             capacity, max_model_len, hints, out)
@@ -204,6 +280,7 @@ def run_episode(args: argparse.Namespace, episode: Episode, arms: Mapping[str, A
     for name, arm in arms.items():
         if not todo[name]:
             continue
+        arm.use(episode.episode_id)
         if arm.store not in users:  # filled right before its first arm answers
             done = records["ingested"].get((arm.store, episode.episode_id))
             if done and arm.persistent:
