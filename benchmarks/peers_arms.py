@@ -22,6 +22,7 @@ import hashlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -107,9 +108,9 @@ class Mem0Arm:
     kind = "text"
 
     def __init__(self, name: str, open_worker: Callable[[str], Any], infer: bool,
-                 turns_per_add: int, facts_per_add: int) -> None:
-        """open_worker(episode_id): a worker on that episode's store."""
-        self.name, self.infer, self._open = name, infer, open_worker
+                 turns_per_add: int, facts_per_add: int, root: Path | None = None) -> None:
+        """open_worker(episode_id): a worker on that episode's store, root/episode_id."""
+        self.name, self.infer, self._open, self.root = name, infer, open_worker, root
         self.turns_per_add, self.facts_per_add = turns_per_add, facts_per_add
         self.worker: Any = None
         self.episode: str | None = None
@@ -125,7 +126,18 @@ class Mem0Arm:
     def fork(self) -> Mem0Arm:
         """The same sub-arm with a worker of its own (for a fill beside this arm's)."""
         return Mem0Arm(self.name, self._open, self.infer, self.turns_per_add,
-                       self.facts_per_add)
+                       self.facts_per_add, self.root)
+
+    def filling(self, episode_id: str) -> str | None:
+        """The attempt whose fill this episode's store on disk holds (None: no store)."""
+        marker = self.root / episode_id / "attempt" if self.root else None
+        return marker.read_text().strip() if marker and marker.exists() else None
+
+    def begin(self, episode_id: str, attempt: str) -> None:
+        """Mark the episode's store as filled by `attempt` (what `filling` reads back)."""
+        if self.root:
+            (self.root / episode_id).mkdir(parents=True, exist_ok=True)
+            (self.root / episode_id / "attempt").write_text(attempt)
 
     def ingest(self, user_id: str, session: Session) -> Iterator[AddCall]:
         if self.infer:

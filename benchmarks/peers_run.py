@@ -59,7 +59,8 @@ def build_arms(args: argparse.Namespace, client: httpx.Client, model: str, base_
     for name in args.arm_list:
         if name in ("mem0-infer", "mem0-raw"):
             arms[name] = Mem0Arm(name, mem0_opener(args, python, name, base_url, model, workdir),
-                                 name == "mem0-infer", args.turns_per_add, args.facts_per_add)
+                                 name == "mem0-infer", args.turns_per_add, args.facts_per_add,
+                                 workdir / name)
         elif name.startswith("inferscale-"):
             arms[name] = InferScaleArm(name, client, name.split("-")[1], args.facts_per_add)
         else:
@@ -104,14 +105,17 @@ class LockedWriter:
 
 
 def ingest(arm: Any, episode: Episode, attempt: str, out: IO[str] | LockedWriter, *,
-           warm: bool = True, extra: Mapping[str, Any] | None = None) -> str:
+           warm: bool = True, extra: Mapping[str, Any] | None = None,
+           skip: frozenset[int] = frozenset()) -> str:
     """Fill the arm's store with the episode; the user id it used. `extra`: fields for every
-    add record."""
+    add record; `skip`: sessions this attempt already stored (a resumed fill)."""
     user_id = f"{episode.episode_id}:{attempt}"
     if warm and (warmed := arm.warm_up(f"warmup:{attempt}")):
         out.write(json.dumps({"type": "warmup", "store": arm.store,
                               "episode": episode.episode_id, **warmed}) + "\n")
     for number, session in enumerate(episode.sessions):
+        if number in skip:
+            continue
         for call in arm.ingest(user_id, session):
             out.write(json.dumps({"type": "add", "store": arm.store, "episode":
                                   episode.episode_id, "attempt": attempt, "session": number,
@@ -151,8 +155,8 @@ def fill_side_by_side(args: argparse.Namespace, episodes: Sequence[Episode],
         arm, episode = job[0].fork(), job[1]
         try:
             arm.use(episode.episode_id)
-            user_id = ingest(arm, episode, attempt, writer, warm=False,
-                             extra={"side_by_side": args.fill_workers})
+            user_id = fill_store(args, arm, episode, attempt, records, writer, warm=False,
+                                 extra={"side_by_side": args.fill_workers})
         finally:
             arm.close()
         print(f"{episode.episode_id}: {arm.store} filled", flush=True)
@@ -160,7 +164,39 @@ def fill_side_by_side(args: argparse.Namespace, episodes: Sequence[Episode],
 
     with ThreadPoolExecutor(args.fill_workers) as pool:
         for store, episode_id, user_id in pool.map(fill, jobs):
-            records["ingested"][(store, episode_id)] = {"attempt": attempt, "user_id": user_id}
+            records["ingested"][(store, episode_id)] = {"attempt": user_id.split(":")[-1],
+                                                        "user_id": user_id}
+
+
+def fill_store(args: argparse.Namespace, arm: Any, episode: Episode, attempt: str,
+               records: Mapping[str, Any], out: IO[str] | LockedWriter, *, warm: bool = True,
+               extra: Mapping[str, Any] | None = None) -> str:
+    """ingest(), going on with an unfinished fill that a mem0 store on disk holds (its
+    attempt and user, the sessions it stored skipped); the user id."""
+    held, done = resumable(args, arm, episode.episode_id, records)
+    if held is None:
+        held = attempt
+        if isinstance(arm, Mem0Arm):
+            arm.begin(episode.episode_id, attempt)
+    else:
+        print(f"{episode.episode_id}: {arm.store} goes on with attempt {held} after "
+              f"{len(done)} sessions", flush=True)
+    return ingest(arm, episode, held, out, warm=warm, extra=extra, skip=done)
+
+
+def resumable(args: argparse.Namespace, arm: Any, episode_id: str,
+              records: Mapping[str, Any]) -> tuple[str | None, frozenset[int]]:
+    """(attempt, sessions it stored) of an unfinished fill that the arm's store on disk holds,
+    to go on from; (None, {}) to start over. Only mem0's stores (on disk, marked with their
+    attempt), and only with one add call per session (a session's chunks are not recorded as
+    a whole). An add that was under way when the run stopped is made again."""
+    held = arm.filling(episode_id) if isinstance(arm, Mem0Arm) else None
+    if held is None or args.turns_per_add or args.facts_per_add:
+        return None, frozenset()
+    calls = records["calls"].get((arm.store, episode_id, held), [])
+    if not calls:  # nothing of it recorded here (another results file): start over
+        return None, frozenset()
+    return held, frozenset(int(c["session"]) for c in calls)
 
 
 def ask(arm: Any, client: httpx.Client, model: str, user_id: str, episode: Episode,
@@ -287,7 +323,7 @@ def run_episode(args: argparse.Namespace, episode: Episode, arms: Mapping[str, A
                 users[arm.store] = done["user_id"]
             else:
                 print(f"{episode.episode_id}: filling {arm.store}", flush=True)
-                users[arm.store] = ingest(arm, episode, attempt, out)
+                users[arm.store] = fill_store(args, arm, episode, attempt, records, out)
         print(f"{episode.episode_id}: {name} answers {len(todo[name])}", flush=True)
         if args.flush:
             start = time.perf_counter()
