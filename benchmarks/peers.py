@@ -21,6 +21,7 @@ Nothing here asserts anything about speed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -64,6 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--conversations", default=None, help="ad-hoc: ids, comma-separated")
     parser.add_argument("--test-questions", type=int, default=200,
                         help="test fold: stratified sample size")
+    parser.add_argument("--episodes", default=None,
+                        help="only these of the picked episodes (ids, comma-separated), with "
+                             "the questions the sample gave them: part of a run")
     parser.add_argument("--max-questions", type=int, default=0,
                         help="dev / ad-hoc: a seeded sample of this many per conversation")
     parser.add_argument("--max-sessions", type=int, default=0,
@@ -210,6 +214,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     source = load_source(args.data)
     picked = source.pick(args)
+    if args.episodes:
+        wanted = args.episodes.split(",")
+        unknown = set(wanted) - {e.episode_id for e in picked.episodes}
+        if unknown:
+            raise SystemExit(f"--episodes {sorted(unknown)}: not among the picked episodes "
+                             f"{[e.episode_id for e in picked.episodes]}")
+        picked = dataclasses.replace(picked, episodes=tuple(
+            e for e in picked.episodes if e.episode_id in wanted))
     out_path = args.out or default_out(args)
     stores = {"mem0-infer": "mem0-infer", "mem0-raw": "mem0-raw", "inferscale-kv": "inferscale",
               "inferscale-text": "inferscale", "langgraph": "langgraph"}

@@ -195,6 +195,11 @@ class Mem0Arm:
             cited.append(tuple(meta.get("source_ids") or sources.get(str(result["memory"]), ())))
         return Recalled(tuple(texts), tuple(cited), reply["seconds"])
 
+    def kill(self) -> None:
+        """End the worker now, mid-call (a run that is stopping)."""
+        if self.worker is not None:
+            self.worker.kill()
+
     def close(self) -> None:
         if self.worker is not None:
             self.worker.close()

@@ -119,6 +119,11 @@ class Mem0Worker:
             raise RuntimeError(f"mem0's worker died during {op!r}:\n{tail}")
         return json.loads(line)
 
+    def kill(self) -> None:
+        """End the worker now (a call in flight in another thread then raises)."""
+        if self._process.poll() is None:
+            self._process.kill()
+
     def close(self) -> None:
         """Ask the worker to exit; kill it if it is still busy (an add in flight) after 30 s."""
         if self._process.poll() is None:

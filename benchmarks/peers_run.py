@@ -151,8 +151,11 @@ def fill_side_by_side(args: argparse.Namespace, episodes: Sequence[Episode],
     print(f"filling {len(jobs)} stores, {args.fill_workers} at a time: "
           + ", ".join(f"{arm.store}/{e.episode_id}" for arm, e in jobs), flush=True)
 
+    live: list[Mem0Arm] = []
+
     def fill(job: tuple[Mem0Arm, Episode]) -> tuple[str, str, str]:
         arm, episode = job[0].fork(), job[1]
+        live.append(arm)
         try:
             arm.use(episode.episode_id)
             user_id = fill_store(args, arm, episode, attempt, records, writer, warm=False,
@@ -162,10 +165,17 @@ def fill_side_by_side(args: argparse.Namespace, episodes: Sequence[Episode],
         print(f"{episode.episode_id}: {arm.store} filled", flush=True)
         return arm.store, episode.episode_id, user_id
 
-    with ThreadPoolExecutor(args.fill_workers) as pool:
+    pool = ThreadPoolExecutor(args.fill_workers)
+    try:
         for store, episode_id, user_id in pool.map(fill, jobs):
             records["ingested"][(store, episode_id)] = {"attempt": user_id.split(":")[-1],
                                                         "user_id": user_id}
+    except BaseException:  # stopped (SIGTERM, ^C) or a fill failed: end the adds in flight
+        for arm in list(live):
+            arm.kill()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def fill_store(args: argparse.Namespace, arm: Any, episode: Episode, attempt: str,
