@@ -196,8 +196,11 @@ def report(args: argparse.Namespace, source: Any, picked: Any, records: dict[str
            out_path: Path, stores: dict[str, str]) -> dict[str, Any]:
     keys = [(e.episode_id, q.index) for e in picked.episodes for q in e.questions]
     questions = [records["questions"][k] for k in keys if k in records["questions"]]
+    episodes = {e.episode_id for e in picked.episodes}
+    calls = {store: [c for c in found if c["episode"] in episodes]
+             for store, found in first_ingestions(records).items()}
     result = summarize(questions, records["answers"], args.arm_list, stores,
-                       first_ingestions(records), source.score, source.metrics,
+                       calls, source.score, source.metrics,
                        reference=args.reference,
                        seed=args.seed, resamples=args.bootstrap)
     return {"benchmark": "peers", "data": args.data, "split": picked.split,
