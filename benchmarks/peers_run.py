@@ -168,8 +168,8 @@ def fill_side_by_side(args: argparse.Namespace, episodes: Sequence[Episode],
     pool = ThreadPoolExecutor(args.fill_workers)
     try:
         for store, episode_id, user_id in pool.map(fill, jobs):
-            records["ingested"][(store, episode_id)] = {"attempt": user_id.split(":")[-1],
-                                                        "user_id": user_id}
+            records["ingested"][(store, episode_id)] = {
+                "attempt": user_id.removeprefix(f"{episode_id}:"), "user_id": user_id}
     except BaseException:  # stopped (SIGTERM, ^C) or a fill failed: end the adds in flight
         for arm in list(live):
             arm.kill()
